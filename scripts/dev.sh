@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# rdmaps developer entry point. Works as root on a fresh Debian 12 machine.
+#
+#   scripts/dev.sh demo    install what is missing, build, run the demo
+#   scripts/dev.sh test    install what is missing, build, run every test
+#                          (plain build with -Werror, then ASan+UBSan, then TSan)
+#   scripts/dev.sh deps    only install the Debian packages
+#   scripts/dev.sh build   only configure and build (build/)
+#
+# Environment: RDMAPS_JOBS (parallel jobs, default nproc), RDMAPS_SANITIZERS=0
+# skips the sanitizer builds, RDMAPS_CXX selects the compiler (g++ or clang++).
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+jobs="${RDMAPS_JOBS:-$(nproc)}"
+
+# Debian 12 packages the build, the tests and the VM harness need.
+packages=(
+  build-essential cmake ninja-build pkg-config g++ clang
+  libgflags-dev libgoogle-glog-dev libgtest-dev libgmock-dev libbenchmark-dev
+  libtbb-dev libeigen3-dev nlohmann-json3-dev libxxhash-dev
+  libibverbs-dev librdmacm-dev rdma-core ibverbs-providers ibverbs-utils rdmacm-utils perftest
+  qemu-system-x86 busybox-static cpio kmod iproute2
+  openmpi-bin dataset-fashion-mnist gnuplot-nox python3
+)
+
+install_deps() {
+  local missing=()
+  for p in "${packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  if ((${#missing[@]} == 0)); then
+    return 0
+  fi
+  echo "dev.sh: installing ${missing[*]}"
+  local sudo=""
+  if [[ $(id -u) -ne 0 ]]; then sudo="sudo"; fi
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+}
+
+# build DIR [cmake args...]
+build() {
+  local dir="$1"; shift
+  local cxx="${RDMAPS_CXX:-g++}"
+  cmake -S "$here" -B "$dir" -G Ninja -DCMAKE_CXX_COMPILER="$cxx" -DRDMAPS_WERROR=ON "$@" >/dev/null
+  cmake --build "$dir" -j "$jobs"
+}
+
+run_tests() {
+  local dir="$1"; shift
+  (cd "$dir" && ctest --output-on-failure -j "$jobs" "$@")
+}
+
+cmd="${1:-help}"
+case "$cmd" in
+  deps)
+    install_deps
+    ;;
+  build)
+    install_deps
+    build "$here/build"
+    ;;
+  demo)
+    install_deps
+    build "$here/build"
+    if [[ -x "$here/build/tools/local/rdmaps-local" && -x "$here/build/tools/train/rdmaps-train" ]]; then
+      exec "$here/build/tools/local/rdmaps-local" --servers 2 --workers 4 -- \
+        "$here/build/tools/train/rdmaps-train" --model=mlp
+    fi
+    exec "$here/build/perf/rdmaps-perf" --transport=tcp --loopback --op=read -s 65536 -n 2000
+    ;;
+  test)
+    install_deps
+    build "$here/build"
+    run_tests "$here/build"
+    if [[ "${RDMAPS_SANITIZERS:-1}" != 0 ]]; then
+      echo "dev.sh: AddressSanitizer + UndefinedBehaviorSanitizer"
+      build "$here/build-asan" -DRDMAPS_SANITIZE='address;undefined' -DRDMAPS_BUILD_PERF=OFF \
+        -DCMAKE_BUILD_TYPE=Debug
+      ASAN_OPTIONS=detect_leaks=1 run_tests "$here/build-asan" -LE 'vm|slow'
+      echo "dev.sh: ThreadSanitizer"
+      build "$here/build-tsan" -DRDMAPS_SANITIZE=thread -DRDMAPS_BUILD_PERF=OFF \
+        -DCMAKE_BUILD_TYPE=RelWithDebInfo
+      TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" run_tests "$here/build-tsan" -LE 'vm|slow'
+    fi
+    ;;
+  *)
+    sed -n '2,13p' "$0"
+    exit 2
+    ;;
+esac

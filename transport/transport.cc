@@ -1,0 +1,68 @@
+// The backend registry and the few helpers every backend shares.
+#include "transport/transport.h"
+
+#include "transport/fake/fake_transport.h"
+#include "transport/tcp/tcp_transport.h"
+#ifdef RDMAPS_WITH_VERBS
+#include "transport/verbs/verbs_transport.h"
+#endif
+
+namespace rdmaps::transport {
+
+std::string_view OpTypeName(OpType type) {
+  switch (type) {
+    case OpType::kRead: return "READ";
+    case OpType::kWrite: return "WRITE";
+    case OpType::kWriteWithImm: return "WRITE_WITH_IMM";
+    case OpType::kFetchAdd: return "FETCH_ADD";
+    case OpType::kCompareSwap: return "COMPARE_SWAP";
+  }
+  return "UNKNOWN";
+}
+
+bool IsRemoteAccessError(const Status& s) {
+  return s.code() == StatusCode::kPermissionDenied ||
+         s.code() == StatusCode::kOutOfRange || s.code() == StatusCode::kNotFound;
+}
+
+std::vector<std::string> AvailableTransports() {
+  std::vector<std::string> names = {"tcp", "fake"};
+#ifdef RDMAPS_WITH_VERBS
+  names.push_back("verbs");
+#endif
+  return names;
+}
+
+bool VerbsUsable(std::string* why) {
+#ifdef RDMAPS_WITH_VERBS
+  return verbs::DeviceUsable(why);
+#else
+  if (why) *why = "this build has no verbs backend (configured with RDMAPS_WITH_VERBS=OFF)";
+  return false;
+#endif
+}
+
+Result<std::unique_ptr<Endpoint>> Endpoint::Create(const EndpointOptions& options) {
+  const std::string& t = options.transport;
+  if (t == "tcp") return tcp::CreateEndpoint(options);
+  if (t == "fake") return fake::CreateEndpoint(options);
+  if (t == "verbs" || t == "auto") {
+#ifdef RDMAPS_WITH_VERBS
+    std::string why;
+    if (t == "verbs" || verbs::DeviceUsable(&why)) return verbs::CreateEndpoint(options);
+#else
+    if (t == "verbs") {
+      return NotSupportedError(
+          "transport 'verbs' is not in this build; rebuild with -DRDMAPS_WITH_VERBS=ON "
+          "(needs libibverbs-dev and librdmacm-dev) or use --transport=tcp");
+    }
+#endif
+    EndpointOptions tcp_options = options;
+    tcp_options.transport = "tcp";
+    return tcp::CreateEndpoint(tcp_options);
+  }
+  return InvalidArgumentError("unknown transport '" + t +
+                              "'; use one of: verbs, tcp, fake, auto");
+}
+
+}  // namespace rdmaps::transport

@@ -1,0 +1,366 @@
+// The one-sided transport: what rdmaps needs from RDMA, and nothing more.
+//
+// An Endpoint registers memory for remote access, listens, and connects to
+// peers. A Connection posts one-sided operations against a peer's registered
+// memory -- READ, WRITE, WRITE_WITH_IMM, 64-bit FETCH_ADD and COMPARE_SWAP --
+// and reports their completions. The target's CPU runs no handler per
+// operation: on verbs the NIC serves them, on tcp the backend's progress
+// thread does, invisibly, and on fake the initiator's own thread does.
+//
+// Backends: "verbs" (libibverbs + librdmacm, RC queue pairs), "tcp" (same
+// semantics over TCP sockets), "fake" (in-process, deterministic, with fault
+// knobs for tests), and "auto" (verbs when a usable device exists, else tcp).
+// Every backend passes the same conformance suite (tests/transport/).
+//
+// Semantics, identical on every backend (the RC queue pair's rules):
+// - Ops posted on one Connection are executed at the target in posting order
+//   and complete in posting order. Every posted op yields exactly one
+//   Completion carrying its `context`, also when it fails.
+// - A READ is not atomic against the target CPU's concurrent stores: it may
+//   observe a concurrent write partially ("torn"), in any byte order. Callers
+//   that need a consistent snapshot use a protocol on top (see src/ for the
+//   seqlock with separately fenced READs).
+// - kFence delays an op until every earlier READ and atomic on the same
+//   Connection has completed (IBV_SEND_FENCE).
+// - A WRITE_WITH_IMM's immediate is delivered to the target's notification
+//   queue only after its data, and every earlier WRITE's data on that
+//   Connection, is visible to the target CPU.
+// - Atomics operate on an 8-byte-aligned uint64 at the target and return the
+//   prior value into the 8-byte local buffer. They are atomic against other
+//   transport atomics on the same endpoint, not against the target CPU.
+// - Per-op errors: PermissionDenied (unknown or deregistered rkey, missing
+//   access right), OutOfRange (address or length outside the region),
+//   InvalidArgument (misaligned atomic), Unavailable (peer gone), TimedOut
+//   (no answer within EndpointOptions::op_timeout), Cancelled (flushed
+//   because the connection closed). After the first failed op the Connection
+//   is in error (like a QP in the error state): later ops fail with Cancelled
+//   or Unavailable. Verbs may report any remote access error as
+//   PermissionDenied; IsRemoteAccessError() accepts all of them.
+//
+// Thread safety: an Endpoint is safe for concurrent use. A Connection is
+// owned by one thread at a time (post and poll from the same thread, or lock
+// around it); different Connections may be used concurrently.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "rdmaps/status.h"
+
+namespace rdmaps::transport {
+
+using SteadyClock = std::chrono::steady_clock;
+using Deadline = SteadyClock::time_point;
+
+inline Deadline DeadlineAfter(std::chrono::nanoseconds d) {
+  return SteadyClock::now() + d;
+}
+
+// Wire protocol version carried in every handshake. Peers with different
+// versions refuse each other with FailedPrecondition.
+inline constexpr std::uint16_t kProtocolVersion = 1;
+
+// Bytes of caller data a handshake can carry (verbs private data is 56 bytes;
+// the rest is our header).
+inline constexpr std::size_t kMaxHandshakeUserData = 24;
+
+// Access rights of a registered region (bit mask). Local read/write access is
+// always granted.
+enum Access : std::uint32_t {
+  kAccessNone = 0,
+  kRemoteRead = 1u << 0,
+  kRemoteWrite = 1u << 1,
+  kRemoteAtomic = 1u << 2,
+  kRemoteAll = kRemoteRead | kRemoteWrite | kRemoteAtomic,
+};
+
+// What a peer needs to address a registered region: send it over the wire.
+struct RemoteRegion {
+  std::uint64_t addr = 0;
+  std::uint64_t length = 0;
+  std::uint32_t rkey = 0;
+};
+
+// A registered memory range. Destroying it deregisters the range; ops that
+// arrive afterwards fail with PermissionDenied at the initiator. The memory
+// itself is the caller's and must outlive the region.
+class MemoryRegion {
+ public:
+  virtual ~MemoryRegion() = default;
+  MemoryRegion(const MemoryRegion&) = delete;
+  MemoryRegion& operator=(const MemoryRegion&) = delete;
+
+  std::byte* data() const { return data_; }
+  std::size_t size() const { return size_; }
+  std::uint32_t access() const { return access_; }
+  std::uint32_t lkey() const { return lkey_; }
+  std::uint32_t rkey() const { return rkey_; }
+  RemoteRegion remote() const {
+    return {reinterpret_cast<std::uint64_t>(data_), size_, rkey_};
+  }
+  // True when [p, p+len) lies inside this region.
+  bool Contains(const void* p, std::size_t len) const {
+    auto b = reinterpret_cast<std::uintptr_t>(p);
+    auto base = reinterpret_cast<std::uintptr_t>(data_);
+    return b >= base && len <= size_ && b - base <= size_ - len;
+  }
+
+ protected:
+  MemoryRegion(std::byte* data, std::size_t size, std::uint32_t access,
+               std::uint32_t lkey, std::uint32_t rkey)
+      : data_(data), size_(size), access_(access), lkey_(lkey), rkey_(rkey) {}
+
+ private:
+  std::byte* data_;
+  std::size_t size_;
+  std::uint32_t access_;
+  std::uint32_t lkey_;
+  std::uint32_t rkey_;
+};
+
+enum class OpType : std::uint8_t {
+  kRead,
+  kWrite,
+  kWriteWithImm,
+  kFetchAdd,
+  kCompareSwap,
+};
+std::string_view OpTypeName(OpType type);
+
+enum OpFlags : std::uint8_t {
+  kOpNone = 0,
+  kFence = 1u << 0,  // Wait for earlier READs/atomics on this connection.
+};
+
+// One one-sided operation. Build with the named constructors.
+// `local` must lie inside `local_mr`, a region registered on the same
+// Endpoint (any access rights); for atomics it is the 8-byte buffer that
+// receives the prior remote value.
+struct Op {
+  OpType type = OpType::kRead;
+  std::uint8_t flags = kOpNone;
+  std::uint32_t imm = 0;
+  void* local = nullptr;
+  const MemoryRegion* local_mr = nullptr;
+  std::uint64_t length = 0;
+  std::uint64_t remote_addr = 0;
+  std::uint32_t rkey = 0;
+  std::uint64_t compare_add = 0;  // FETCH_ADD: addend; COMPARE_SWAP: expected
+  std::uint64_t swap = 0;         // COMPARE_SWAP: new value
+  std::uint64_t context = 0;      // Returned in the Completion.
+
+  static Op Read(void* local, const MemoryRegion* mr, std::uint64_t length,
+                 std::uint64_t remote_addr, std::uint32_t rkey,
+                 std::uint64_t context = 0) {
+    Op op;
+    op.type = OpType::kRead;
+    op.local = local;
+    op.local_mr = mr;
+    op.length = length;
+    op.remote_addr = remote_addr;
+    op.rkey = rkey;
+    op.context = context;
+    return op;
+  }
+  static Op Write(const void* local, const MemoryRegion* mr,
+                  std::uint64_t length, std::uint64_t remote_addr,
+                  std::uint32_t rkey, std::uint64_t context = 0) {
+    Op op = Read(const_cast<void*>(local), mr, length, remote_addr, rkey, context);
+    op.type = OpType::kWrite;
+    return op;
+  }
+  static Op WriteWithImm(const void* local, const MemoryRegion* mr,
+                         std::uint64_t length, std::uint64_t remote_addr,
+                         std::uint32_t rkey, std::uint32_t imm,
+                         std::uint64_t context = 0) {
+    Op op = Write(local, mr, length, remote_addr, rkey, context);
+    op.type = OpType::kWriteWithImm;
+    op.imm = imm;
+    return op;
+  }
+  static Op FetchAdd(std::uint64_t* result, const MemoryRegion* mr,
+                     std::uint64_t remote_addr, std::uint32_t rkey,
+                     std::uint64_t add, std::uint64_t context = 0) {
+    Op op = Read(result, mr, 8, remote_addr, rkey, context);
+    op.type = OpType::kFetchAdd;
+    op.compare_add = add;
+    return op;
+  }
+  static Op CompareSwap(std::uint64_t* result, const MemoryRegion* mr,
+                        std::uint64_t remote_addr, std::uint32_t rkey,
+                        std::uint64_t expected, std::uint64_t desired,
+                        std::uint64_t context = 0) {
+    Op op = Read(result, mr, 8, remote_addr, rkey, context);
+    op.type = OpType::kCompareSwap;
+    op.compare_add = expected;
+    op.swap = desired;
+    return op;
+  }
+  Op& WithFence() {
+    flags |= kFence;
+    return *this;
+  }
+};
+
+struct Completion {
+  std::uint64_t context = 0;
+  OpType type = OpType::kRead;
+  Status status;  // OK, or why this op failed (see the header comment).
+};
+
+// PermissionDenied, OutOfRange or NotFound: the target refused the access.
+bool IsRemoteAccessError(const Status& s);
+
+// Who is on the other end of a Connection, from the handshake.
+struct PeerInfo {
+  std::uint32_t peer_id = 0;
+  std::string address;  // "host:port" as seen locally, or a fake name.
+  std::vector<std::uint8_t> user_data;  // <= kMaxHandshakeUserData bytes.
+};
+
+// What the target's notification queue delivers.
+struct Notification {
+  enum class Kind : std::uint8_t {
+    kImmediate,     // A WRITE_WITH_IMM's data is visible; `imm` is its value.
+    kDisconnected,  // The peer's connection ended (closed or failed).
+  };
+  Kind kind = Kind::kImmediate;
+  std::uint32_t peer_id = 0;
+  std::uint32_t imm = 0;
+  std::uint32_t length = 0;  // Bytes the WRITE_WITH_IMM carried.
+};
+
+class Connection {
+ public:
+  virtual ~Connection() = default;
+  Connection(const Connection&) = delete;
+  Connection& operator=(const Connection&) = delete;
+
+  // Posts a batch (one doorbell on verbs, one writev on tcp). Every op is
+  // validated before any is posted: a malformed op (local buffer outside
+  // local_mr, zero-size atomic, misaligned atomic address, ...) fails the
+  // whole call with InvalidArgument. ResourceExhausted when the batch would
+  // exceed max_outstanding(): poll completions first. Unavailable when the
+  // connection is already broken.
+  virtual Status Post(std::span<const Op> ops) = 0;
+
+  // Moves up to out.size() completions into `out` without blocking.
+  virtual std::size_t Poll(std::span<Completion> out) = 0;
+
+  // Blocks until at least one completion is available or `deadline` passes;
+  // returns how many were moved (0 only at the deadline). Returns
+  // FailedPrecondition at once when nothing is outstanding.
+  virtual Result<std::size_t> Wait(std::span<Completion> out,
+                                   Deadline deadline) = 0;
+
+  // Ops posted whose completions have not been polled yet.
+  virtual std::size_t outstanding() const = 0;
+  virtual std::size_t max_outstanding() const = 0;
+
+  virtual const PeerInfo& peer() const = 0;
+
+  // OK while usable; the first connection-level error after that.
+  virtual Status health() const = 0;
+
+  // Closes the connection. Outstanding ops complete with Cancelled (they can
+  // still be polled). Idempotent; the destructor calls it.
+  virtual void Close() = 0;
+
+ protected:
+  Connection() = default;
+};
+
+struct EndpointOptions {
+  // "tcp", "fake", "verbs" or "auto".
+  std::string transport = "tcp";
+  // Peers must present the same token; a mismatch is PermissionDenied.
+  std::string job_token;
+  // This endpoint's id, sent to peers in the handshake.
+  std::uint32_t peer_id = 0;
+  // An op without an answer for this long fails with TimedOut, and its
+  // connection with it.
+  std::chrono::milliseconds op_timeout{30000};
+  // Ops a Connection may have outstanding (tcp and fake; verbs caps it at
+  // what the device allows).
+  std::size_t max_outstanding = 1024;
+  // Completion waits spin this long before sleeping in the kernel.
+  std::chrono::microseconds busy_poll{50};
+
+  // verbs only: device name (empty: the one owning the connect/listen
+  // address), port, GID index (-1: let rdma_cm choose).
+  std::string ib_dev;
+  int ib_port = 1;
+  int gid_index = -1;
+};
+
+struct ConnectOptions {
+  std::vector<std::uint8_t> user_data;  // Delivered in the peer's PeerInfo.
+};
+
+class Endpoint {
+ public:
+  virtual ~Endpoint() = default;
+  Endpoint(const Endpoint&) = delete;
+  Endpoint& operator=(const Endpoint&) = delete;
+
+  // Creates an endpoint of options.transport ("auto" resolves here).
+  static Result<std::unique_ptr<Endpoint>> Create(const EndpointOptions& options);
+
+  // "tcp", "fake" or "verbs".
+  virtual std::string_view kind() const = 0;
+
+  // Registers [addr, addr+length) with `access` rights (a mask of Access).
+  // Zero-length regions are allowed.
+  virtual Result<std::unique_ptr<MemoryRegion>> Register(void* addr,
+                                                         std::size_t length,
+                                                         std::uint32_t access) = 0;
+
+  // Starts accepting peers on "host:port" (port 0 picks a free one; fake
+  // accepts any name). Returns the address peers should connect to. Inbound
+  // ops are served from then on; call at most once.
+  virtual Result<std::string> Listen(std::string_view address) = 0;
+
+  // Connects to a listening peer, handshake included, by `deadline`.
+  // PermissionDenied on a token mismatch, FailedPrecondition on a protocol
+  // version mismatch, Unavailable when nobody listens, TimedOut at the
+  // deadline.
+  virtual Result<std::unique_ptr<Connection>> Connect(
+      std::string_view address, const ConnectOptions& options,
+      Deadline deadline) = 0;
+
+  // The next accepted peer's Connection (ops from the peer are served whether
+  // or not Accept is called). TimedOut at the deadline.
+  virtual Result<std::unique_ptr<Connection>> Accept(Deadline deadline) = 0;
+
+  // Moves pending notifications into `out`, blocking until at least one
+  // arrives or `deadline` passes (then returns 0).
+  virtual Result<std::size_t> WaitNotifications(std::span<Notification> out,
+                                                Deadline deadline) = 0;
+
+  // Wakes a thread blocked in WaitNotifications or Accept (it returns early).
+  virtual void Interrupt() = 0;
+
+  const EndpointOptions& options() const { return options_; }
+
+ protected:
+  explicit Endpoint(EndpointOptions options) : options_(std::move(options)) {}
+
+ private:
+  const EndpointOptions options_;
+};
+
+// The backend registry lives in transport.cc, the only file that knows every
+// backend; backends never include each other.
+// The names of the backends compiled into this build.
+std::vector<std::string> AvailableTransports();
+// True when the verbs backend is built and a device with an ACTIVE port is
+// present; `why` says why not.
+bool VerbsUsable(std::string* why);
+
+}  // namespace rdmaps::transport
