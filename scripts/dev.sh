@@ -82,7 +82,7 @@ case "$cmd" in
       echo "dev.sh: ThreadSanitizer"
       build "$here/build-tsan" -DRDMAPS_SANITIZE=thread -DRDMAPS_BUILD_PERF=OFF \
         -DCMAKE_BUILD_TYPE=RelWithDebInfo
-      TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" run_tests "$here/build-tsan" -LE 'vm|slow'
+      run_tests "$here/build-tsan" -LE 'vm|slow'
     fi
     ;;
   *)
