@@ -78,11 +78,11 @@ case "$cmd" in
       echo "dev.sh: AddressSanitizer + UndefinedBehaviorSanitizer"
       build "$here/build-asan" -DRDMAPS_SANITIZE='address;undefined' -DRDMAPS_BUILD_PERF=OFF \
         -DCMAKE_BUILD_TYPE=Debug
-      ASAN_OPTIONS=detect_leaks=1 run_tests "$here/build-asan" -LE 'vm|slow'
+      ASAN_OPTIONS=detect_leaks=1 run_tests "$here/build-asan" -LE 'vm|slow|install'
       echo "dev.sh: ThreadSanitizer"
       build "$here/build-tsan" -DRDMAPS_SANITIZE=thread -DRDMAPS_BUILD_PERF=OFF \
         -DCMAKE_BUILD_TYPE=RelWithDebInfo
-      run_tests "$here/build-tsan" -LE 'vm|slow'
+      run_tests "$here/build-tsan" -LE 'vm|slow|install'
     fi
     ;;
   *)

@@ -41,6 +41,8 @@
 // owned by one thread at a time (post and poll from the same thread, or lock
 // around it); different Connections may be used concurrently.
 #pragma once
+// Lets tests/install prove that no public header includes this one.
+#define RDMAPS_TRANSPORT_TRANSPORT_H_INCLUDED 1
 
 #include <chrono>
 #include <cstddef>
