@@ -1,0 +1,169 @@
+// A worker's handle on the parameter servers: pulls rows with one-sided
+// READs, pushes gradients with one-sided WRITEs, advances its clock and
+// synchronises with the other workers.
+//
+// Consistency (see docs/ps.md for the full argument):
+// - Every worker starts at clock 0; Clock() ends an iteration and returns the
+//   new clock (the number of completed iterations). A push made at clock c
+//   belongs to iteration c.
+// - A Pull of a table with staleness s at worker clock c sees every update
+//   that any worker pushed at clocks <= c - s - 1: it first waits (polling the
+//   servers' clock words with one-sided READs, with backoff) until every
+//   worker has completed iteration c - s - 1 on every server involved. s = 0 is
+//   BSP, s = kAsp never waits (ASP). On timeout: TimedOut naming the lagging
+//   workers and their clocks.
+// - Read-my-writes: a Pull also waits until each server involved has applied
+//   every push this client sent it before the Pull started.
+// - Rows are never torn: each row carries a checksum; a torn READ is retried
+//   (Stats::torn_retries counts them).
+//
+// Buffers: `out` and `grads` are dense row-major [rows x dim] float spans of
+// exactly rows * dim floats, owned by the caller. Data is staged through
+// internal registered memory (rows on the server carry a header, so a READ
+// cannot land directly in a dense caller buffer); see docs/ps.md.
+//
+// Errors: bad arguments (unknown table, row out of range, wrong buffer size,
+// duplicate ids are allowed) fail with InvalidArgument before anything is
+// sent. A transport failure fails the call and every later call with
+// Unavailable naming the server.
+//
+// Thread safety: a Client is safe for concurrent use by multiple threads;
+// calls are serialised internally (use one Client per thread for parallel
+// network use). Async calls run in submission order on an internal thread;
+// the caller's spans must stay valid until the handle completes.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "rdmaps/options.h"
+#include "rdmaps/status.h"
+#include "rdmaps/table.h"
+
+namespace rdmaps {
+
+struct ClientStats {
+  std::uint64_t pulls = 0;
+  std::uint64_t pushes = 0;
+  std::uint64_t rows_pulled = 0;
+  std::uint64_t rows_pushed = 0;
+  std::uint64_t bytes_read = 0;       // READ payload incl. row headers
+  std::uint64_t bytes_written = 0;    // WRITE payload incl. slot headers
+  std::uint64_t torn_retries = 0;     // rows re-read because their checksum failed
+  std::uint64_t clock_reads = 0;      // READs of server clock words
+  std::uint64_t pull_waits = 0;       // pulls that had to wait for other workers
+  std::uint64_t credit_waits = 0;     // pushes that had to wait for ring space
+  std::chrono::nanoseconds blocked_time{0};  // total time spent waiting (all reasons)
+  // Observed staleness: at each pull, worker clock minus the min clock seen.
+  std::uint64_t staleness_sum = 0;
+  std::uint64_t staleness_max = 0;
+  std::uint64_t staleness_samples = 0;
+  std::uint64_t clock = 0;            // this worker's clock
+};
+
+// Describes a table as the servers publish it.
+struct TableInfo {
+  std::uint32_t id = 0;
+  std::string name;
+  std::uint64_t rows = 0;
+  std::uint32_t dim = 0;
+  std::uint32_t staleness = kAsp;  // effective bound for this client
+};
+
+// Completion of an asynchronous call. Copyable; all copies share the result.
+class Handle {
+ public:
+  Handle() = default;
+  // Waits until the call has finished or `deadline` passed. Returns the
+  // call's Status, or TimedOut (the call keeps running) at the deadline.
+  Status Wait(std::chrono::steady_clock::time_point deadline) const;
+  // Wait(now + timeout).
+  Status WaitFor(std::chrono::nanoseconds timeout) const {
+    return Wait(std::chrono::steady_clock::now() + timeout);
+  }
+  bool done() const;
+
+  // Internal: the client creates handles.
+  struct State;
+  explicit Handle(std::shared_ptr<State> state) : state_(std::move(state)) {}
+
+ private:
+  std::shared_ptr<State> state_;
+};
+
+using Callback = std::function<void(const Status&)>;
+
+class Client {
+ public:
+  // Connects to every server, reads their directories and checks that they
+  // agree. TimedOut naming the unreachable servers after connect_timeout.
+  static Result<std::unique_ptr<Client>> Connect(const ClientOptions& options);
+
+  // Calls Close().
+  virtual ~Client() = default;
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+
+  virtual std::uint32_t worker_id() const = 0;
+  virtual std::uint32_t num_workers() const = 0;
+  virtual std::uint32_t num_servers() const = 0;
+  virtual std::vector<TableInfo> tables() const = 0;
+  // NotFound when no table has this name.
+  virtual Result<TableInfo> FindTable(std::string_view name) const = 0;
+
+  // --- Synchronous calls ------------------------------------------------
+  // Reads rows [range) of `table` into out (range.count * dim floats).
+  virtual Status Pull(std::uint32_t table, RowRange range, std::span<float> out) = 0;
+  // Reads the given rows (any order, duplicates allowed) into out
+  // (rows.size() * dim floats, in the order given).
+  virtual Status Pull(std::uint32_t table, std::span<const std::uint64_t> rows,
+                      std::span<float> out) = 0;
+  // Sends gradients for rows [range) (range.count * dim floats). Returns once
+  // the data is handed to the transport (not applied yet).
+  virtual Status Push(std::uint32_t table, RowRange range, std::span<const float> grads) = 0;
+  // Sends gradients for the given rows (duplicates each apply once).
+  virtual Status Push(std::uint32_t table, std::span<const std::uint64_t> rows,
+                      std::span<const float> grads) = 0;
+  // Push then Pull of the same rows; the pull sees this push (read-my-writes).
+  virtual Status PushPull(std::uint32_t table, RowRange range, std::span<const float> grads,
+                          std::span<float> out) = 0;
+  // Ends the current iteration: after this worker's earlier pushes, every
+  // server learns the new clock. Returns the new clock.
+  virtual Result<std::uint64_t> Clock() = 0;
+  // Returns when every worker has called Barrier() the same number of times.
+  // TimedOut (how many arrived) after wait_timeout.
+  virtual Status Barrier() = 0;
+  // Tells every server this worker is done (so others no longer wait for its
+  // clock) and closes the connections. Idempotent.
+  virtual Status Close() = 0;
+
+  // --- Asynchronous calls -----------------------------------------------
+  // Same arguments and semantics as the synchronous forms; run in submission
+  // order on the client's internal thread.
+  virtual Handle PullAsync(std::uint32_t table, RowRange range, std::span<float> out) = 0;
+  virtual Handle PullAsync(std::uint32_t table, std::span<const std::uint64_t> rows,
+                           std::span<float> out) = 0;
+  virtual Handle PushAsync(std::uint32_t table, RowRange range,
+                           std::span<const float> grads) = 0;
+  virtual Handle PushAsync(std::uint32_t table, std::span<const std::uint64_t> rows,
+                           std::span<const float> grads) = 0;
+  // Callback forms: `done` runs on the client's internal thread.
+  virtual void PullAsync(std::uint32_t table, RowRange range, std::span<float> out,
+                         Callback done) = 0;
+  virtual void PushAsync(std::uint32_t table, RowRange range, std::span<const float> grads,
+                         Callback done) = 0;
+
+  virtual ClientStats stats() const = 0;
+  virtual std::uint64_t clock() const = 0;
+
+ protected:
+  Client() = default;
+};
+
+}  // namespace rdmaps

@@ -1,0 +1,86 @@
+// Options of a parameter server node (ServerOptions) and of a worker
+// (ClientOptions). Plain value types; tools fill them from flags and pass them
+// to Server::Start() / Client::Connect().
+//
+// Every server and every client of a job must be given the same `tables` (the
+// servers check that their table lists agree through the directory each
+// client reads; a mismatch fails Client::Connect with FailedPrecondition).
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "rdmaps/table.h"
+
+namespace rdmaps {
+
+// Which transport to use and how; mirrors the transport layer's endpoint
+// options without exposing its header.
+struct TransportOptions {
+  // "tcp", "fake", "verbs" or "auto" (verbs when a usable device exists, else
+  // tcp). Fake endpoints exist only inside one process.
+  std::string transport = "tcp";
+  // Every process of a job must present the same token.
+  std::string job_token;
+  // A one-sided op without an answer for this long fails its connection.
+  std::chrono::milliseconds op_timeout{30000};
+  // Completion waits spin this long before sleeping.
+  std::chrono::microseconds busy_poll{50};
+  // verbs only: device (empty: the one owning the address), port, GID index
+  // (-1: rdma_cm chooses).
+  std::string ib_dev;
+  int ib_port = 1;
+  int gid_index = -1;
+};
+
+struct ServerOptions {
+  TransportOptions transport;
+  // "host:port" to listen on; port 0 picks a free port (read it back with
+  // Server::address()). The fake transport accepts any unique name.
+  std::string listen_address = "127.0.0.1:0";
+  // This server's index in [0, num_servers) and the job's shape.
+  std::uint32_t server_index = 0;
+  std::uint32_t num_servers = 1;
+  std::uint32_t num_workers = 1;
+  std::vector<TableOptions> tables;
+
+  // Push ring per worker: `push_slots` slots of `push_slot_bytes` each (a
+  // push larger than one slot is split across several). Memory per worker is
+  // push_slots * push_slot_bytes.
+  std::uint32_t push_slots = 32;
+  std::uint32_t push_slot_bytes = 64 * 1024;
+  // Threads that apply optimizer updates of one large push (oneTBB); 0 = all
+  // cores.
+  std::uint32_t apply_threads = 0;
+  // Run() returns once every worker has connected and then closed or died.
+  bool exit_when_workers_done = true;
+};
+
+struct ClientOptions {
+  TransportOptions transport;
+  // This worker's id in [0, num_workers).
+  std::uint32_t worker_id = 0;
+  std::uint32_t num_workers = 1;
+  // The servers' addresses, indexed by server index (all of them).
+  std::vector<std::string> servers;
+  // Optional: when not empty, checked against the tables the servers
+  // publish (ids, names, rows, dims must match). When empty, the client uses
+  // the servers' tables as published.
+  std::vector<TableOptions> tables;
+  // When set, every table's staleness bound becomes min(table's, this).
+  std::optional<std::uint32_t> staleness_override;
+  // Connect() gives up (naming the missing servers) after this long.
+  std::chrono::milliseconds connect_timeout{30000};
+  // A Pull waiting for slow workers, a Push waiting for ring space, a
+  // Barrier: each fails with TimedOut (naming who is late) after this long.
+  std::chrono::milliseconds wait_timeout{60000};
+  // Bytes of registered staging memory per server connection (pull side);
+  // a pull larger than this is split into several batches of READs.
+  std::size_t staging_bytes = 4 << 20;
+};
+
+}  // namespace rdmaps

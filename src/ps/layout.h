@@ -1,0 +1,254 @@
+// THE single place where client and server agree on memory layout and wire
+// formats. Everything a worker reads or writes on a server is described here.
+//
+// All multi-byte words in shards, directories, control blocks and push slots
+// are little-endian (the build refuses big-endian hosts; see the
+// static_assert below), so a directory written on one host reads the same on
+// every other host of the job.
+//
+// == Partition ==
+// Table rows are split into contiguous shards over S servers: server i holds
+// [begin_i, begin_i + count_i) with count_i = rows / S + (i < rows % S).
+// Servers beyond `rows` hold an empty shard. PartitionOf()/ServerOfRow().
+//
+// == Checked blocks (torn-read-proof reads) ==
+// Every region a worker READs while the server CPU may change it (a row, the
+// control block) is a checked block:
+//     BlockHeader { u64 version; u64 checksum; }  payload...
+// checksum = XXH3_64bits_withSeed(payload, version ^ kChecksumSalt). The
+// server writes the payload, then the header. A worker accepts a block only
+// when the checksum matches its payload; otherwise the READ was torn (the NIC
+// may DMA the lines of one READ in any order and concurrently with the CPU's
+// stores) and it re-READs that block. One READ per contiguous range, no
+// fences; the cost is one hash pass per update and per read (XXH3 runs at
+// memory speed). A seqlock would need three fenced READs (version, data,
+// version) per range, i.e. three round trips; see docs/ps.md.
+//
+// Row layout in a shard: BlockHeader + dim floats, padded to a multiple of 64
+// bytes (RowStride()).
+//
+// == Bootstrap ==
+// 1. The worker registers a bootstrap region (num_servers * 64 bytes,
+//    remote-write) and connects with HelloMsg as handshake user data.
+// 2. The server, on Accept, WRITE_WITH_IMMs a BootstrapMsg (where its
+//    directory is) into the worker's bootstrap slot for this server, with
+//    imm = kBootstrapImm | server_index. The only server-initiated op.
+// 3. The worker READs the directory: DirectoryHeader, then num_tables
+//    DirectoryTable, then num_workers DirectoryWorker (its push ring).
+//
+// == Push ==
+// Per (worker, server) a ring of `ring_slots` slots of `slot_bytes` in server
+// memory. The worker's n-th push to a server (seq = n, from 1) goes into slot
+// (n - 1) % ring_slots as ONE WRITE_WITH_IMM of SlotHeader + payload, imm =
+// low 32 bits of seq. Payload: kRange: grads [num_rows x dim]; kRows: num_rows
+// u64 row ids (global), then grads; kClock and kBye: none. Flow control:
+// the worker may have at most ring_slots pushes not yet consumed; it learns
+// what is consumed from ControlWorker::applied_seq (a READ of the control
+// block) when it runs out of credits. The server applies slots of a worker
+// strictly in seq order and drops (counts) anything out of sequence, so each
+// push is applied exactly once.
+//
+// == Control block (clocks, SSP, read-my-writes) ==
+// One checked block per server: ControlHead + num_workers ControlWorker. After
+// each batch of applied slots the server rewrites it: for worker w, clock =
+// number of Clock() markers of w applied (= all pushes of w's iterations
+// < clock are applied here), applied_seq = last applied seq of w;
+// ControlHead::min_clock = min_w clock (a worker that said goodbye counts as
+// kClockDone). A pull at clock c with staleness s needs min_clock >= c - s on
+// every server it reads from, and applied_seq[me] >= the seq it last pushed
+// there (read-my-writes).
+//
+// == Barrier ==
+// Server 0's atomics region holds a u64 counter touched only by transport
+// atomics: Barrier() FETCH_ADDs 1, then polls with COMPARE_SWAP(0, 0) (an
+// atomic read) until the counter reaches the end of its generation.
+#pragma once
+
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+namespace rdmaps::internal {
+
+static_assert(std::endian::native == std::endian::little,
+              "rdmaps' wire formats are little-endian; big-endian hosts are not supported");
+
+inline constexpr std::uint32_t kHelloMagic = 0x50414d52;      // "RMAP"
+inline constexpr std::uint32_t kBootstrapMagic = 0x544f4f42;  // "BOOT"
+inline constexpr std::uint32_t kDirectoryMagic = 0x52494452;  // "RDIR"
+inline constexpr std::uint32_t kLayoutVersion = 1;
+inline constexpr std::uint32_t kBootstrapImm = 0x80000000u;
+inline constexpr std::size_t kBootstrapSlotBytes = 64;
+inline constexpr std::size_t kCacheLine = 64;
+inline constexpr std::uint64_t kChecksumSalt = 0x9e3779b97f4a7c15ull;
+inline constexpr std::uint64_t kClockDone = ~0ull;
+// Server endpoints use peer ids kServerPeerBase + index; workers use their id.
+inline constexpr std::uint32_t kServerPeerBase = 0x40000000u;
+
+// ---- Partition -------------------------------------------------------------
+
+struct ShardRange {
+  std::uint64_t begin = 0;
+  std::uint64_t count = 0;
+  std::uint64_t end() const { return begin + count; }
+};
+
+// Rows of `server` (0 <= server < num_servers, num_servers >= 1).
+inline ShardRange PartitionOf(std::uint64_t rows, std::uint32_t num_servers,
+                              std::uint32_t server) {
+  const std::uint64_t base = rows / num_servers;
+  const std::uint64_t extra = rows % num_servers;
+  const std::uint64_t begin = server * base + (server < extra ? server : extra);
+  return {begin, base + (server < extra ? 1 : 0)};
+}
+
+// The server owning `row` (row < rows).
+inline std::uint32_t ServerOfRow(std::uint64_t rows, std::uint32_t num_servers,
+                                 std::uint64_t row) {
+  const std::uint64_t base = rows / num_servers;
+  const std::uint64_t extra = rows % num_servers;
+  const std::uint64_t big = extra * (base + 1);  // rows held by the larger shards
+  if (row < big) return static_cast<std::uint32_t>(row / (base + 1));
+  return static_cast<std::uint32_t>(extra + (row - big) / base);
+}
+
+// ---- Checked blocks ----------------------------------------------------------
+
+struct BlockHeader {
+  std::uint64_t version;
+  std::uint64_t checksum;
+};
+static_assert(std::is_trivially_copyable_v<BlockHeader> && sizeof(BlockHeader) == 16);
+
+std::uint64_t BlockChecksum(std::uint64_t version, const void* payload, std::size_t bytes);
+
+// Writes the payload's header (after the payload bytes are in place).
+void SealBlock(void* block, std::uint64_t version, std::size_t payload_bytes);
+
+// True when the block at `block` (header + payload_bytes) is consistent.
+bool VerifyBlock(const void* block, std::size_t payload_bytes);
+
+inline std::size_t RoundUp(std::size_t n, std::size_t to) { return (n + to - 1) / to * to; }
+
+inline std::size_t RowStride(std::uint32_t dim) {
+  return RoundUp(sizeof(BlockHeader) + std::size_t{dim} * sizeof(float), kCacheLine);
+}
+
+// ---- Handshake and bootstrap -----------------------------------------------
+
+struct HelloMsg {  // ConnectOptions::user_data, 24 bytes
+  std::uint32_t magic;
+  std::uint32_t worker_id;
+  std::uint64_t boot_addr;
+  std::uint32_t boot_rkey;
+  std::uint32_t boot_length;
+};
+static_assert(std::is_trivially_copyable_v<HelloMsg> && sizeof(HelloMsg) == 24);
+
+struct WireRegion {
+  std::uint64_t addr;
+  std::uint64_t length;
+  std::uint32_t rkey;
+  std::uint32_t pad;
+};
+static_assert(std::is_trivially_copyable_v<WireRegion> && sizeof(WireRegion) == 24);
+
+struct BootstrapMsg {
+  std::uint32_t magic;
+  std::uint32_t server_index;
+  WireRegion directory;
+  std::uint8_t pad[kBootstrapSlotBytes - 32];
+};
+static_assert(std::is_trivially_copyable_v<BootstrapMsg> &&
+              sizeof(BootstrapMsg) == kBootstrapSlotBytes);
+
+// ---- Directory ---------------------------------------------------------------
+
+struct DirectoryHeader {
+  std::uint32_t magic;
+  std::uint32_t layout_version;
+  std::uint32_t server_index;
+  std::uint32_t num_servers;
+  std::uint32_t num_workers;
+  std::uint32_t num_tables;
+  std::uint32_t ring_slots;
+  std::uint32_t slot_bytes;
+  WireRegion control;  // checked block: ControlHead + num_workers x ControlWorker
+  WireRegion atomics;  // u64 barrier counter at offset 0 (server 0 only)
+};
+static_assert(std::is_trivially_copyable_v<DirectoryHeader> && sizeof(DirectoryHeader) == 80);
+
+struct DirectoryTable {
+  std::uint32_t id;
+  std::uint32_t dim;
+  std::uint64_t rows;
+  std::uint64_t shard_begin;
+  std::uint64_t shard_rows;
+  std::uint32_t staleness;
+  std::uint32_t row_stride;
+  WireRegion shard;
+  char name[32];  // NUL-terminated
+};
+static_assert(std::is_trivially_copyable_v<DirectoryTable> && sizeof(DirectoryTable) == 96);
+
+struct DirectoryWorker {
+  WireRegion ring;
+};
+static_assert(std::is_trivially_copyable_v<DirectoryWorker> && sizeof(DirectoryWorker) == 24);
+
+inline std::size_t DirectoryBytes(std::uint32_t num_tables, std::uint32_t num_workers) {
+  return sizeof(DirectoryHeader) + num_tables * sizeof(DirectoryTable) +
+         num_workers * sizeof(DirectoryWorker);
+}
+
+// ---- Control block -----------------------------------------------------------
+
+struct ControlHead {
+  std::uint64_t min_clock;
+  std::uint32_t num_workers;
+  std::uint32_t pad;
+};
+static_assert(std::is_trivially_copyable_v<ControlHead> && sizeof(ControlHead) == 16);
+
+struct ControlWorker {
+  std::uint64_t clock;        // Clock() markers applied (kClockDone after goodbye)
+  std::uint64_t applied_seq;  // last push seq applied
+};
+static_assert(std::is_trivially_copyable_v<ControlWorker> && sizeof(ControlWorker) == 16);
+
+inline std::size_t ControlPayloadBytes(std::uint32_t num_workers) {
+  return sizeof(ControlHead) + num_workers * sizeof(ControlWorker);
+}
+inline std::size_t ControlBlockBytes(std::uint32_t num_workers) {
+  return sizeof(BlockHeader) + ControlPayloadBytes(num_workers);
+}
+
+inline constexpr std::size_t kAtomicsBytes = 64;
+
+// ---- Push slots --------------------------------------------------------------
+
+enum class SlotKind : std::uint32_t { kRange = 1, kRows = 2, kClock = 3, kBye = 4 };
+
+struct SlotHeader {
+  std::uint64_t seq;        // 1, 2, ... per (worker, server)
+  std::uint64_t clock;      // worker clock at push time; for kClock the NEW clock
+  std::uint32_t table;      // table id (kRange/kRows)
+  std::uint32_t kind;       // SlotKind
+  std::uint32_t num_rows;
+  std::uint32_t pad;
+  std::uint64_t first_row;  // kRange: global index of the first row
+  std::uint8_t reserved[24];
+};
+static_assert(std::is_trivially_copyable_v<SlotHeader> && sizeof(SlotHeader) == 64);
+
+// Rows of `dim` floats one slot can carry.
+inline std::uint64_t SlotRowCapacity(std::uint32_t slot_bytes, std::uint32_t dim, bool with_ids) {
+  const std::size_t per_row = std::size_t{dim} * sizeof(float) + (with_ids ? 8 : 0);
+  return (slot_bytes - sizeof(SlotHeader)) / per_row;
+}
+
+inline std::uint32_t ImmOfSeq(std::uint64_t seq) { return static_cast<std::uint32_t>(seq); }
+
+}  // namespace rdmaps::internal
