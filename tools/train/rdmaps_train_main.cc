@@ -1,0 +1,218 @@
+// rdmaps-train: data-parallel training on Fashion-MNIST through the parameter
+// server, or locally without one (--local).
+//
+//   rdmaps-local --servers 2 --workers 4 -- rdmaps-train --model=mlp
+//   rdmaps-train --local --model=softmax --epochs=5
+//
+// Each worker trains on its own partition, pulls, computes a mini-batch
+// gradient, pushes, and calls Clock(); progress goes to stderr, the final
+// figures to stdout (text, or one JSON object with --output=json).
+#include <gflags/gflags.h>
+#include <glog/logging.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+
+#include "tools/train/idx.h"
+#include "tools/train/model.h"
+#include "tools/train/optimizer.h"
+#include "tools/train/trainer.h"
+
+DEFINE_string(model, "mlp", "softmax (regression) or mlp");
+DEFINE_string(hidden, "128", "MLP hidden layer widths, comma-separated (1 or 2 layers)");
+DEFINE_string(optimizer, "adam", "sgd, momentum or adam");
+DEFINE_double(lr, 1e-3, "learning rate");
+DEFINE_int32(batch_size, 64, "mini-batch size per worker");
+DEFINE_int32(epochs, 5, "passes over each worker's partition");
+DEFINE_string(staleness, "bsp", "consistency: bsp (= 0), asp, or a staleness bound s");
+DEFINE_uint64(seed, 1, "seed for initialisation, partitioning and shuffling");
+DEFINE_int32(slow_worker, -1, "index of a worker to slow down (-1: none)");
+DEFINE_int32(slow_factor, 1, "the slow worker is this many times slower");
+DEFINE_string(slow_mode, "compute", "compute (really k x the work) or wait (sleep)");
+DEFINE_uint64(train_limit, 0, "use only the first N training samples (0: all)");
+DEFINE_uint64(test_limit, 0, "use only the first N test samples (0: all)");
+DEFINE_string(data_dir, rdmaps::train::kDefaultFashionMnistDir,
+              "folder with the Fashion-MNIST IDX files");
+DEFINE_string(output, "text", "text or json");
+DEFINE_bool(local, false, "train in this process without a parameter server");
+DEFINE_int32(eval_every, 0, "record test accuracy every N steps (0: every epoch)");
+DEFINE_uint64(eval_limit, 2000, "test samples used for the accuracy curve");
+DEFINE_double(target_accuracy, 0, "report the time to reach this curve accuracy (0: none)");
+DEFINE_bool(progress, true, "print a progress line to stderr");
+
+namespace rdmaps::train {
+namespace {
+
+Result<ModelSpec> ModelFromFlags() {
+  ModelSpec spec;
+  if (FLAGS_model == "softmax") return spec;
+  if (FLAGS_model != "mlp") {
+    return InvalidArgumentError("--model=" + FLAGS_model + " is unknown; use softmax or mlp");
+  }
+  std::stringstream ss(FLAGS_hidden);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    int width = 0;
+    try {
+      width = std::stoi(item);
+    } catch (const std::exception&) {
+      width = 0;
+    }
+    if (width <= 0) {
+      return InvalidArgumentError("--hidden=" + FLAGS_hidden +
+                                  ": widths must be positive integers, e.g. 128 or 256,128");
+    }
+    spec.hidden.push_back(width);
+  }
+  if (spec.hidden.empty() || spec.hidden.size() > 2) {
+    return InvalidArgumentError("--hidden=" + FLAGS_hidden + ": give 1 or 2 layer widths");
+  }
+  return spec;
+}
+
+void PrintProgress(const std::string& who, const Progress& p) {
+  static const bool tty = isatty(STDERR_FILENO) != 0;
+  char line[256];
+  std::snprintf(line, sizeof(line),
+                "%sepoch %d/%d step %llu/%llu  %.0f samples/s  loss %.4f  ETA %.0fs", who.c_str(),
+                p.epoch, p.epochs, static_cast<unsigned long long>(p.step),
+                static_cast<unsigned long long>(p.total_steps), p.samples_per_second, p.loss,
+                p.eta_seconds);
+  if (tty) {
+    std::fprintf(stderr, "\r%-90s", line);
+    if (p.step == p.total_steps) std::fprintf(stderr, "\n");
+  } else {
+    std::fprintf(stderr, "%s\n", line);
+  }
+}
+
+nlohmann::json ReportJson(const TrainOptions& o, const TrainReport& r, const std::string& mode) {
+  nlohmann::json j;
+  j["worker"] = o.worker_index;
+  j["workers"] = o.num_workers;
+  j["mode"] = mode;
+  j["model"] = FLAGS_model;
+  j["steps"] = r.steps;
+  j["samples"] = r.samples;
+  j["wall_seconds"] = r.wall_seconds;
+  j["compute_seconds"] = r.compute_seconds;
+  j["first_epoch_loss"] = r.first_epoch_loss;
+  j["last_epoch_loss"] = r.last_epoch_loss;
+  j["epoch_loss"] = r.epoch_loss;
+  j["test_accuracy"] = r.test_accuracy;
+  j["time_to_target_seconds"] = r.time_to_target_seconds;
+  const double t = std::max(r.wall_seconds, 1e-9);
+  j["pulls_per_second"] = static_cast<double>(r.store.pulls) / t;
+  j["pushes_per_second"] = static_cast<double>(r.store.pushes) / t;
+  j["bytes_pulled"] = r.store.bytes_pulled;
+  j["bytes_pushed"] = r.store.bytes_pushed;
+  j["staleness_mean"] = r.store.staleness_mean;
+  j["staleness_max"] = r.store.staleness_max;
+  j["blocked_seconds"] = r.store.blocked_seconds;
+  nlohmann::json curve = nlohmann::json::array();
+  for (const EvalPoint& e : r.curve) curve.push_back({e.seconds, e.step, e.accuracy});
+  j["curve"] = curve;  // [train seconds, step, accuracy]
+  return j;
+}
+
+void PrintText(const TrainOptions& o, const TrainReport& r, const std::string& mode,
+               const std::string& who) {
+  const double t = std::max(r.wall_seconds, 1e-9);
+  std::printf("%smode %s, %llu steps, %llu samples in %.1f s (%.0f samples/s)\n", who.c_str(),
+              mode.c_str(), static_cast<unsigned long long>(r.steps),
+              static_cast<unsigned long long>(r.samples), r.wall_seconds,
+              static_cast<double>(r.samples) / t);
+  std::printf("%sloss: first epoch %.4f, last epoch %.4f\n", who.c_str(), r.first_epoch_loss,
+              r.last_epoch_loss);
+  std::printf("%spulls %.1f/s, pushes %.1f/s, moved %.1f MB pulled + %.1f MB pushed\n",
+              who.c_str(), static_cast<double>(r.store.pulls) / t,
+              static_cast<double>(r.store.pushes) / t,
+              static_cast<double>(r.store.bytes_pulled) / 1e6,
+              static_cast<double>(r.store.bytes_pushed) / 1e6);
+  std::printf("%sstaleness mean %.2f max %llu, blocked %.2f s\n", who.c_str(),
+              r.store.staleness_mean, static_cast<unsigned long long>(r.store.staleness_max),
+              r.store.blocked_seconds);
+  if (r.time_to_target_seconds >= 0) {
+    std::printf("%sreached %.1f %% after %.1f s\n", who.c_str(), 100 * FLAGS_target_accuracy,
+                r.time_to_target_seconds);
+  }
+  if (r.test_accuracy >= 0) {
+    std::printf("%stest accuracy %.2f %%\n", who.c_str(), 100 * r.test_accuracy);
+  }
+  (void)o;
+}
+
+Status Run() {
+  RDMAPS_ASSIGN_OR_RETURN(ModelSpec spec, ModelFromFlags());
+  RDMAPS_ASSIGN_OR_RETURN(OptimizerKind kind, ParseOptimizer(FLAGS_optimizer));
+  if (FLAGS_output != "text" && FLAGS_output != "json") {
+    return InvalidArgumentError("--output=" + FLAGS_output + " is unknown; use text or json");
+  }
+  if (FLAGS_slow_mode != "compute" && FLAGS_slow_mode != "wait") {
+    return InvalidArgumentError("--slow_mode=" + FLAGS_slow_mode +
+                                " is unknown; use compute or wait");
+  }
+  if (FLAGS_batch_size <= 0 || FLAGS_epochs <= 0 || FLAGS_slow_factor <= 0) {
+    return InvalidArgumentError("--batch_size, --epochs and --slow_factor must be positive");
+  }
+  RDMAPS_ASSIGN_OR_RETURN(Dataset train, LoadFashionMnist(FLAGS_data_dir, Split::kTrain));
+  RDMAPS_ASSIGN_OR_RETURN(Dataset test, LoadFashionMnist(FLAGS_data_dir, Split::kTest));
+  Truncate(train, FLAGS_train_limit);
+  Truncate(test, FLAGS_test_limit);
+
+  TrainOptions o;
+  o.model = spec;
+  o.batch_size = static_cast<std::size_t>(FLAGS_batch_size);
+  o.epochs = FLAGS_epochs;
+  o.seed = FLAGS_seed;
+  o.eval_every_steps = static_cast<std::size_t>(FLAGS_eval_every);
+  o.eval_limit = FLAGS_eval_limit;
+  o.target_accuracy = FLAGS_target_accuracy;
+  o.slow_mode = FLAGS_slow_mode == "wait" ? SlowMode::kWait : SlowMode::kCompute;
+  OptimizerOptions opt;
+  opt.kind = kind;
+  opt.learning_rate = static_cast<float>(FLAGS_lr);
+
+  std::unique_ptr<ParameterStore> store;
+  std::string mode;
+  if (FLAGS_local) {
+    store = std::make_unique<LocalStore>(InitParams<float>(spec, FLAGS_seed), opt);
+    mode = "local";
+  } else {
+    return NotSupportedError(
+        "training through the parameter server is not built yet; pass --local");
+  }
+  if (FLAGS_slow_worker == o.worker_index) o.slow_factor = FLAGS_slow_factor;
+  const std::string who =
+      o.num_workers > 1 ? "[w" + std::to_string(o.worker_index) + "] " : std::string();
+  std::function<void(const Progress&)> progress;
+  if (FLAGS_progress) progress = [&](const Progress& p) { PrintProgress(who, p); };
+  RDMAPS_ASSIGN_OR_RETURN(TrainReport report, Train(o, train, test, *store, progress));
+  if (FLAGS_output == "json") {
+    std::cout << ReportJson(o, report, mode).dump() << std::endl;
+  } else {
+    PrintText(o, report, mode, who);
+  }
+  return Status::OK();
+}
+
+}  // namespace
+}  // namespace rdmaps::train
+
+int main(int argc, char** argv) {
+  gflags::SetUsageMessage("data-parallel Fashion-MNIST training through rdmaps");
+  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  google::InitGoogleLogging(argv[0]);
+  FLAGS_logtostderr = true;
+  const rdmaps::Status s = rdmaps::train::Run();
+  if (!s.ok()) {
+    std::fprintf(stderr, "rdmaps-train: %s\n", s.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}

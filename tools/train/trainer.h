@@ -1,0 +1,150 @@
+// The data-parallel training loop of one worker, independent of where the
+// parameters live: each step pulls the parameters from a ParameterStore,
+// computes the gradient of a mini-batch of this worker's partition, pushes
+// it, and ends the iteration with Clock(). A LocalStore keeps the
+// parameters in memory and applies an Optimizer (the no-PS baseline); the
+// parameter-server store lives in ps_store.h.
+//
+// Partitioning: the training set is shuffled once with the job's seed (the
+// same permutation on every worker), and worker w of W trains on samples
+// [w*P, (w+1)*P) of it, P = n / W, so every worker runs the same number of
+// steps (BSP needs that) and the partitions are disjoint.
+//
+// Thread safety: Train() runs on the caller's thread; a store is used by one
+// thread at a time.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "rdmaps/status.h"
+#include "tools/train/idx.h"
+#include "tools/train/model.h"
+#include "tools/train/optimizer.h"
+
+namespace rdmaps::train {
+
+// Figures a store counts about its traffic and consistency waits.
+struct StoreStats {
+  std::uint64_t pulls = 0;
+  std::uint64_t pushes = 0;
+  std::uint64_t bytes_pulled = 0;
+  std::uint64_t bytes_pushed = 0;
+  double staleness_mean = 0;  // Worker clock minus the slowest clock seen at pulls.
+  std::uint64_t staleness_max = 0;
+  double blocked_seconds = 0;  // Time pulls/clocks waited for other workers.
+};
+
+// Where a worker's parameters live.
+class ParameterStore {
+ public:
+  virtual ~ParameterStore() = default;
+  // Fills `params` (shaped like ParameterTables) with the current values.
+  virtual Status Pull(Params<float>& params) = 0;
+  // Sends the gradient of one mini-batch.
+  virtual Status Push(const Params<float>& grads) = 0;
+  // Ends this worker's iteration (the consistency clock).
+  virtual Status Clock() = 0;
+  // Waits for every worker; the default has nobody to wait for.
+  virtual Status Barrier() { return Status::OK(); }
+  virtual StoreStats stats() const = 0;
+};
+
+// Parameters in this process, updated by a local Optimizer on each Push.
+class LocalStore : public ParameterStore {
+ public:
+  LocalStore(Params<float> initial, OptimizerOptions optimizer)
+      : params_(std::move(initial)), optimizer_(optimizer) {}
+  Status Pull(Params<float>& params) override;
+  Status Push(const Params<float>& grads) override;
+  Status Clock() override { return Status::OK(); }
+  StoreStats stats() const override { return stats_; }
+  const Params<float>& params() const { return params_; }
+
+ private:
+  Params<float> params_;
+  Optimizer optimizer_;
+  StoreStats stats_;
+};
+
+// How a straggler is emulated.
+enum class SlowMode {
+  kCompute,  // Really computes the gradient slow_factor times.
+  kWait,     // Computes once, then waits (slow_factor - 1) x the compute time.
+};
+
+struct TrainOptions {
+  ModelSpec model;
+  std::size_t batch_size = 64;
+  int epochs = 5;
+  std::uint64_t seed = 1;
+  int worker_index = 0;
+  int num_workers = 1;
+  // This worker is slow_factor x slower (1: normal).
+  int slow_factor = 1;
+  SlowMode slow_mode = SlowMode::kCompute;
+  // Record test accuracy on the first eval_limit test samples every
+  // eval_every_steps steps (0: once per epoch) -- only if `evaluate`.
+  bool evaluate = true;
+  std::size_t eval_every_steps = 0;
+  std::size_t eval_limit = 2000;
+  // The accuracy whose first crossing on the curve is reported as
+  // time_to_target_seconds (0: none). Training does not stop there: under BSP
+  // every worker must run the same number of clocks.
+  double target_accuracy = 0;
+  // Called about every progress_interval with the running figures.
+  std::chrono::milliseconds progress_interval{1000};
+};
+
+struct Progress {
+  int epoch = 0;  // 1-based.
+  int epochs = 0;
+  std::uint64_t step = 0;
+  std::uint64_t total_steps = 0;
+  double samples_per_second = 0;
+  double loss = 0;  // Moving average of mini-batch losses.
+  double elapsed_seconds = 0;
+  double eta_seconds = 0;
+};
+
+struct EvalPoint {
+  double seconds = 0;  // Training time: wall time minus time spent evaluating.
+  std::uint64_t step = 0;
+  double accuracy = 0;
+};
+
+struct TrainReport {
+  std::uint64_t steps = 0;
+  std::uint64_t samples = 0;
+  double wall_seconds = 0;  // Whole loop, evaluation excluded.
+  double compute_seconds = 0;  // Forward/backward, straggler emulation included.
+  double first_epoch_loss = 0;  // Mean mini-batch loss of the first epoch.
+  double last_epoch_loss = 0;   // ... and of the last.
+  std::vector<double> epoch_loss;
+  std::vector<EvalPoint> curve;
+  double time_to_target_seconds = -1;  // When the curve first reached target_accuracy.
+  double test_accuracy = -1;  // Full test set, final parameters (-1: not evaluated).
+  StoreStats store;
+};
+
+// Builds mini-batch inputs: features of d's samples `indices[0..n)` into x
+// (n x d.features()) and their labels into y.
+void FillBatch(const Dataset& d, const std::uint32_t* indices, std::size_t n, float* x,
+               std::uint8_t* y);
+
+// Accuracy of `params` on the first `limit` samples of d (all when 0).
+double Evaluate(Mlp<float>& model, const Params<float>& params, const Dataset& d,
+                std::size_t limit = 0);
+
+// Trains on this worker's partition of `train` and, if options.evaluate,
+// evaluates on `test`. Errors come from the store (network, consistency
+// deadline) or from options that cannot work (InvalidArgument).
+Result<TrainReport> Train(const TrainOptions& options, const Dataset& train,
+                          const Dataset& test, ParameterStore& store,
+                          const std::function<void(const Progress&)>& on_progress = {});
+
+}  // namespace rdmaps::train
