@@ -1,9 +1,576 @@
+// The parameter server node. Threads:
+// - the accept thread takes worker connections and sends each its bootstrap
+//   message (the one server-initiated op; see src/ps/layout.h);
+// - the apply thread waits for push notifications, applies push slots in
+//   per-worker seq order with the tables' optimizers, and republishes the
+//   control block after each batch.
+// Workers' pulls are served by the transport without any thread of ours.
 #include "rdmaps/server.h"
 
-namespace rdmaps {
+#include <glog/logging.h>
+#include <tbb/blocked_range.h>
+#include <tbb/global_control.h>
+#include <tbb/parallel_for.h>
 
-Result<std::unique_ptr<Server>> Server::Start(const ServerOptions&) {
-  return NotSupportedError("Server::Start: not implemented yet");
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <unordered_map>
+
+#include "src/ps/common.h"
+#include "src/ps/initializer.h"
+#include "src/ps/layout.h"
+#include "src/ps/memory.h"
+#include "src/ps/optimizer.h"
+#include "transport/transport.h"
+
+namespace rdmaps {
+namespace {
+
+using internal::AlignedBuffer;
+using internal::BlockHeader;
+using internal::ControlHead;
+using internal::ControlWorker;
+using internal::SlotHeader;
+using internal::SlotKind;
+using transport::Deadline;
+using transport::DeadlineAfter;
+
+// Rows per TBB task when a push is large enough to spread over cores.
+constexpr std::size_t kParallelFloats = 1 << 16;
+
+internal::WireRegion Wire(const transport::MemoryRegion& mr) {
+  return {reinterpret_cast<std::uint64_t>(mr.data()), mr.size(), mr.rkey(), 0};
+}
+
+struct TableState {
+  TableOptions options;
+  internal::ShardRange shard;
+  std::size_t stride = 0;
+  AlignedBuffer rows;
+  std::unique_ptr<transport::MemoryRegion> mr;
+  std::optional<internal::Optimizer> optimizer;
+  std::vector<float> state;  // shard.count * optimizer->state_floats()
+
+  std::byte* row(std::uint64_t local) const { return rows.get() + local * stride; }
+  float* data(std::uint64_t local) const {
+    return reinterpret_cast<float*>(row(local) + sizeof(BlockHeader));
+  }
+};
+
+struct WorkerState {  // apply thread only, except where noted
+  std::uint64_t next_seq = 1;
+  std::uint64_t clock = 0;
+  bool done = false;
+};
+
+class ServerImpl final : public Server {
+ public:
+  explicit ServerImpl(const ServerOptions& options)
+      : options_(options), workers_(options.num_workers) {}
+
+  ~ServerImpl() override { Stop(); }
+
+  Status Init();
+
+  const std::string& address() const override { return address_; }
+  Status Run() override { return RunUntil(Deadline::max()); }
+  Status RunUntil(Deadline deadline) override;
+  void Stop() override;
+  ServerStats stats() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return stats_;
+  }
+  Status ReadLocal(std::uint32_t table, RowRange range, std::vector<float>* out) const override;
+
+ private:
+  Status RegisterAll();
+  void AcceptLoop();
+  void ApplyLoop();
+  // Applies one slot of worker w; false (and counts) when malformed.
+  bool ApplySlot(std::uint32_t w, const SlotHeader& h, const std::byte* payload);
+  void ApplyRow(TableState& t, std::uint64_t local, const float* grad);
+  void PublishControl();
+  std::string WorkerList(const std::vector<std::uint32_t>& ids) const;
+
+  // Constant after Init().
+  const ServerOptions options_;
+  std::unique_ptr<transport::Endpoint> endpoint_;
+  std::string address_;
+  std::vector<TableState> tables_;
+  std::unordered_map<std::uint32_t, std::size_t> table_index_;
+  AlignedBuffer directory_;
+  std::unique_ptr<transport::MemoryRegion> directory_mr_;
+  AlignedBuffer control_;
+  std::unique_ptr<transport::MemoryRegion> control_mr_;
+  AlignedBuffer atomics_;
+  std::unique_ptr<transport::MemoryRegion> atomics_mr_;
+  std::vector<AlignedBuffer> rings_;
+  std::vector<std::unique_ptr<transport::MemoryRegion>> ring_mrs_;
+  AlignedBuffer boot_msg_;
+  std::unique_ptr<transport::MemoryRegion> boot_msg_mr_;
+  std::unique_ptr<tbb::global_control> tbb_limit_;
+
+  // Apply thread only (apply_mu_ guards the shard contents against ReadLocal).
+  std::vector<WorkerState> workers_;
+  std::uint64_t control_version_ = 0;
+  mutable std::mutex apply_mu_;
+
+  // Accept thread only.
+  std::vector<std::unique_ptr<transport::Connection>> connections_;
+
+  // Protected by mu_.
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  ServerStats stats_;
+  std::vector<bool> seen_;  // worker connected at least once
+  std::vector<bool> gone_;  // worker disconnected
+  bool stopped_ = false;
+
+  std::atomic<bool> stop_{false};
+  std::thread accept_thread_;
+  std::thread apply_thread_;
+};
+
+Status ValidateServerOptions(const ServerOptions& o) {
+  if (o.num_servers == 0) return InvalidArgumentError("ServerOptions.num_servers must be >= 1");
+  if (o.server_index >= o.num_servers) {
+    return InvalidArgumentError("ServerOptions.server_index " + std::to_string(o.server_index) +
+                                " must be < num_servers " + std::to_string(o.num_servers));
+  }
+  if (o.num_workers == 0) return InvalidArgumentError("ServerOptions.num_workers must be >= 1");
+  if (o.num_workers >= internal::kServerPeerBase) {
+    return InvalidArgumentError("ServerOptions.num_workers is too large");
+  }
+  if (o.push_slots == 0) return InvalidArgumentError("ServerOptions.push_slots must be >= 1");
+  RDMAPS_RETURN_IF_ERROR(internal::ValidateTables(o.tables));
+  for (const TableOptions& t : o.tables) {
+    if (internal::SlotRowCapacity(o.push_slot_bytes, t.dim, true) == 0 ||
+        o.push_slot_bytes < sizeof(SlotHeader)) {
+      return InvalidArgumentError(
+          "ServerOptions.push_slot_bytes " + std::to_string(o.push_slot_bytes) +
+          " cannot hold one row of table '" + t.name + "' (dim " + std::to_string(t.dim) +
+          "); raise it to at least " +
+          std::to_string(sizeof(SlotHeader) + 8 + std::size_t{t.dim} * 4));
+    }
+  }
+  return Status::OK();
+}
+
+Status ServerImpl::Init() {
+  RDMAPS_RETURN_IF_ERROR(ValidateServerOptions(options_));
+  if (options_.apply_threads > 0) {
+    tbb_limit_ = std::make_unique<tbb::global_control>(
+        tbb::global_control::max_allowed_parallelism, options_.apply_threads);
+  }
+  RDMAPS_ASSIGN_OR_RETURN(
+      endpoint_, transport::Endpoint::Create(internal::ToEndpointOptions(
+                     options_.transport, internal::kServerPeerBase + options_.server_index)));
+  seen_.assign(options_.num_workers, false);
+  gone_.assign(options_.num_workers, false);
+  stats_.worker_clocks.assign(options_.num_workers, 0);
+  RDMAPS_RETURN_IF_ERROR(RegisterAll());
+  PublishControl();
+  RDMAPS_ASSIGN_OR_RETURN(address_, endpoint_->Listen(options_.listen_address));
+  accept_thread_ = std::thread([this] { AcceptLoop(); });
+  apply_thread_ = std::thread([this] { ApplyLoop(); });
+  LOG(INFO) << "ps server " << options_.server_index << "/" << options_.num_servers
+            << " listening on " << address_ << " (" << endpoint_->kind() << "), "
+            << options_.tables.size() << " tables, " << options_.num_workers << " workers, "
+            << stats_.registered_bytes << " bytes registered";
+  return Status::OK();
+}
+
+Status ServerImpl::RegisterAll() {
+  auto alloc_register = [&](std::size_t bytes, std::uint32_t access, const std::string& what,
+                            AlignedBuffer* buf,
+                            std::unique_ptr<transport::MemoryRegion>* mr) -> Status {
+    *buf = internal::AllocateRegionMemory(bytes);
+    if (*buf == nullptr) {
+      return ResourceExhaustedError("allocating " + std::to_string(bytes) + " bytes for " + what +
+                                    " failed: out of memory; use fewer/smaller tables or more "
+                                    "servers");
+    }
+    auto r = endpoint_->Register(buf->get(), bytes, access);
+    if (!r.ok()) return r.status().WithContext("registering " + what);
+    *mr = std::move(r).value();
+    stats_.registered_bytes += bytes;
+    return Status::OK();
+  };
+
+  const std::uint32_t S = options_.num_servers, W = options_.num_workers;
+  tables_.resize(options_.tables.size());
+  for (std::size_t i = 0; i < tables_.size(); ++i) {
+    TableState& t = tables_[i];
+    t.options = options_.tables[i];
+    t.shard = internal::PartitionOf(t.options.rows, S, options_.server_index);
+    t.stride = internal::RowStride(t.options.dim);
+    t.optimizer.emplace(t.options.optimizer, t.options.dim);
+    table_index_[t.options.id] = i;
+    RDMAPS_RETURN_IF_ERROR(alloc_register(t.shard.count * t.stride, transport::kRemoteRead,
+                                          "shard of table '" + t.options.name + "'", &t.rows,
+                                          &t.mr));
+    const std::size_t sf = t.optimizer->state_floats();
+    t.state.assign(t.shard.count * sf, 0.0f);
+    for (std::uint64_t r = 0; r < t.shard.count; ++r) {
+      internal::InitRow(t.options.init, t.options.id, t.shard.begin + r, t.data(r),
+                        t.options.dim);
+      internal::SealBlock(t.row(r), 0, std::size_t{t.options.dim} * sizeof(float));
+      if (sf > 0) t.optimizer->InitState(t.state.data() + r * sf);
+    }
+  }
+  RDMAPS_RETURN_IF_ERROR(alloc_register(internal::ControlBlockBytes(W), transport::kRemoteRead,
+                                        "control block", &control_, &control_mr_));
+  RDMAPS_RETURN_IF_ERROR(alloc_register(internal::kAtomicsBytes,
+                                        transport::kRemoteRead | transport::kRemoteAtomic,
+                                        "barrier counter", &atomics_, &atomics_mr_));
+  rings_.resize(W);
+  ring_mrs_.resize(W);
+  const std::size_t ring_bytes = std::size_t{options_.push_slots} * options_.push_slot_bytes;
+  for (std::uint32_t w = 0; w < W; ++w) {
+    RDMAPS_RETURN_IF_ERROR(alloc_register(ring_bytes, transport::kRemoteWrite,
+                                          "push ring of worker " + std::to_string(w), &rings_[w],
+                                          &ring_mrs_[w]));
+  }
+  // Directory.
+  const std::size_t dir_bytes = internal::DirectoryBytes(
+      static_cast<std::uint32_t>(tables_.size()), W);
+  RDMAPS_RETURN_IF_ERROR(alloc_register(dir_bytes, transport::kRemoteRead, "directory",
+                                        &directory_, &directory_mr_));
+  internal::DirectoryHeader h{};
+  h.magic = internal::kDirectoryMagic;
+  h.layout_version = internal::kLayoutVersion;
+  h.server_index = options_.server_index;
+  h.num_servers = S;
+  h.num_workers = W;
+  h.num_tables = static_cast<std::uint32_t>(tables_.size());
+  h.ring_slots = options_.push_slots;
+  h.slot_bytes = options_.push_slot_bytes;
+  h.control = Wire(*control_mr_);
+  h.atomics = Wire(*atomics_mr_);
+  std::byte* p = directory_.get();
+  std::memcpy(p, &h, sizeof(h));
+  p += sizeof(h);
+  for (const TableState& t : tables_) {
+    internal::DirectoryTable d{};
+    d.id = t.options.id;
+    d.dim = t.options.dim;
+    d.rows = t.options.rows;
+    d.shard_begin = t.shard.begin;
+    d.shard_rows = t.shard.count;
+    d.staleness = t.options.staleness;
+    d.row_stride = static_cast<std::uint32_t>(t.stride);
+    d.shard = Wire(*t.mr);
+    std::memcpy(d.name, t.options.name.data(), t.options.name.size());
+    std::memcpy(p, &d, sizeof(d));
+    p += sizeof(d);
+  }
+  for (std::uint32_t w = 0; w < W; ++w) {
+    internal::DirectoryWorker d{Wire(*ring_mrs_[w])};
+    std::memcpy(p, &d, sizeof(d));
+    p += sizeof(d);
+  }
+  // Bootstrap message, sent from registered memory.
+  RDMAPS_RETURN_IF_ERROR(alloc_register(sizeof(internal::BootstrapMsg), transport::kAccessNone,
+                                        "bootstrap message", &boot_msg_, &boot_msg_mr_));
+  internal::BootstrapMsg b{};
+  b.magic = internal::kBootstrapMagic;
+  b.server_index = options_.server_index;
+  b.directory = Wire(*directory_mr_);
+  std::memcpy(boot_msg_.get(), &b, sizeof(b));
+  return Status::OK();
+}
+
+void ServerImpl::AcceptLoop() {
+  while (!stop_.load()) {
+    auto r = endpoint_->Accept(DeadlineAfter(std::chrono::milliseconds(200)));
+    if (!r.ok()) {
+      if (r.status().code() != StatusCode::kTimedOut && !stop_.load()) {
+        LOG(WARNING) << "ps server " << options_.server_index
+                     << ": accept failed: " << r.status();
+      }
+      continue;
+    }
+    std::unique_ptr<transport::Connection> conn = std::move(r).value();
+    const transport::PeerInfo& peer = conn->peer();
+    internal::HelloMsg hello{};
+    if (peer.user_data.size() != sizeof(hello)) {
+      LOG(WARNING) << "ps server: rejecting " << peer.address
+                   << ": handshake carries no rdmaps hello (not an rdmaps worker?)";
+      continue;
+    }
+    std::memcpy(&hello, peer.user_data.data(), sizeof(hello));
+    const std::uint64_t need = (std::uint64_t{options_.server_index} + 1) *
+                               internal::kBootstrapSlotBytes;
+    if (hello.magic != internal::kHelloMagic || hello.worker_id >= options_.num_workers ||
+        hello.boot_length < need || peer.peer_id != hello.worker_id) {
+      LOG(WARNING) << "ps server " << options_.server_index << ": rejecting " << peer.address
+                   << ": bad hello (worker id " << hello.worker_id << ", job has "
+                   << options_.num_workers << " workers; check --num_workers on both sides)";
+      continue;
+    }
+    const transport::Op op = transport::Op::WriteWithImm(
+        boot_msg_.get(), boot_msg_mr_.get(), sizeof(internal::BootstrapMsg),
+        hello.boot_addr + std::uint64_t{options_.server_index} * internal::kBootstrapSlotBytes,
+        hello.boot_rkey, internal::kBootstrapImm | options_.server_index);
+    Status s = conn->Post({&op, 1});
+    if (s.ok()) {
+      transport::Completion c;
+      auto w = conn->Wait({&c, 1}, DeadlineAfter(std::chrono::seconds(10)));
+      if (!w.ok()) {
+        s = w.status();
+      } else if (*w == 0) {
+        s = TimedOutError("no completion for the bootstrap write within 10 s");
+      } else {
+        s = c.status;
+      }
+    }
+    if (!s.ok()) {
+      LOG(WARNING) << "ps server " << options_.server_index << ": bootstrap of worker "
+                   << hello.worker_id << " failed: " << s;
+      continue;
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (seen_[hello.worker_id]) {
+        LOG(WARNING) << "ps server: worker " << hello.worker_id << " connected again";
+      }
+      seen_[hello.worker_id] = true;
+      ++stats_.workers_connected;
+    }
+    VLOG(1) << "ps server " << options_.server_index << ": worker " << hello.worker_id
+            << " connected from " << peer.address;
+    connections_.push_back(std::move(conn));
+    cv_.notify_all();
+  }
+}
+
+void ServerImpl::ApplyRow(TableState& t, std::uint64_t local, const float* grad) {
+  const std::size_t sf = t.optimizer->state_floats();
+  BlockHeader h;
+  std::memcpy(&h, t.row(local), sizeof(h));
+  t.optimizer->Apply(t.data(local), sf ? t.state.data() + local * sf : nullptr, grad);
+  internal::SealBlock(t.row(local), h.version + 1, std::size_t{t.options.dim} * sizeof(float));
+}
+
+bool ServerImpl::ApplySlot(std::uint32_t w, const SlotHeader& h, const std::byte* payload) {
+  WorkerState& ws = workers_[w];
+  const auto kind = static_cast<SlotKind>(h.kind);
+  if (kind == SlotKind::kClock) {
+    if (h.clock != ws.clock + 1) return false;
+    ws.clock = h.clock;
+    std::lock_guard<std::mutex> lock(mu_);
+    ++stats_.clocks_applied;
+    return true;
+  }
+  if (kind == SlotKind::kBye) {
+    ws.done = true;
+    return true;
+  }
+  if (kind != SlotKind::kRange && kind != SlotKind::kRows) return false;
+  auto it = table_index_.find(h.table);
+  if (it == table_index_.end()) return false;
+  TableState& t = tables_[it->second];
+  const std::uint32_t dim = t.options.dim;
+  const std::uint64_t cap =
+      internal::SlotRowCapacity(options_.push_slot_bytes, dim, kind == SlotKind::kRows);
+  if (h.num_rows == 0 || h.num_rows > cap) return false;
+  if (kind == SlotKind::kRange) {
+    if (h.first_row < t.shard.begin || h.first_row + h.num_rows > t.shard.end()) return false;
+    const auto* g = reinterpret_cast<const float*>(payload);
+    const std::uint64_t first = h.first_row - t.shard.begin;
+    if (std::size_t{h.num_rows} * dim >= kParallelFloats && h.num_rows > 1) {
+      tbb::parallel_for(tbb::blocked_range<std::uint64_t>(0, h.num_rows),
+                        [&](const tbb::blocked_range<std::uint64_t>& r) {
+                          for (std::uint64_t i = r.begin(); i < r.end(); ++i) {
+                            ApplyRow(t, first + i, g + i * dim);
+                          }
+                        });
+    } else {
+      for (std::uint64_t i = 0; i < h.num_rows; ++i) ApplyRow(t, first + i, g + i * dim);
+    }
+  } else {
+    std::vector<std::uint64_t> ids(h.num_rows);
+    std::memcpy(ids.data(), payload, ids.size() * 8);
+    for (std::uint64_t id : ids) {
+      if (id < t.shard.begin || id >= t.shard.end()) return false;
+    }
+    const auto* g = reinterpret_cast<const float*>(payload + ids.size() * 8);
+    // Sequential: ids may repeat, and each occurrence is its own step.
+    for (std::size_t i = 0; i < ids.size(); ++i) ApplyRow(t, ids[i] - t.shard.begin, g + i * dim);
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  ++stats_.pushes_applied;
+  stats_.rows_applied += h.num_rows;
+  return true;
+}
+
+void ServerImpl::PublishControl() {
+  const std::uint32_t W = options_.num_workers;
+  std::byte* payload = control_.get() + sizeof(BlockHeader);
+  ControlHead head{};
+  head.num_workers = W;
+  head.min_clock = internal::kClockDone;
+  for (std::uint32_t w = 0; w < W; ++w) {
+    ControlWorker cw{};
+    cw.clock = workers_[w].done ? internal::kClockDone : workers_[w].clock;
+    cw.applied_seq = workers_[w].next_seq - 1;
+    head.min_clock = std::min(head.min_clock, cw.clock);
+    std::memcpy(payload + sizeof(ControlHead) + w * sizeof(ControlWorker), &cw, sizeof(cw));
+  }
+  std::memcpy(payload, &head, sizeof(head));
+  internal::SealBlock(control_.get(), ++control_version_, internal::ControlPayloadBytes(W));
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.min_clock = head.min_clock;
+  for (std::uint32_t w = 0; w < W; ++w) {
+    stats_.worker_clocks[w] = workers_[w].done ? internal::kClockDone : workers_[w].clock;
+  }
+}
+
+void ServerImpl::ApplyLoop() {
+  std::vector<transport::Notification> batch(256);
+  while (!stop_.load()) {
+    auto r = endpoint_->WaitNotifications(batch, DeadlineAfter(std::chrono::milliseconds(200)));
+    if (!r.ok()) {
+      if (!stop_.load()) LOG(WARNING) << "ps server: WaitNotifications: " << r.status();
+      continue;
+    }
+    if (*r == 0) continue;
+    bool membership_changed = false;
+    {
+      std::lock_guard<std::mutex> apply_lock(apply_mu_);
+      for (std::size_t i = 0; i < *r; ++i) {
+        const transport::Notification& n = batch[i];
+        const std::uint32_t w = n.peer_id;
+        if (w >= options_.num_workers) {
+          LOG_EVERY_N(WARNING, 100) << "ps server: notification from unknown peer " << n.peer_id;
+          std::lock_guard<std::mutex> lock(mu_);
+          ++stats_.protocol_errors;
+          continue;
+        }
+        if (n.kind == transport::Notification::Kind::kDisconnected) {
+          std::lock_guard<std::mutex> lock(mu_);
+          if (!gone_[w]) {
+            gone_[w] = true;
+            if (workers_[w].done) {
+              ++stats_.workers_done;
+            } else {
+              stats_.dead_workers.push_back(w);
+              LOG(WARNING) << "ps server " << options_.server_index << ": worker " << w
+                           << " disconnected without Close() (crashed or killed?) at clock "
+                           << workers_[w].clock;
+            }
+            membership_changed = true;
+          }
+          continue;
+        }
+        WorkerState& ws = workers_[w];
+        const std::uint64_t seq = ws.next_seq;
+        const std::size_t slot = (seq - 1) % options_.push_slots;
+        const std::byte* base = rings_[w].get() + slot * options_.push_slot_bytes;
+        SlotHeader h;
+        std::memcpy(&h, base, sizeof(h));
+        if (n.imm != internal::ImmOfSeq(seq) || h.seq != seq ||
+            !ApplySlot(w, h, base + sizeof(SlotHeader))) {
+          LOG_EVERY_N(WARNING, 100) << "ps server " << options_.server_index
+                                    << ": dropping malformed or out-of-sequence push from worker "
+                                    << w << " (expected seq " << seq << ", slot says " << h.seq
+                                    << ", imm " << n.imm << ")";
+          std::lock_guard<std::mutex> lock(mu_);
+          ++stats_.protocol_errors;
+          continue;
+        }
+        ++ws.next_seq;
+      }
+      PublishControl();
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++stats_.apply_batches;
+    }
+    if (membership_changed) cv_.notify_all();
+  }
+}
+
+std::string ServerImpl::WorkerList(const std::vector<std::uint32_t>& ids) const {
+  std::string s;
+  for (std::uint32_t id : ids) s += (s.empty() ? "" : ", ") + std::to_string(id);
+  return s;
+}
+
+Status ServerImpl::RunUntil(Deadline deadline) {
+  std::unique_lock<std::mutex> lock(mu_);
+  auto finished = [&] {
+    if (stopped_) return true;
+    if (!options_.exit_when_workers_done) return false;
+    for (std::uint32_t w = 0; w < options_.num_workers; ++w) {
+      if (!seen_[w] || !gone_[w]) return false;
+    }
+    return true;
+  };
+  if (!cv_.wait_until(lock, deadline, finished)) {
+    std::vector<std::uint32_t> missing, running;
+    for (std::uint32_t w = 0; w < options_.num_workers; ++w) {
+      if (!seen_[w]) missing.push_back(w);
+      else if (!gone_[w]) running.push_back(w);
+    }
+    return TimedOutError("ps server " + std::to_string(options_.server_index) +
+                         ": deadline passed; workers never connected: [" + WorkerList(missing) +
+                         "], still running: [" + WorkerList(running) + "]");
+  }
+  if (!stats_.dead_workers.empty()) {
+    return UnavailableError("ps server " + std::to_string(options_.server_index) +
+                            ": workers disconnected without closing (crashed?): [" +
+                            WorkerList(stats_.dead_workers) + "]");
+  }
+  return Status::OK();
+}
+
+void ServerImpl::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopped_ = true;
+  }
+  cv_.notify_all();
+  stop_.store(true);
+  if (endpoint_) endpoint_->Interrupt();
+  if (accept_thread_.joinable()) accept_thread_.join();
+  if (apply_thread_.joinable()) apply_thread_.join();
+}
+
+Status ServerImpl::ReadLocal(std::uint32_t table, RowRange range, std::vector<float>* out) const {
+  auto it = table_index_.find(table);
+  if (it == table_index_.end()) {
+    return InvalidArgumentError("ReadLocal: unknown table id " + std::to_string(table));
+  }
+  const TableState& t = tables_[it->second];
+  if (range.begin < t.shard.begin || range.begin + range.count > t.shard.end()) {
+    return InvalidArgumentError("ReadLocal: rows [" + std::to_string(range.begin) + ", " +
+                                std::to_string(range.begin + range.count) +
+                                ") are not all on this server, which holds [" +
+                                std::to_string(t.shard.begin) + ", " +
+                                std::to_string(t.shard.end()) + ")");
+  }
+  const std::uint32_t dim = t.options.dim;
+  out->resize(range.count * dim);
+  std::lock_guard<std::mutex> lock(apply_mu_);
+  for (std::uint64_t i = 0; i < range.count; ++i) {
+    std::memcpy(out->data() + i * dim, t.data(range.begin - t.shard.begin + i),
+                std::size_t{dim} * sizeof(float));
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Server>> Server::Start(const ServerOptions& options) {
+  auto server = std::make_unique<ServerImpl>(options);
+  RDMAPS_RETURN_IF_ERROR(server->Init());
+  return std::unique_ptr<Server>(std::move(server));
 }
 
 }  // namespace rdmaps

@@ -1,0 +1,58 @@
+#include "src/ps/common.h"
+
+#include <set>
+
+namespace rdmaps::internal {
+
+Status ValidateTables(const std::vector<TableOptions>& tables) {
+  std::set<std::uint32_t> ids;
+  std::set<std::string> names;
+  for (const TableOptions& t : tables) {
+    const std::string who = "table " + std::to_string(t.id) + " ('" + t.name + "')";
+    if (!ids.insert(t.id).second) {
+      return InvalidArgumentError(who + ": duplicate table id; give every table its own id");
+    }
+    if (t.name.empty() || t.name.size() > kMaxTableNameLength) {
+      return InvalidArgumentError(who + ": name must have 1.." +
+                                  std::to_string(kMaxTableNameLength) + " characters");
+    }
+    if (!names.insert(t.name).second) {
+      return InvalidArgumentError(who + ": duplicate table name; names must be unique");
+    }
+    if (t.rows == 0) return InvalidArgumentError(who + ": rows must be >= 1");
+    if (t.dim == 0) return InvalidArgumentError(who + ": dim must be >= 1");
+    if (t.dim > (1u << 24)) {
+      return InvalidArgumentError(who + ": dim " + std::to_string(t.dim) +
+                                  " is too large (max 2^24 floats per row); split the tensor "
+                                  "into more rows");
+    }
+    const OptimizerOptions& o = t.optimizer;
+    if (!(o.learning_rate > 0.0f)) {
+      return InvalidArgumentError(who + ": optimizer learning_rate must be > 0");
+    }
+    if (o.kind == OptimizerOptions::Kind::kAdam &&
+        !(o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 && o.beta2 < 1)) {
+      return InvalidArgumentError(who + ": Adam betas must lie in [0, 1)");
+    }
+    if ((o.kind == OptimizerOptions::Kind::kAdam || o.kind == OptimizerOptions::Kind::kAdagrad) &&
+        !(o.epsilon > 0.0f)) {
+      return InvalidArgumentError(who + ": optimizer epsilon must be > 0");
+    }
+  }
+  return Status::OK();
+}
+
+transport::EndpointOptions ToEndpointOptions(const TransportOptions& t, std::uint32_t peer_id) {
+  transport::EndpointOptions e;
+  e.transport = t.transport;
+  e.job_token = t.job_token;
+  e.peer_id = peer_id;
+  e.op_timeout = t.op_timeout;
+  e.busy_poll = t.busy_poll;
+  e.ib_dev = t.ib_dev;
+  e.ib_port = t.ib_port;
+  e.gid_index = t.gid_index;
+  return e;
+}
+
+}  // namespace rdmaps::internal

@@ -1,0 +1,21 @@
+// Helpers shared by the ps server and client: option checks and the
+// conversion from the public TransportOptions to the transport layer's.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "rdmaps/options.h"
+#include "rdmaps/status.h"
+#include "transport/transport.h"
+
+namespace rdmaps::internal {
+
+// InvalidArgument naming the first bad table (ids/names unique, rows >= 1,
+// 1 <= dim, name length, optimizer hyper-parameters).
+Status ValidateTables(const std::vector<TableOptions>& tables);
+
+transport::EndpointOptions ToEndpointOptions(const TransportOptions& t, std::uint32_t peer_id);
+
+}  // namespace rdmaps::internal
