@@ -1,0 +1,825 @@
+#include "src/cluster/layout.h"
+
+#include <glog/logging.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+#include "src/cluster/rendezvous.h"
+
+extern char** environ;
+
+namespace rdmaps {
+
+namespace {
+
+using internal::HostPort;
+using internal::MaybeLayout;
+
+std::string Lower(std::string_view s) {
+  std::string out(s);
+  std::transform(out.begin(), out.end(), out.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return out;
+}
+
+const std::string* Find(const Environment& env, const char* name) {
+  auto it = env.find(name);
+  return it == env.end() ? nullptr : &it->second;
+}
+
+std::string Quote(std::string_view s) {
+  constexpr std::size_t kMax = 200;
+  std::string out = "'";
+  out += s.size() > kMax ? std::string(s.substr(0, kMax)) + "..." : std::string(s);
+  out += "'";
+  return out;
+}
+
+std::string Join(const std::vector<std::string>& v, std::string_view sep) {
+  std::string out;
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    if (i) out += sep;
+    out += v[i];
+  }
+  return out;
+}
+
+bool IsLoopbackHost(std::string_view host) {
+  return host == "localhost" || host.starts_with("127.") || host == "::1" ||
+         host == "[::1]";
+}
+
+// Fills role-independent fields and checks the result. `ps` and `workers`
+// are address lists; `num_workers` (> 0) stands in when workers is empty.
+Result<Layout> FromLists(Role role, int index, std::vector<std::string> ps,
+                         std::vector<std::string> workers, int num_workers,
+                         const LayoutOptions& options, std::string source,
+                         std::string detail) {
+  Layout layout;
+  layout.role = role;
+  layout.index = index;
+  layout.source = std::move(source);
+  layout.source_detail = std::move(detail);
+  layout.num_servers = static_cast<int>(ps.size());
+  if (!workers.empty() && num_workers > 0 &&
+      num_workers != static_cast<int>(workers.size())) {
+    return InvalidArgumentError(
+        layout.source + ": counts disagree: " + std::to_string(workers.size()) +
+        " worker addresses but num_workers=" + std::to_string(num_workers) +
+        "; give one or make them match");
+  }
+  layout.num_workers = workers.empty() ? num_workers : static_cast<int>(workers.size());
+  layout.servers = std::move(ps);
+  layout.workers = std::move(workers);
+  if (options.num_servers > 0 && options.num_servers != layout.num_servers) {
+    return InvalidArgumentError(
+        layout.source + ": counts disagree: " + std::to_string(layout.num_servers) +
+        " ps addresses (" + Join(layout.servers, ",") + ") but num_servers=" +
+        std::to_string(options.num_servers) + "; drop --num_servers or make them match");
+  }
+  if (role == Role::kServer && index >= 0 && index < layout.num_servers) {
+    layout.listen_address = layout.servers[static_cast<std::size_t>(index)];
+  }
+  RDMAPS_RETURN_IF_ERROR(internal::ValidateLayout(layout));
+  return layout;
+}
+
+Result<Layout> FromClusterSpecJson(const nlohmann::json& cluster, Role role, int index,
+                                   const LayoutOptions& options, const std::string& source,
+                                   std::string detail) {
+  if (!cluster.is_object()) {
+    return InvalidArgumentError(source + ": the cluster must be a JSON object like "
+                                "{\"ps\": [\"h:p\"], \"worker\": [\"h:p\"]}, got " +
+                                Quote(cluster.dump()));
+  }
+  auto list = [&](const char* job) -> Result<std::vector<std::string>> {
+    std::vector<std::string> out;
+    if (!cluster.contains(job)) return out;
+    const auto& v = cluster.at(job);
+    if (!v.is_array()) {
+      return InvalidArgumentError(source + ": \"" + job + "\" must be a list of "
+                                  "\"host:port\" strings, got " + Quote(v.dump()));
+    }
+    for (const auto& e : v) {
+      if (!e.is_string()) {
+        return InvalidArgumentError(source + ": \"" + job + "\" entry " + Quote(e.dump()) +
+                                    " is not a \"host:port\" string");
+      }
+      RDMAPS_ASSIGN_OR_RETURN(auto hp, internal::ParseHostPort(e.get<std::string>(),
+                                                               source + " \"" + job + "\""));
+      out.push_back(e.get<std::string>());
+    }
+    return out;
+  };
+  RDMAPS_ASSIGN_OR_RETURN(auto ps, list("ps"));
+  RDMAPS_ASSIGN_OR_RETURN(auto chief, list("chief"));
+  RDMAPS_ASSIGN_OR_RETURN(auto workers, list("worker"));
+  if (ps.empty()) {
+    return InvalidArgumentError(source + ": no \"ps\" job in " + Quote(cluster.dump()) +
+                                "; rdmaps needs at least one parameter server");
+  }
+  // chief counts as a worker and comes first, as in TensorFlow's numbering.
+  workers.insert(workers.begin(), chief.begin(), chief.end());
+  return FromLists(role, index, std::move(ps), std::move(workers), options.num_workers,
+                   options, source, std::move(detail));
+}
+
+}  // namespace
+
+std::string_view RoleName(Role role) {
+  switch (role) {
+    case Role::kServer:
+      return "ps";
+    case Role::kWorker:
+      return "worker";
+    case Role::kScheduler:
+      return "scheduler";
+  }
+  return "?";
+}
+
+Result<Role> ParseRole(std::string_view text) {
+  std::string s = Lower(text);
+  if (s == "ps" || s == "server") return Role::kServer;
+  if (s == "worker" || s == "chief") return Role::kWorker;
+  if (s == "scheduler") return Role::kScheduler;
+  return InvalidArgumentError("unknown role " + Quote(text) +
+                              "; use ps (or server), worker (or chief) or scheduler");
+}
+
+Environment CurrentEnvironment() {
+  Environment env;
+  for (char** e = environ; e && *e; ++e) {
+    std::string_view kv(*e);
+    auto eq = kv.find('=');
+    if (eq == std::string_view::npos) continue;
+    env.emplace(std::string(kv.substr(0, eq)), std::string(kv.substr(eq + 1)));
+  }
+  return env;
+}
+
+std::string Layout::name() const {
+  if (role == Role::kScheduler) return "scheduler";
+  return std::string(RoleName(role)) + (index >= 0 ? std::to_string(index) : "?");
+}
+
+std::string Layout::ToString() const {
+  std::ostringstream os;
+  os << "layout from " << source;
+  if (!source_detail.empty()) os << " (" << source_detail << ")";
+  os << "\n  this process: " << name();
+  if (role == Role::kServer && !listen_address.empty()) os << ", listens on " << listen_address;
+  os << "\n  servers (" << num_servers << "):";
+  if (servers.empty()) os << " addresses exchanged at start-up";
+  for (std::size_t i = 0; i < servers.size(); ++i) os << "\n    ps" << i << "  " << servers[i];
+  os << "\n  workers (" << num_workers << ")";
+  if (!workers.empty()) {
+    os << ":";
+    for (std::size_t i = 0; i < workers.size(); ++i) {
+      os << "\n    worker" << i << "  " << workers[i];
+    }
+  }
+  if (needs_rendezvous) {
+    os << "\n  rendezvous: " << rendezvous;
+    if (rank >= 0) os << ", rank " << rank << " of " << world_size;
+    os << ", advertising " << advertise_host;
+  }
+  if (!transport.empty()) os << "\n  transport: " << transport;
+  return os.str();
+}
+
+namespace internal {
+
+std::string LocalHostName() {
+  char buf[256] = {};
+  if (gethostname(buf, sizeof(buf) - 1) != 0 || buf[0] == '\0') return "localhost";
+  return buf;
+}
+
+Result<HostPort> ParseHostPort(std::string_view text, std::string_view what) {
+  auto bad = [&](std::string_view why) {
+    return InvalidArgumentError(std::string(what) + ": " + Quote(text) + " " +
+                                std::string(why) + "; expected host:port, e.g. 10.0.0.1:7470");
+  };
+  HostPort hp;
+  std::string_view port;
+  if (text.starts_with('[')) {
+    auto close = text.find(']');
+    if (close == std::string_view::npos || close + 1 >= text.size() || text[close + 1] != ':') {
+      return bad("is not [ipv6]:port");
+    }
+    hp.host = std::string(text.substr(1, close - 1));
+    port = text.substr(close + 2);
+  } else {
+    auto colon = text.rfind(':');
+    if (colon == std::string_view::npos) return bad("has no port");
+    hp.host = std::string(text.substr(0, colon));
+    port = text.substr(colon + 1);
+    if (hp.host.find(':') != std::string::npos) return bad("has an IPv6 host without [ ]");
+  }
+  if (hp.host.empty()) return bad("has an empty host");
+  for (char c : hp.host) {
+    if (std::isspace(static_cast<unsigned char>(c)) || c == ',' || c == '/') {
+      return bad("has a malformed host");
+    }
+  }
+  auto [ptr, ec] = std::from_chars(port.data(), port.data() + port.size(), hp.port);
+  if (port.empty() || ec != std::errc() || ptr != port.data() + port.size() || hp.port < 0 ||
+      hp.port > 65535) {
+    return bad("has a port outside 0..65535");
+  }
+  return hp;
+}
+
+std::string JoinHostPort(std::string_view host, int port) {
+  std::string h(host);
+  if (h.find(':') != std::string::npos && !h.starts_with('[')) h = "[" + h + "]";
+  return h + ":" + std::to_string(port);
+}
+
+Result<std::vector<std::string>> ParseHostList(std::string_view text, std::string_view what) {
+  std::vector<std::string> out;
+  std::size_t start = 0;
+  while (start <= text.size()) {
+    auto comma = text.find(',', start);
+    auto entry = text.substr(start, comma == std::string_view::npos ? std::string_view::npos
+                                                                    : comma - start);
+    // Tolerate surrounding spaces: "a:1, b:2".
+    while (!entry.empty() && entry.front() == ' ') entry.remove_prefix(1);
+    while (!entry.empty() && entry.back() == ' ') entry.remove_suffix(1);
+    if (entry.empty()) {
+      return InvalidArgumentError(std::string(what) + ": " + Quote(text) +
+                                  " has an empty entry; expected host:port,host:port");
+    }
+    RDMAPS_ASSIGN_OR_RETURN(auto hp, ParseHostPort(entry, what));
+    out.push_back(std::string(entry));
+    if (comma == std::string_view::npos) break;
+    start = comma + 1;
+  }
+  return out;
+}
+
+Result<int> ParseCount(std::string_view name, std::string_view text) {
+  int v = 0;
+  auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (text.empty() || ec != std::errc() || ptr != text.data() + text.size() || v < 0) {
+    return InvalidArgumentError(std::string(name) + "=" + Quote(text) +
+                                " is not a non-negative integer");
+  }
+  return v;
+}
+
+namespace {
+
+// Expands one name that may hold bracket groups, appending to `out`.
+Status ExpandOne(std::string_view whole, std::string_view name, std::vector<std::string>* out) {
+  auto open = name.find('[');
+  if (open == std::string_view::npos) {
+    if (name.find(']') != std::string_view::npos) {
+      return InvalidArgumentError("Slurm node list " + Quote(whole) + ": unmatched ']' in " +
+                                  Quote(name));
+    }
+    out->push_back(std::string(name));
+    return Status::OK();
+  }
+  auto close = name.find(']', open);
+  if (close == std::string_view::npos) {
+    return InvalidArgumentError("Slurm node list " + Quote(whole) + ": unmatched '[' in " +
+                                Quote(name));
+  }
+  std::string_view prefix = name.substr(0, open);
+  std::string_view body = name.substr(open + 1, close - open - 1);
+  std::string_view rest = name.substr(close + 1);
+  if (body.empty()) {
+    return InvalidArgumentError("Slurm node list " + Quote(whole) + ": empty brackets in " +
+                                Quote(name));
+  }
+  std::size_t start = 0;
+  while (true) {
+    auto comma = body.find(',', start);
+    auto item = body.substr(start, comma == std::string_view::npos ? std::string_view::npos
+                                                                   : comma - start);
+    auto dash = item.find('-');
+    std::string_view lo_s = item.substr(0, dash);
+    std::string_view hi_s = dash == std::string_view::npos ? lo_s : item.substr(dash + 1);
+    auto digits = [](std::string_view s) {
+      return !s.empty() && s.size() <= 9 &&
+             std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+    };
+    if (!digits(lo_s) || !digits(hi_s)) {
+      return InvalidArgumentError("Slurm node list " + Quote(whole) + ": range " + Quote(item) +
+                                  " is not N or N-M with decimal N, M");
+    }
+    int lo = 0, hi = 0;
+    std::from_chars(lo_s.data(), lo_s.data() + lo_s.size(), lo);
+    std::from_chars(hi_s.data(), hi_s.data() + hi_s.size(), hi);
+    if (hi < lo) {
+      return InvalidArgumentError("Slurm node list " + Quote(whole) + ": range " + Quote(item) +
+                                  " runs backwards");
+    }
+    if (hi - lo > 100000) {
+      return InvalidArgumentError("Slurm node list " + Quote(whole) + ": range " + Quote(item) +
+                                  " is implausibly large");
+    }
+    // Zero padding is the width of the lower bound when it has a leading 0.
+    std::size_t width = lo_s.size() > 1 && lo_s[0] == '0' ? lo_s.size() : 0;
+    for (int v = lo; v <= hi; ++v) {
+      std::string num = std::to_string(v);
+      if (num.size() < width) num.insert(0, width - num.size(), '0');
+      std::string expanded = std::string(prefix) + num + std::string(rest);
+      RDMAPS_RETURN_IF_ERROR(ExpandOne(whole, expanded, out));
+    }
+    if (comma == std::string_view::npos) break;
+    start = comma + 1;
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
+Result<std::vector<std::string>> ExpandSlurmNodeList(std::string_view text) {
+  std::vector<std::string> out;
+  if (text.empty()) {
+    return InvalidArgumentError("Slurm node list is empty; is SLURM_JOB_NODELIST set?");
+  }
+  // Split at commas outside brackets.
+  int depth = 0;
+  std::size_t start = 0;
+  for (std::size_t i = 0; i <= text.size(); ++i) {
+    if (i < text.size() && text[i] == '[') ++depth;
+    if (i < text.size() && text[i] == ']') --depth;
+    if (depth < 0 || depth > 1) {
+      return InvalidArgumentError("Slurm node list " + Quote(text) + ": unbalanced brackets");
+    }
+    if (i == text.size() || (text[i] == ',' && depth == 0)) {
+      auto name = text.substr(start, i - start);
+      if (name.empty()) {
+        return InvalidArgumentError("Slurm node list " + Quote(text) + " has an empty name");
+      }
+      RDMAPS_RETURN_IF_ERROR(ExpandOne(text, name, &out));
+      start = i + 1;
+    }
+  }
+  if (depth != 0) {
+    return InvalidArgumentError("Slurm node list " + Quote(text) + ": unbalanced brackets");
+  }
+  return out;
+}
+
+Status ValidateLayout(const Layout& layout) {
+  const std::string& src = layout.source;
+  if (layout.num_servers < 1) {
+    return InvalidArgumentError(src + ": no parameter servers; give at least one ps address");
+  }
+  if (layout.num_workers < 1) {
+    return InvalidArgumentError(src + ": no workers; give worker addresses or a worker count");
+  }
+  if (layout.role == Role::kServer && (layout.index < 0 || layout.index >= layout.num_servers)) {
+    return InvalidArgumentError(src + ": ps task index " + std::to_string(layout.index) +
+                                " is out of range: there are " +
+                                std::to_string(layout.num_servers) + " ps tasks (0.." +
+                                std::to_string(layout.num_servers - 1) + ")");
+  }
+  if (layout.role == Role::kWorker && (layout.index < 0 || layout.index >= layout.num_workers)) {
+    return InvalidArgumentError(src + ": worker task index " + std::to_string(layout.index) +
+                                " is out of range: there are " +
+                                std::to_string(layout.num_workers) + " workers (0.." +
+                                std::to_string(layout.num_workers - 1) + ")");
+  }
+  std::map<std::string, std::string> seen;  // address -> who
+  auto check = [&](const std::vector<std::string>& list, const char* who) -> Status {
+    for (std::size_t i = 0; i < list.size(); ++i) {
+      auto hp = ParseHostPort(list[i], src);
+      if (!hp.ok()) return hp.status();
+      if (hp->port == 0) continue;
+      std::string me = std::string(who) + std::to_string(i);
+      auto [it, inserted] = seen.emplace(list[i], me);
+      if (!inserted) {
+        return InvalidArgumentError(src + ": duplicate address " + Quote(list[i]) + " for " +
+                                    it->second + " and " + me +
+                                    "; every process that listens needs its own host:port");
+      }
+    }
+    return Status::OK();
+  };
+  RDMAPS_RETURN_IF_ERROR(check(layout.servers, "ps"));
+  RDMAPS_RETURN_IF_ERROR(check(layout.workers, "worker"));
+  return Status::OK();
+}
+
+MaybeLayout LayoutFromOptions(const LayoutOptions& o) {
+  bool any = !o.role.empty() || o.task_index >= 0 || !o.ps_hosts.empty() ||
+             !o.worker_hosts.empty() || !o.cluster_spec.empty();
+  if (!any) return std::nullopt;
+  const std::string src = o.cluster_spec.empty() ? "options" : "cluster_spec";
+  if (o.role.empty() || o.task_index < 0) {
+    return Result<Layout>(InvalidArgumentError(
+        src + ": an explicit layout needs --role and --task_index (got role=" + Quote(o.role) +
+        ", task_index=" + std::to_string(o.task_index) + ")"));
+  }
+  auto role = ParseRole(o.role);
+  if (!role.ok()) return Result<Layout>(role.status());
+  if (*role == Role::kScheduler) {
+    return Result<Layout>(
+        InvalidArgumentError(src + ": role scheduler exists only in ps-lite (DMLC_ROLE) jobs"));
+  }
+  std::string detail = "role=" + o.role + " task_index=" + std::to_string(o.task_index);
+  if (!o.cluster_spec.empty()) {
+    if (!o.ps_hosts.empty() || !o.worker_hosts.empty()) {
+      return Result<Layout>(InvalidArgumentError(
+          "give either --cluster_spec=" + o.cluster_spec +
+          " or --ps_hosts/--worker_hosts, not both"));
+    }
+    std::ifstream in(o.cluster_spec);
+    if (!in) {
+      return Result<Layout>(NotFoundError("cluster_spec: cannot open " + Quote(o.cluster_spec) +
+                                          "; check the path given to --cluster_spec"));
+    }
+    std::stringstream ss;
+    ss << in.rdbuf();
+    nlohmann::json j = nlohmann::json::parse(ss.str(), nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded()) {
+      return Result<Layout>(InvalidArgumentError("cluster_spec: " + Quote(o.cluster_spec) +
+                                                 " is not valid JSON: " + Quote(ss.str())));
+    }
+    // Accept a bare ClusterSpec or one wrapped in {"cluster": ...}.
+    if (j.is_object() && j.contains("cluster")) j = j.at("cluster");
+    return FromClusterSpecJson(j, *role, o.task_index, o, src,
+                               detail + " file=" + o.cluster_spec);
+  }
+  if (o.ps_hosts.empty()) {
+    return Result<Layout>(InvalidArgumentError(
+        "options: an explicit layout needs --ps_hosts (or --cluster_spec); got " + detail));
+  }
+  auto ps = ParseHostList(o.ps_hosts, "--ps_hosts");
+  if (!ps.ok()) return Result<Layout>(ps.status());
+  std::vector<std::string> workers;
+  if (!o.worker_hosts.empty()) {
+    auto w = ParseHostList(o.worker_hosts, "--worker_hosts");
+    if (!w.ok()) return Result<Layout>(w.status());
+    workers = std::move(*w);
+  }
+  return FromLists(*role, o.task_index, std::move(*ps), std::move(workers), o.num_workers, o,
+                   src, detail);
+}
+
+MaybeLayout LayoutFromRdmapsEnv(const LayoutOptions& o, const Environment& env) {
+  const std::string* role_s = Find(env, "RDMAPS_ROLE");
+  if (!role_s) return std::nullopt;
+  const std::string src = "RDMAPS_*";
+  auto role = ParseRole(*role_s);
+  if (!role.ok()) return Result<Layout>(role.status().WithContext("RDMAPS_ROLE"));
+  const std::string* idx_s = Find(env, "RDMAPS_TASK_INDEX");
+  const std::string* ps_s = Find(env, "RDMAPS_PS_HOSTS");
+  if (!idx_s || !ps_s) {
+    return Result<Layout>(InvalidArgumentError(
+        "RDMAPS_ROLE=" + *role_s + " is set but RDMAPS_TASK_INDEX and RDMAPS_PS_HOSTS must be "
+        "set with it"));
+  }
+  auto idx = ParseCount("RDMAPS_TASK_INDEX", *idx_s);
+  if (!idx.ok()) return Result<Layout>(idx.status());
+  auto ps = ParseHostList(*ps_s, "RDMAPS_PS_HOSTS");
+  if (!ps.ok()) return Result<Layout>(ps.status());
+  std::vector<std::string> workers;
+  if (const auto* w = Find(env, "RDMAPS_WORKER_HOSTS"); w && !w->empty()) {
+    auto list = ParseHostList(*w, "RDMAPS_WORKER_HOSTS");
+    if (!list.ok()) return Result<Layout>(list.status());
+    workers = std::move(*list);
+  }
+  int num_workers = o.num_workers;
+  if (const auto* n = Find(env, "RDMAPS_NUM_WORKERS")) {
+    auto c = ParseCount("RDMAPS_NUM_WORKERS", *n);
+    if (!c.ok()) return Result<Layout>(c.status());
+    num_workers = *c;
+  }
+  std::string detail = "RDMAPS_ROLE=" + *role_s + " RDMAPS_TASK_INDEX=" + *idx_s;
+  return FromLists(*role, *idx, std::move(*ps), std::move(workers), num_workers, o, src, detail);
+}
+
+MaybeLayout LayoutFromTfConfig(const LayoutOptions& o, const Environment& env) {
+  const std::string* tf = Find(env, "TF_CONFIG");
+  if (!tf || tf->empty()) return std::nullopt;
+  const std::string src = "TF_CONFIG";
+  nlohmann::json j = nlohmann::json::parse(*tf, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) {
+    return Result<Layout>(InvalidArgumentError("TF_CONFIG is not a JSON object: " + Quote(*tf)));
+  }
+  if (!j.contains("cluster")) {
+    return Result<Layout>(
+        InvalidArgumentError("TF_CONFIG has no \"cluster\": " + Quote(*tf)));
+  }
+  if (!j.contains("task") || !j.at("task").is_object()) {
+    return Result<Layout>(InvalidArgumentError(
+        "TF_CONFIG has no \"task\" object like {\"type\": \"worker\", \"index\": 0}: " +
+        Quote(*tf)));
+  }
+  const auto& task = j.at("task");
+  if (!task.contains("type") || !task.at("type").is_string()) {
+    return Result<Layout>(
+        InvalidArgumentError("TF_CONFIG task has no string \"type\": " + Quote(task.dump())));
+  }
+  std::string type = task.at("type").get<std::string>();
+  int index = 0;
+  if (task.contains("index")) {
+    const auto& ij = task.at("index");
+    if (ij.is_number_integer()) {
+      index = ij.get<int>();
+    } else if (ij.is_string()) {
+      auto c = ParseCount("TF_CONFIG task.index", ij.get<std::string>());
+      if (!c.ok()) return Result<Layout>(c.status());
+      index = *c;
+    } else {
+      return Result<Layout>(InvalidArgumentError("TF_CONFIG task \"index\" " +
+                                                 Quote(ij.dump()) + " is not an integer"));
+    }
+  }
+  if (index < 0) {
+    return Result<Layout>(InvalidArgumentError("TF_CONFIG task index " + std::to_string(index) +
+                                               " is negative"));
+  }
+  Role role;
+  if (type == "ps") {
+    role = Role::kServer;
+  } else if (type == "worker" || type == "chief") {
+    role = Role::kWorker;
+    if (type == "worker" && j.at("cluster").is_object() && j.at("cluster").contains("chief") &&
+        j.at("cluster").at("chief").is_array()) {
+      index += static_cast<int>(j.at("cluster").at("chief").size());  // chief is worker 0
+    }
+  } else {
+    return Result<Layout>(InvalidArgumentError(
+        "TF_CONFIG task type " + Quote(type) +
+        " is not one rdmaps runs; use \"ps\", \"worker\" or \"chief\""));
+  }
+  std::string detail = "task " + type + ":" + std::to_string(task.value("index", 0));
+  return FromClusterSpecJson(j.at("cluster"), role, index, o, src, detail);
+}
+
+namespace {
+
+// The host this process advertises in a rendezvous.
+std::string AdvertiseHost(const LayoutOptions& o, bool single_node, const std::string* node) {
+  if (!o.advertise_host.empty()) return o.advertise_host;
+  if (single_node) return "127.0.0.1";
+  if (node && !node->empty()) return *node;
+  return LocalHostName();
+}
+
+}  // namespace
+
+MaybeLayout LayoutFromDmlc(const LayoutOptions& o, const Environment& env) {
+  const std::string* role_s = Find(env, "DMLC_ROLE");
+  if (!role_s) return std::nullopt;
+  const std::string src = "DMLC";
+  auto role = ParseRole(*role_s);
+  if (!role.ok()) return Result<Layout>(role.status().WithContext("DMLC_ROLE"));
+  const char* needed[] = {"DMLC_PS_ROOT_URI", "DMLC_PS_ROOT_PORT", "DMLC_NUM_SERVER",
+                          "DMLC_NUM_WORKER"};
+  std::string missing;
+  for (const char* n : needed) {
+    if (!Find(env, n)) missing += std::string(missing.empty() ? "" : ", ") + n;
+  }
+  if (!missing.empty()) {
+    return Result<Layout>(InvalidArgumentError("DMLC_ROLE=" + *role_s + " is set but " +
+                                               missing + " is not; ps-lite needs all of them"));
+  }
+  auto port = ParseCount("DMLC_PS_ROOT_PORT", *Find(env, "DMLC_PS_ROOT_PORT"));
+  if (!port.ok()) return Result<Layout>(port.status());
+  auto ns = ParseCount("DMLC_NUM_SERVER", *Find(env, "DMLC_NUM_SERVER"));
+  if (!ns.ok()) return Result<Layout>(ns.status());
+  auto nw = ParseCount("DMLC_NUM_WORKER", *Find(env, "DMLC_NUM_WORKER"));
+  if (!nw.ok()) return Result<Layout>(nw.status());
+  const std::string& uri = *Find(env, "DMLC_PS_ROOT_URI");
+  Layout layout;
+  layout.source = src;
+  layout.role = *role;
+  layout.index = -1;
+  layout.num_servers = *ns;
+  layout.num_workers = *nw;
+  layout.source_detail = "DMLC_ROLE=" + *role_s + " root " + uri + ":" + std::to_string(*port);
+  if (*ns < 1 || *nw < 1) {
+    return Result<Layout>(InvalidArgumentError(
+        "DMLC: DMLC_NUM_SERVER=" + std::to_string(*ns) + " DMLC_NUM_WORKER=" +
+        std::to_string(*nw) + "; both must be at least 1"));
+  }
+  if (o.num_servers > 0 && o.num_servers != *ns) {
+    return Result<Layout>(InvalidArgumentError(
+        "DMLC: counts disagree: DMLC_NUM_SERVER=" + std::to_string(*ns) +
+        " but num_servers=" + std::to_string(o.num_servers)));
+  }
+  if (port.value() < 1 || port.value() > 65535) {
+    return Result<Layout>(InvalidArgumentError("DMLC_PS_ROOT_PORT=" + std::to_string(*port) +
+                                               " is outside 1..65535"));
+  }
+  layout.needs_rendezvous = true;
+  layout.rendezvous = o.rendezvous.empty() ? JoinHostPort(uri, *port) : o.rendezvous;
+  layout.world_size = *ns + *nw;
+  layout.advertise_host = AdvertiseHost(o, IsLoopbackHost(uri), Find(env, "DMLC_NODE_HOST"));
+  layout.listen_address = JoinHostPort(layout.advertise_host, 0);
+  return Result<Layout>(std::move(layout));
+}
+
+MaybeLayout LayoutFromRanks(const LayoutOptions& o, const Environment& env) {
+  struct Launcher {
+    const char* name;
+    const char* rank;
+    const char* size;
+    const char* local_size;  // Ranks on this node; == size means one node.
+  };
+  // Innermost launcher first: mpirun or torchrun inside an sbatch script
+  // inherits SLURM_PROCID=0 for every process.
+  static constexpr Launcher kLaunchers[] = {
+      {"torchrun", "RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"},
+      {"Open MPI", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"},
+      {"MPICH", "PMI_RANK", "PMI_SIZE", "MPI_LOCALNRANKS"},
+      {"Slurm", "SLURM_PROCID", "SLURM_NTASKS", nullptr},
+  };
+  const Launcher* l = nullptr;
+  for (const auto& c : kLaunchers) {
+    if (Find(env, c.rank) && Find(env, c.size)) {
+      l = &c;
+      break;
+    }
+  }
+  if (!l) return std::nullopt;
+  const std::string src = l->name;
+  auto rank = ParseCount(l->rank, *Find(env, l->rank));
+  if (!rank.ok()) return Result<Layout>(rank.status());
+  auto size = ParseCount(l->size, *Find(env, l->size));
+  if (!size.ok()) return Result<Layout>(size.status());
+  std::string detail = std::string(l->rank) + "=" + std::to_string(*rank) + " " + l->size + "=" +
+                       std::to_string(*size);
+  if (*rank >= *size) {
+    return Result<Layout>(InvalidArgumentError(src + ": rank " + detail +
+                                               " is out of range (rank must be < size)"));
+  }
+  int servers = o.num_servers > 0 ? o.num_servers : 1;
+  if (servers >= *size) {
+    return Result<Layout>(InvalidArgumentError(
+        src + ": " + detail + " with num_servers=" + std::to_string(servers) +
+        " leaves no worker; start more ranks or lower --num_servers"));
+  }
+  if (o.num_workers > 0 && o.num_workers != *size - servers) {
+    return Result<Layout>(InvalidArgumentError(
+        src + ": counts disagree: " + detail + " minus " + std::to_string(servers) +
+        " servers is " + std::to_string(*size - servers) + " workers, but num_workers=" +
+        std::to_string(o.num_workers)));
+  }
+  bool single_node = *size == 1;
+  if (l->local_size) {
+    if (const auto* ls = Find(env, l->local_size)) single_node = *ls == std::to_string(*size);
+  }
+  const std::string* node_name = nullptr;
+  std::string rendezvous = o.rendezvous;
+  if (src == "Slurm") {
+    const std::string* list = Find(env, "SLURM_STEP_NODELIST");
+    if (!list) list = Find(env, "SLURM_JOB_NODELIST");
+    if (!list) list = Find(env, "SLURM_NODELIST");
+    if (!list) {
+      return Result<Layout>(InvalidArgumentError(
+          "Slurm: SLURM_PROCID is set but SLURM_JOB_NODELIST is not; run under srun"));
+    }
+    auto nodes = ExpandSlurmNodeList(*list);
+    if (!nodes.ok()) return Result<Layout>(nodes.status());
+    single_node = nodes->size() == 1;
+    node_name = Find(env, "SLURMD_NODENAME");
+    if (rendezvous.empty()) {
+      int port = kDefaultRendezvousPort;
+      // Spread concurrent jobs whose first node is the same over ports.
+      if (const auto* id = Find(env, "SLURM_JOB_ID")) {
+        auto v = ParseCount("SLURM_JOB_ID", *id);
+        if (v.ok()) port += *v % 1000;
+      }
+      rendezvous = JoinHostPort(single_node ? "127.0.0.1" : nodes->front(), port);
+    }
+    detail += " nodes=" + *list;
+  } else if (src == "torchrun") {
+    const auto* addr = Find(env, "MASTER_ADDR");
+    const auto* port_s = Find(env, "MASTER_PORT");
+    if (rendezvous.empty()) {
+      if (!addr || !port_s) {
+        return Result<Layout>(InvalidArgumentError(
+            "torchrun: RANK and WORLD_SIZE are set but MASTER_ADDR/MASTER_PORT are not; set "
+            "them or pass --rendezvous=HOST:PORT"));
+      }
+      auto port = ParseCount("MASTER_PORT", *port_s);
+      if (!port.ok()) return Result<Layout>(port.status());
+      if (*port < 1 || *port >= 65535) {
+        return Result<Layout>(InvalidArgumentError("MASTER_PORT=" + *port_s +
+                                                   " is outside 1..65534"));
+      }
+      // MASTER_PORT itself belongs to torch's TCPStore.
+      rendezvous = JoinHostPort(*addr, *port + 1);
+    }
+    if (addr && IsLoopbackHost(*addr)) single_node = true;
+  } else if (rendezvous.empty()) {
+    if (!single_node) {
+      return Result<Layout>(InvalidArgumentError(
+          src + ": the job spans several nodes and " + src +
+          " does not say where rank 0 runs; pass --rendezvous=HOST:PORT naming rank 0's host "
+          "(or --rendezvous=file:PATH on a shared file system)"));
+    }
+    rendezvous = JoinHostPort("127.0.0.1", kDefaultRendezvousPort);
+  }
+  Layout layout;
+  layout.source = src;
+  layout.source_detail = detail;
+  layout.rank = *rank;
+  layout.world_size = *size;
+  layout.num_servers = servers;
+  layout.num_workers = *size - servers;
+  layout.role = *rank < servers ? Role::kServer : Role::kWorker;
+  layout.index = *rank < servers ? *rank : *rank - servers;
+  layout.needs_rendezvous = true;
+  layout.rendezvous = rendezvous;
+  layout.advertise_host = AdvertiseHost(o, single_node, node_name);
+  layout.listen_address = JoinHostPort(layout.advertise_host, 0);
+  if (!rendezvous.starts_with("file:")) {
+    auto hp = ParseHostPort(rendezvous, "--rendezvous");
+    if (!hp.ok()) return Result<Layout>(hp.status());
+  }
+  return Result<Layout>(std::move(layout));
+}
+
+Layout LoopbackLayout(const LayoutOptions& o) {
+  Layout layout;
+  layout.source = "loopback";
+  layout.source_detail = "no layout configured";
+  layout.role = o.default_role == Role::kScheduler ? Role::kWorker : o.default_role;
+  layout.index = 0;
+  layout.num_servers = o.num_servers > 0 ? o.num_servers : 1;
+  layout.num_workers = o.num_workers > 0 ? o.num_workers : 1;
+  for (int i = 0; i < layout.num_servers; ++i) {
+    layout.servers.push_back(JoinHostPort("127.0.0.1", kDefaultServerPort + i));
+  }
+  if (layout.role == Role::kServer) layout.listen_address = layout.servers[0];
+  return layout;
+}
+
+}  // namespace internal
+
+Result<Layout> ResolveLayout(const LayoutOptions& options, const Environment& env) {
+  using Source = MaybeLayout (*)(const LayoutOptions&, const Environment&);
+  static constexpr Source kSources[] = {
+      [](const LayoutOptions& o, const Environment&) { return internal::LayoutFromOptions(o); },
+      internal::LayoutFromRdmapsEnv,
+      internal::LayoutFromTfConfig,
+      internal::LayoutFromDmlc,
+      internal::LayoutFromRanks,
+  };
+  std::optional<Result<Layout>> found;
+  for (Source s : kSources) {
+    found = s(options, env);
+    if (found) break;
+  }
+  Result<Layout> result = found ? std::move(*found) : Result<Layout>(internal::LoopbackLayout(options));
+  if (!result.ok()) return result;
+  Layout& layout = *result;
+  if (const auto* t = Find(env, "RDMAPS_TRANSPORT")) layout.transport = *t;
+  layout.job_token = options.job_token;
+  if (layout.job_token.empty()) {
+    if (const auto* t = Find(env, "RDMAPS_JOB_TOKEN")) layout.job_token = *t;
+  }
+  LOG(INFO) << "rdmaps layout: using " << layout.source << " (" << layout.source_detail
+            << "): " << layout.name() << " of " << layout.num_servers << " ps + "
+            << layout.num_workers << " workers"
+            << (layout.needs_rendezvous ? ", rendezvous at " + layout.rendezvous : "");
+  return result;
+}
+
+Result<Layout> CompleteLayout(Layout layout, std::string_view self_address,
+                              const LayoutOptions& options) {
+  if (!layout.needs_rendezvous) return layout;
+  RDMAPS_ASSIGN_OR_RETURN(
+      internal::RendezvousResult r,
+      internal::RunRendezvous(layout, self_address,
+                              std::chrono::steady_clock::now() + options.startup_timeout));
+  layout.role = r.role;
+  layout.index = r.index;
+  layout.servers = std::move(r.servers);
+  layout.workers = std::move(r.workers);
+  layout.needs_rendezvous = false;
+  if (layout.role == Role::kServer) {
+    layout.listen_address = self_address.empty()
+                                ? layout.servers[static_cast<std::size_t>(layout.index)]
+                                : std::string(self_address);
+  }
+  LOG(INFO) << "rdmaps layout: rendezvous at " << layout.rendezvous << " done: "
+            << layout.name() << ", servers " << Join(layout.servers, ",");
+  return layout;
+}
+
+Result<Layout> ResolveWorkerLayout(const LayoutOptions& options, const Environment& env) {
+  RDMAPS_ASSIGN_OR_RETURN(Layout layout, ResolveLayout(options, env));
+  return CompleteLayout(std::move(layout), "", options);
+}
+
+}  // namespace rdmaps

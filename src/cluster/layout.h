@@ -1,0 +1,55 @@
+// Internals of the layout resolver (include/rdmaps/layout.h), exposed for
+// tests: host lists, Slurm node lists, and each source on its own.
+//
+// Thread safety: pure functions.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "rdmaps/layout.h"
+#include "rdmaps/status.h"
+
+namespace rdmaps::internal {
+
+// "host:port" or "[v6addr]:port" split in two; InvalidArgument quoting
+// `text` (and naming `what`) when malformed or the port is not 0..65535.
+struct HostPort {
+  std::string host;
+  int port = 0;
+};
+Result<HostPort> ParseHostPort(std::string_view text, std::string_view what);
+std::string JoinHostPort(std::string_view host, int port);
+
+// A comma-separated "host:port" list; empty entries and bad entries are
+// InvalidArgument naming `what` and quoting the entry.
+Result<std::vector<std::string>> ParseHostList(std::string_view text, std::string_view what);
+
+// Slurm's compressed host list: "node[01-03,7],gpu5" ->
+// node01 node02 node03 node7 gpu5. Zero padding is kept; several bracket
+// groups in one name expand as a product ("r[1-2]n[1-2]").
+Result<std::vector<std::string>> ExpandSlurmNodeList(std::string_view text);
+
+// A non-negative integer; InvalidArgument "`name`=`text` is not ..." else.
+Result<int> ParseCount(std::string_view name, std::string_view text);
+
+// Each source alone. std::nullopt when the source is absent; an error when it
+// is present but malformed.
+using MaybeLayout = std::optional<Result<Layout>>;
+MaybeLayout LayoutFromOptions(const LayoutOptions& options);
+MaybeLayout LayoutFromRdmapsEnv(const LayoutOptions& options, const Environment& env);
+MaybeLayout LayoutFromTfConfig(const LayoutOptions& options, const Environment& env);
+MaybeLayout LayoutFromDmlc(const LayoutOptions& options, const Environment& env);
+MaybeLayout LayoutFromRanks(const LayoutOptions& options, const Environment& env);
+Layout LoopbackLayout(const LayoutOptions& options);
+
+// Checks counts, index range and duplicate addresses (entries with port 0
+// are exempt: a worker does not listen).
+Status ValidateLayout(const Layout& layout);
+
+// gethostname(), or "localhost" if that fails.
+std::string LocalHostName();
+
+}  // namespace rdmaps::internal

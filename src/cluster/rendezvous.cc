@@ -1,0 +1,666 @@
+#include "src/cluster/rendezvous.h"
+
+#include <arpa/inet.h>
+#include <endian.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <glog/logging.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <sstream>
+#include <thread>
+
+#include "src/cluster/layout.h"
+
+namespace rdmaps::internal {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using TimePoint = Clock::time_point;
+
+// After its own deadline a joiner waits this much longer for the root's
+// answer, so that the root's message naming the missing ranks gets through.
+constexpr std::chrono::seconds kAnswerGrace{3};
+
+class Fd {
+ public:
+  Fd() = default;
+  explicit Fd(int fd) : fd_(fd) {}
+  Fd(Fd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
+  Fd& operator=(Fd&& o) noexcept {
+    if (this != &o) {
+      Reset();
+      fd_ = std::exchange(o.fd_, -1);
+    }
+    return *this;
+  }
+  ~Fd() { Reset(); }
+  int get() const { return fd_; }
+  void Reset() {
+    if (fd_ >= 0) close(fd_);
+    fd_ = -1;
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+int MillisUntil(TimePoint t) {
+  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(t - Clock::now()).count();
+  return static_cast<int>(std::clamp<long long>(ms, 0, 1000 * 1000));
+}
+
+std::string Seconds(std::chrono::steady_clock::duration d) {
+  std::ostringstream os;
+  os.precision(3);
+  os << std::chrono::duration<double>(d).count() << " s";
+  return os.str();
+}
+
+void SetNonBlocking(int fd) { fcntl(fd, F_SETFL, fcntl(fd, F_GETFL, 0) | O_NONBLOCK); }
+
+std::string EncodeHello(HelloHeader h, std::string_view addr) {
+  HelloHeader w{};
+  w.magic = htobe32(h.magic);
+  w.version = htobe16(h.version);
+  w.role = h.role;
+  w.rank = static_cast<std::int32_t>(htobe32(static_cast<std::uint32_t>(h.rank)));
+  w.world_size = htobe32(h.world_size);
+  w.num_servers = htobe32(h.num_servers);
+  w.num_workers = htobe32(h.num_workers);
+  w.token_hash = htobe64(h.token_hash);
+  w.addr_len = htobe32(static_cast<std::uint32_t>(addr.size()));
+  std::string out(sizeof(w), '\0');
+  std::memcpy(out.data(), &w, sizeof(w));
+  out.append(addr);
+  return out;
+}
+
+HelloHeader DecodeHello(const char* p) {
+  HelloHeader w;
+  std::memcpy(&w, p, sizeof(w));
+  HelloHeader h{};
+  h.magic = be32toh(w.magic);
+  h.version = be16toh(w.version);
+  h.role = w.role;
+  h.rank = static_cast<std::int32_t>(be32toh(static_cast<std::uint32_t>(w.rank)));
+  h.world_size = be32toh(w.world_size);
+  h.num_servers = be32toh(w.num_servers);
+  h.num_workers = be32toh(w.num_workers);
+  h.token_hash = be64toh(w.token_hash);
+  h.addr_len = be32toh(w.addr_len);
+  return h;
+}
+
+std::string EncodeAnswer(const Status& status, Role role, int index, int num_servers,
+                         int num_workers, std::string_view body) {
+  AnswerHeader w{};
+  w.magic = htobe32(kAnswerMagic);
+  w.version = htobe16(kRendezvousVersion);
+  w.code = static_cast<std::uint8_t>(status.code());
+  w.role = static_cast<std::uint8_t>(role);
+  w.index = static_cast<std::int32_t>(htobe32(static_cast<std::uint32_t>(index)));
+  w.num_servers = htobe32(static_cast<std::uint32_t>(num_servers));
+  w.num_workers = htobe32(static_cast<std::uint32_t>(num_workers));
+  std::string payload = status.ok() ? std::string(body) : status.message();
+  w.body_len = htobe32(static_cast<std::uint32_t>(payload.size()));
+  std::string out(sizeof(w), '\0');
+  std::memcpy(out.data(), &w, sizeof(w));
+  out += payload;
+  return out;
+}
+
+// Writes all of `data` by `deadline` (small messages: the socket buffer takes
+// them at once in practice).
+Status SendAll(int fd, std::string_view data, TimePoint deadline) {
+  while (!data.empty()) {
+    ssize_t n = send(fd, data.data(), data.size(), MSG_NOSIGNAL);
+    if (n > 0) {
+      data.remove_prefix(static_cast<std::size_t>(n));
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      pollfd p{fd, POLLOUT, 0};
+      if (poll(&p, 1, MillisUntil(deadline)) <= 0) {
+        return TimedOutError("rendezvous: sending timed out");
+      }
+      continue;
+    }
+    return ErrnoError("rendezvous: send", errno);
+  }
+  return Status::OK();
+}
+
+// Reads exactly `len` bytes by `deadline`. Unavailable on EOF.
+Status RecvAll(int fd, char* out, std::size_t len, TimePoint deadline, std::string_view peer) {
+  while (len > 0) {
+    pollfd p{fd, POLLIN, 0};
+    int r = poll(&p, 1, MillisUntil(deadline));
+    if (r < 0 && errno == EINTR) continue;
+    if (r == 0) return TimedOutError("no answer");
+    ssize_t n = recv(fd, out, len, 0);
+    if (n > 0) {
+      out += n;
+      len -= static_cast<std::size_t>(n);
+      continue;
+    }
+    if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    if (n == 0) {
+      return UnavailableError("rendezvous root " + std::string(peer) +
+                              " closed the connection without answering (did it exit? see its "
+                              "log)");
+    }
+    return ErrnoError("rendezvous: recv from " + std::string(peer), errno);
+  }
+  return Status::OK();
+}
+
+bool IsLoopback(std::string_view host) {
+  return host == "localhost" || host.starts_with("127.") || host == "::1";
+}
+
+// Binds the root's listening socket. `host` decides loopback vs all
+// interfaces (binding a host name can land on Debian's 127.0.1.1).
+Result<Fd> ListenOn(std::string_view host, int port) {
+  bool loop = IsLoopback(host);
+  Fd fd(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (fd.get() < 0) return ErrnoError("rendezvous: socket", errno);
+  int one = 1;
+  setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(static_cast<std::uint16_t>(port));
+  sa.sin_addr.s_addr = htonl(loop ? INADDR_LOOPBACK : INADDR_ANY);
+  if (bind(fd.get(), reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0) {
+    int err = errno;
+    if (err == EADDRINUSE) {
+      return UnavailableError("rendezvous: port " + std::to_string(port) +
+                              " is already in use on this host (another job, or a rank 0 "
+                              "still running?); pass --rendezvous=HOST:OTHER_PORT");
+    }
+    return ErrnoError("rendezvous: bind port " + std::to_string(port), err);
+  }
+  if (listen(fd.get(), 1024) != 0) return ErrnoError("rendezvous: listen", errno);
+  SetNonBlocking(fd.get());
+  return fd;
+}
+
+int BoundPort(int fd) {
+  sockaddr_in sa{};
+  socklen_t len = sizeof(sa);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
+  return ntohs(sa.sin_port);
+}
+
+Status PublishFile(const std::string& path, const std::string& address) {
+  std::string tmp = path + ".tmp." + std::to_string(getpid());
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << address << "\n";
+    if (!out) {
+      return Status(StatusCode::kIOError, "rendezvous: cannot write " + tmp +
+                     "; --rendezvous=file:PATH needs a writable directory every rank sees");
+    }
+  }
+  if (rename(tmp.c_str(), path.c_str()) != 0) {
+    return ErrnoError("rendezvous: rename " + tmp + " to " + path, errno);
+  }
+  return Status::OK();
+}
+
+std::string RankName(bool ranked, int num_servers, int rank) {
+  if (!ranked) return "?";
+  return "rank " + std::to_string(rank) + " (" +
+         (rank < num_servers ? "ps" + std::to_string(rank)
+                             : "worker" + std::to_string(rank - num_servers)) +
+         ")";
+}
+
+// --- Root ------------------------------------------------------------------
+
+struct Joiner {
+  Fd fd;
+  std::string in;
+  bool hello = false;
+  HelloHeader header{};
+  std::string address;
+  std::string peer;  // IP:port as seen by the root, for messages.
+};
+
+Result<RendezvousResult> RunRoot(const Layout& layout, std::string_view self_address,
+                                 TimePoint deadline) {
+  const TimePoint start = Clock::now();
+  const bool ranked = layout.rank >= 0;
+  const int S = layout.num_servers, W = layout.num_workers;
+  const std::uint64_t token = TokenHash(layout.job_token);
+
+  Fd listener;
+  std::string where;
+  if (layout.rendezvous.starts_with("file:")) {
+    RDMAPS_ASSIGN_OR_RETURN(listener, ListenOn(layout.advertise_host, 0));
+    where = JoinHostPort(layout.advertise_host, BoundPort(listener.get()));
+    RDMAPS_RETURN_IF_ERROR(PublishFile(layout.rendezvous.substr(5), where));
+  } else {
+    RDMAPS_ASSIGN_OR_RETURN(HostPort hp, ParseHostPort(layout.rendezvous, "--rendezvous"));
+    RDMAPS_ASSIGN_OR_RETURN(listener, ListenOn(hp.host, hp.port));
+    where = layout.rendezvous;
+  }
+  LOG(INFO) << "rendezvous root listening at " << where << ", expecting " << S << " ps + " << W
+            << " workers";
+
+  std::vector<Joiner> conns;
+  // Arrived processes: rank -> conn index (ranked); arrival order (ps-lite).
+  std::map<int, std::size_t> by_rank;
+  std::vector<std::size_t> servers_in, workers_in;
+  Status failure;
+
+  auto arrived = [&]() {
+    return ranked ? static_cast<int>(by_rank.size())
+                  : static_cast<int>(servers_in.size() + workers_in.size());
+  };
+  const int expected = ranked ? layout.world_size - 1 : S + W;
+
+  auto answer_error = [&](Joiner& j, const Status& s) {
+    (void)SendAll(j.fd.get(), EncodeAnswer(s, Role::kWorker, -1, S, W, ""),
+                  Clock::now() + std::chrono::seconds(1));
+    j.fd.Reset();
+  };
+  auto forget = [&](std::size_t ci) {
+    for (auto it = by_rank.begin(); it != by_rank.end(); ++it) {
+      if (it->second == ci) {
+        by_rank.erase(it);
+        break;
+      }
+    }
+    std::erase(servers_in, ci);
+    std::erase(workers_in, ci);
+  };
+
+  // Validates a complete Hello; returns a job-wide failure (fail everyone) or
+  // OK. Per-process refusals are answered here.
+  auto on_hello = [&](std::size_t ci) -> Status {
+    Joiner& j = conns[ci];
+    const HelloHeader& h = j.header;
+    std::string who = ranked ? RankName(true, S, h.rank) : std::string(RoleName(Role(h.role)));
+    who += " from " + j.peer;
+    if (h.version != kRendezvousVersion) {
+      answer_error(j, FailedPreconditionError(
+                          "rendezvous protocol version " + std::to_string(h.version) +
+                          " != root's " + std::to_string(kRendezvousVersion) +
+                          "; run the same rdmaps version everywhere"));
+      LOG(WARNING) << "rendezvous: refused " << who << ": protocol version " << h.version;
+      return Status::OK();
+    }
+    if (h.token_hash != token) {
+      answer_error(j, PermissionDeniedError(
+                          "rendezvous root " + where +
+                          " refused this process: job token mismatch (another job on the same "
+                          "port, or a different RDMAPS_JOB_TOKEN / --job_token)"));
+      LOG(WARNING) << "rendezvous: refused " << who << ": job token mismatch";
+      return Status::OK();
+    }
+    if (static_cast<int>(h.num_servers) != S || static_cast<int>(h.num_workers) != W ||
+        (ranked && static_cast<int>(h.world_size) != layout.world_size)) {
+      return InvalidArgumentError(
+          "rendezvous: " + who + " has a different job shape: " +
+          std::to_string(h.num_servers) + " ps + " + std::to_string(h.num_workers) +
+          " workers (world " + std::to_string(h.world_size) + "), root has " +
+          std::to_string(S) + " ps + " + std::to_string(W) + " workers (world " +
+          std::to_string(layout.world_size) + "); give every process the same --num_servers");
+    }
+    if (ranked) {
+      if (h.rank <= 0 || h.rank >= layout.world_size) {
+        return InvalidArgumentError("rendezvous: " + who + " has a rank outside 1.." +
+                                    std::to_string(layout.world_size - 1) +
+                                    " (rank 0 is this root)");
+      }
+      auto [it, inserted] = by_rank.emplace(h.rank, ci);
+      if (!inserted) {
+        return InvalidArgumentError("rendezvous: rank " + std::to_string(h.rank) +
+                                    " joined twice (from " + conns[it->second].peer + " and " +
+                                    j.peer + "); two processes share a rank");
+      }
+    } else {
+      auto& list = Role(h.role) == Role::kServer ? servers_in : workers_in;
+      int limit = Role(h.role) == Role::kServer ? S : W;
+      if (Role(h.role) == Role::kScheduler || h.rank != -1) {
+        return InvalidArgumentError("rendezvous: unexpected " + who +
+                                    " (a second scheduler, or a ranked process)");
+      }
+      if (static_cast<int>(list.size()) >= limit) {
+        return InvalidArgumentError("rendezvous: one " + std::string(RoleName(Role(h.role))) +
+                                    " too many (" + who + "): the job expects " +
+                                    std::to_string(limit) + "; check DMLC_NUM_SERVER/WORKER");
+      }
+      list.push_back(ci);
+    }
+    return Status::OK();
+  };
+
+  while (failure.ok() && arrived() < expected) {
+    if (Clock::now() >= deadline) break;
+    std::vector<pollfd> pfds;
+    pfds.push_back({listener.get(), POLLIN, 0});
+    for (auto& j : conns) pfds.push_back({j.fd.get(), static_cast<short>(j.fd.get() >= 0 ? POLLIN : 0), 0});
+    int r = poll(pfds.data(), pfds.size(), std::min(MillisUntil(deadline), 1000));
+    if (r < 0 && errno != EINTR) return ErrnoError("rendezvous: poll", errno);
+    if (r <= 0) continue;
+    if (pfds[0].revents & POLLIN) {
+      while (true) {
+        sockaddr_storage ss{};
+        socklen_t len = sizeof(ss);
+        int c = accept4(listener.get(), reinterpret_cast<sockaddr*>(&ss), &len,
+                        SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (c < 0) break;
+        Joiner j;
+        j.fd = Fd(c);
+        char host[NI_MAXHOST] = "?", serv[NI_MAXSERV] = "?";
+        getnameinfo(reinterpret_cast<sockaddr*>(&ss), len, host, sizeof(host), serv,
+                    sizeof(serv), NI_NUMERICHOST | NI_NUMERICSERV);
+        j.peer = std::string(host) + ":" + serv;
+        conns.push_back(std::move(j));
+      }
+    }
+    for (std::size_t i = 1; i < pfds.size() && failure.ok(); ++i) {
+      if (!(pfds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      std::size_t ci = i - 1;
+      Joiner& j = conns[ci];
+      char buf[4096];
+      ssize_t n = recv(j.fd.get(), buf, sizeof(buf), 0);
+      if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
+      if (n <= 0) {
+        // Gone before the answer: it no longer counts as arrived.
+        if (j.hello) {
+          LOG(WARNING) << "rendezvous: "
+                       << (ranked ? RankName(true, S, j.header.rank) : j.peer)
+                       << " disconnected while waiting";
+        }
+        forget(ci);
+        j.fd.Reset();
+        continue;
+      }
+      if (j.hello) continue;  // Nothing more is expected; ignore.
+      j.in.append(buf, static_cast<std::size_t>(n));
+      if (j.in.size() < sizeof(HelloHeader)) continue;
+      j.header = DecodeHello(j.in.data());
+      if (j.header.magic != kHelloMagic || j.header.addr_len > kMaxRendezvousAddress) {
+        LOG(WARNING) << "rendezvous: dropped " << j.peer << ": not an rdmaps rendezvous hello";
+        answer_error(j, InvalidArgumentError("not an rdmaps rendezvous hello"));
+        continue;
+      }
+      if (j.in.size() < sizeof(HelloHeader) + j.header.addr_len) continue;
+      j.address = j.in.substr(sizeof(HelloHeader), j.header.addr_len);
+      j.hello = true;
+      failure = on_hello(ci);
+    }
+  }
+
+  RendezvousResult mine;
+  mine.role = ranked ? Role::kServer : Role::kScheduler;
+  mine.index = ranked ? 0 : -1;
+
+  if (failure.ok() && arrived() < expected) {
+    std::string missing;
+    int count = 0;
+    if (ranked) {
+      for (int rk = 1; rk < layout.world_size; ++rk) {
+        if (by_rank.count(rk)) continue;
+        if (count < 32) missing += (missing.empty() ? "" : ", ") + RankName(true, S, rk);
+        ++count;
+      }
+      if (count > 32) missing += ", ...";
+    } else {
+      missing = std::to_string(S - static_cast<int>(servers_in.size())) + " of " +
+                std::to_string(S) + " ps and " +
+                std::to_string(W - static_cast<int>(workers_in.size())) + " of " +
+                std::to_string(W) + " workers";
+      count = expected - arrived();
+    }
+    failure = TimedOutError("rendezvous at " + where + " (" + layout.source + "): " +
+                            std::to_string(count) + " process(es) never arrived within " +
+                            Seconds(Clock::now() - start) + ": " + missing +
+                            "; check that they were started, and with the same layout");
+  }
+
+  if (!failure.ok()) {
+    for (auto& j : conns) {
+      if (j.fd.get() >= 0 && j.hello) answer_error(j, failure);
+    }
+    return failure;
+  }
+
+  // Everyone is here: assemble the lists.
+  std::vector<std::string> servers(static_cast<std::size_t>(S)), workers(static_cast<std::size_t>(W));
+  std::vector<std::pair<std::size_t, int>> assignment;  // conn -> index
+  if (ranked) {
+    servers[0] = std::string(self_address);
+    for (auto [rk, ci] : by_rank) {
+      if (rk < S) {
+        servers[static_cast<std::size_t>(rk)] = conns[ci].address;
+      } else {
+        workers[static_cast<std::size_t>(rk - S)] = conns[ci].address;
+      }
+      assignment.push_back({ci, rk < S ? rk : rk - S});
+    }
+  } else {
+    for (std::size_t k = 0; k < servers_in.size(); ++k) {
+      servers[k] = conns[servers_in[k]].address;
+      assignment.push_back({servers_in[k], static_cast<int>(k)});
+    }
+    for (std::size_t k = 0; k < workers_in.size(); ++k) {
+      workers[k] = conns[workers_in[k]].address;
+      assignment.push_back({workers_in[k], static_cast<int>(k)});
+    }
+  }
+  std::map<std::string, int> seen;
+  for (int s = 0; s < S; ++s) {
+    const std::string& a = servers[static_cast<std::size_t>(s)];
+    auto hp = ParseHostPort(a, "rendezvous: ps" + std::to_string(s) + " address");
+    if (hp.ok() && hp->port == 0) {
+      hp = Status(InvalidArgumentError("rendezvous: ps" + std::to_string(s) +
+                                       " reported port 0; a server must report the address "
+                                       "it actually listens on"));
+    }
+    if (!hp.ok()) {
+      failure = hp.status();
+      break;
+    }
+    auto [it, inserted] = seen.emplace(a, s);
+    if (!inserted) {
+      failure = InvalidArgumentError("rendezvous: ps" + std::to_string(it->second) + " and ps" +
+                                     std::to_string(s) + " both report " + a +
+                                     "; every server needs its own address");
+      break;
+    }
+  }
+  if (!failure.ok()) {
+    for (auto& j : conns) {
+      if (j.fd.get() >= 0 && j.hello) answer_error(j, failure);
+    }
+    return failure;
+  }
+  std::string body;
+  for (const auto& s : servers) body += s + "\n";
+  for (const auto& w : workers) body += w + "\n";
+  for (auto [ci, idx] : assignment) {
+    Joiner& j = conns[ci];
+    Status s = SendAll(j.fd.get(),
+                       EncodeAnswer(Status::OK(), Role(j.header.role), idx, S, W, body),
+                       Clock::now() + std::chrono::seconds(2));
+    if (!s.ok()) LOG(WARNING) << "rendezvous: answering " << j.peer << ": " << s;
+  }
+  mine.servers = std::move(servers);
+  mine.workers = std::move(workers);
+  LOG(INFO) << "rendezvous complete: " << S << " ps + " << W << " workers in "
+            << Seconds(Clock::now() - start);
+  return mine;
+}
+
+// --- Joiner ----------------------------------------------------------------
+
+// Connects to host:port by `deadline` (one attempt). IOError/Unavailable.
+Result<Fd> ConnectOnce(const HostPort& hp, TimePoint deadline) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  std::string port = std::to_string(hp.port);
+  int rc = getaddrinfo(hp.host.c_str(), port.c_str(), &hints, &res);
+  if (rc != 0) {
+    return UnavailableError("cannot resolve " + hp.host + ": " + gai_strerror(rc));
+  }
+  std::unique_ptr<addrinfo, decltype(&freeaddrinfo)> guard(res, freeaddrinfo);
+  Status last = UnavailableError("no address for " + hp.host);
+  for (addrinfo* ai = res; ai; ai = ai->ai_next) {
+    Fd fd(socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol));
+    if (fd.get() < 0) continue;
+    SetNonBlocking(fd.get());
+    if (connect(fd.get(), ai->ai_addr, ai->ai_addrlen) == 0) return fd;
+    if (errno != EINPROGRESS) {
+      last = ErrnoError("connect", errno);
+      continue;
+    }
+    pollfd p{fd.get(), POLLOUT, 0};
+    int r = poll(&p, 1, std::min(MillisUntil(deadline), 2000));
+    if (r <= 0) {
+      last = TimedOutError("connect timed out");
+      continue;
+    }
+    int err = 0;
+    socklen_t len = sizeof(err);
+    getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &len);
+    if (err == 0) return fd;
+    last = ErrnoError("connect", err);
+  }
+  return last;
+}
+
+Result<RendezvousResult> RunJoin(const Layout& layout, std::string_view self_address,
+                                 TimePoint deadline) {
+  const TimePoint start = Clock::now();
+  const bool ranked = layout.rank >= 0;
+  std::string me = ranked ? RankName(true, layout.num_servers, layout.rank)
+                          : std::string(RoleName(layout.role));
+  std::string root_name = ranked ? "rank 0" : "the scheduler";
+  std::string address(self_address.empty() ? layout.advertise_host : self_address);
+  if (address.size() > kMaxRendezvousAddress) {
+    return InvalidArgumentError("rendezvous: address " + address + " is too long");
+  }
+  HelloHeader h{};
+  h.magic = kHelloMagic;
+  h.version = kRendezvousVersion;
+  h.role = static_cast<std::uint8_t>(layout.role);
+  h.rank = layout.rank;
+  h.world_size = static_cast<std::uint32_t>(layout.world_size);
+  h.num_servers = static_cast<std::uint32_t>(layout.num_servers);
+  h.num_workers = static_cast<std::uint32_t>(layout.num_workers);
+  h.token_hash = TokenHash(layout.job_token);
+  const std::string hello = EncodeHello(h, address);
+
+  Status last = UnavailableError("never tried");
+  std::string root = layout.rendezvous;
+  auto backoff = std::chrono::milliseconds(10);
+  while (Clock::now() < deadline) {
+    if (layout.rendezvous.starts_with("file:")) {
+      std::ifstream in(layout.rendezvous.substr(5));
+      std::string line;
+      if (!(in >> line)) {
+        last = NotFoundError("the rendezvous file " + layout.rendezvous.substr(5) +
+                             " does not exist yet");
+        std::this_thread::sleep_for(std::min<std::chrono::nanoseconds>(backoff, deadline - Clock::now()));
+        backoff = std::min(backoff * 2, std::chrono::milliseconds(200));
+        continue;
+      }
+      root = line;
+    }
+    auto hp = ParseHostPort(root, "rendezvous root");
+    if (!hp.ok()) return hp.status();
+    auto fd = ConnectOnce(*hp, deadline);
+    if (!fd.ok()) {
+      last = fd.status();
+      std::this_thread::sleep_for(std::min<std::chrono::nanoseconds>(backoff, deadline - Clock::now()));
+      backoff = std::min(backoff * 2, std::chrono::milliseconds(200));
+      continue;
+    }
+    RDMAPS_RETURN_IF_ERROR(SendAll(fd->get(), hello, deadline));
+    const TimePoint answer_by = deadline + kAnswerGrace;
+    char hdr[sizeof(AnswerHeader)];
+    Status s = RecvAll(fd->get(), hdr, sizeof(hdr), answer_by, root);
+    if (s.code() == StatusCode::kTimedOut) {
+      return TimedOutError("rendezvous: " + me + " reached " + root_name + " at " + root +
+                           " but got no answer within " + Seconds(Clock::now() - start) +
+                           "; the root names missing ranks in its own log");
+    }
+    RDMAPS_RETURN_IF_ERROR(s);
+    AnswerHeader w;
+    std::memcpy(&w, hdr, sizeof(w));
+    if (be32toh(w.magic) != kAnswerMagic) {
+      return FailedPreconditionError("rendezvous: " + root +
+                                     " is not an rdmaps rendezvous root (bad magic)");
+    }
+    if (be16toh(w.version) != kRendezvousVersion) {
+      return FailedPreconditionError(
+          "rendezvous protocol version mismatch: root " + root + " speaks " +
+          std::to_string(be16toh(w.version)) + ", this process " +
+          std::to_string(kRendezvousVersion) + "; run the same rdmaps version everywhere");
+    }
+    std::uint32_t body_len = be32toh(w.body_len);
+    if (body_len > (1u << 24)) return DataLossError("rendezvous: oversized answer");
+    std::string body(body_len, '\0');
+    RDMAPS_RETURN_IF_ERROR(RecvAll(fd->get(), body.data(), body.size(), answer_by, root));
+    auto code = static_cast<StatusCode>(w.code);
+    if (code != StatusCode::kOk) return Status(code, body);
+    RendezvousResult out;
+    out.role = static_cast<Role>(w.role);
+    out.index = static_cast<std::int32_t>(be32toh(static_cast<std::uint32_t>(w.index)));
+    int S = static_cast<int>(be32toh(w.num_servers));
+    int W = static_cast<int>(be32toh(w.num_workers));
+    std::istringstream lines(body);
+    std::string line;
+    std::vector<std::string> all;
+    while (std::getline(lines, line)) all.push_back(line);
+    if (static_cast<int>(all.size()) != S + W) {
+      return DataLossError("rendezvous: answer lists " + std::to_string(all.size()) +
+                           " addresses, expected " + std::to_string(S + W));
+    }
+    out.servers.assign(all.begin(), all.begin() + S);
+    out.workers.assign(all.begin() + S, all.end());
+    return out;
+  }
+  return TimedOutError("rendezvous: " + me + " could not reach " + root_name + " at " + root +
+                       " within " + Seconds(Clock::now() - start) + " (last error: " +
+                       last.ToString() + "); is " + root_name +
+                       " running, and is its port reachable from here?");
+}
+
+}  // namespace
+
+std::uint64_t TokenHash(std::string_view token) {
+  std::uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : token) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+Result<RendezvousResult> RunRendezvous(const Layout& layout, std::string_view self_address,
+                                       std::chrono::steady_clock::time_point deadline) {
+  bool root = layout.rank == 0 || layout.role == Role::kScheduler;
+  if (root) return RunRoot(layout, self_address, deadline);
+  return RunJoin(layout, self_address, deadline);
+}
+
+}  // namespace rdmaps::internal
