@@ -1,9 +1,671 @@
+// Setup code of the tcp backend: endpoints, registration, listening,
+// connecting and the handshake, and the progress thread's event loop. The
+// per-op paths live in tcp_datapath.cc; the wire protocol in tcp_wire.h.
 #include "transport/tcp/tcp_transport.h"
 
-namespace rdmaps::transport::tcp {
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
 
-Result<std::unique_ptr<Endpoint>> CreateEndpoint(const EndpointOptions&) {
-  return NotSupportedError("tcp backend: not implemented yet");
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <random>
+
+#include <glog/logging.h>
+
+#include "transport/tcp/tcp_internal.h"
+
+namespace rdmaps::transport::tcp {
+namespace {
+
+std::uint64_t RandomU64() {
+  std::random_device rd;
+  return (static_cast<std::uint64_t>(rd()) << 32) ^ rd();
+}
+
+// epoll tags for the two non-Inbound fds.
+char kWakeTag;
+char kListenerTag;
+
+StatusCode CodeFromWire(std::uint8_t code) {
+  if (code > static_cast<std::uint8_t>(StatusCode::kInternal)) return StatusCode::kInternal;
+  return static_cast<StatusCode>(code);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// RegionTable
+
+RegionTable::RegionTable() : next_rkey_(static_cast<std::uint32_t>(RandomU64()) | 1) {}
+
+std::uint32_t RegionTable::Add(std::byte* base, std::size_t size, std::uint32_t access) {
+  std::unique_lock lock(mu_);
+  std::uint32_t key;
+  do {
+    key = next_rkey_++;
+  } while (key == 0 || regions_.count(key) != 0);
+  regions_[key] = RegionEntry{base, size, access};
+  return key;
+}
+
+void RegionTable::Remove(std::uint32_t rkey) {
+  std::unique_lock lock(mu_);
+  regions_.erase(rkey);
+}
+
+const RegionEntry* RegionTable::FindLocked(std::uint32_t rkey) const {
+  auto it = regions_.find(rkey);
+  return it == regions_.end() ? nullptr : &it->second;
+}
+
+// ---------------------------------------------------------------------------
+// Inbound
+
+Inbound::Inbound() : rx(new std::byte[kRxBufferBytes]) {}
+
+void Inbound::Shutdown() {
+  std::lock_guard lock(close_mu);
+  if (!closed && fd.valid()) ::shutdown(fd.get(), SHUT_RDWR);
+}
+
+// ---------------------------------------------------------------------------
+// EndpointCore: setup and event loop
+
+EndpointCore::EndpointCore(EndpointOptions options)
+    : options_(std::move(options)),
+      regions_(std::make_shared<RegionTable>()),
+      handshake_timeout_(std::min<std::chrono::milliseconds>(options_.op_timeout,
+                                                             std::chrono::seconds(10))),
+      session_seed_(RandomU64()) {}
+
+EndpointCore::~EndpointCore() { Stop(); }
+
+Status EndpointCore::Start() {
+  epoll_ = Fd(::epoll_create1(EPOLL_CLOEXEC));
+  if (!epoll_.valid()) return ErrnoError("epoll_create1", errno);
+  wake_fd_ = Fd(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+  if (!wake_fd_.valid()) return ErrnoError("eventfd", errno);
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.ptr = &kWakeTag;
+  if (::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, wake_fd_.get(), &ev) != 0) {
+    return ErrnoError("epoll_ctl(eventfd)", errno);
+  }
+  thread_ = std::thread([this] { Run(); });
+  return Status::OK();
+}
+
+void EndpointCore::Stop() {
+  {
+    std::lock_guard lock(mu_);
+    if (stop_) return;
+    stop_ = true;
+  }
+  if (thread_.joinable()) {
+    Wake();
+    thread_.join();
+  }
+  cv_.notify_all();
+  std::deque<std::unique_ptr<Connection>> accepted;
+  {
+    std::lock_guard lock(mu_);
+    accepted.swap(accepted_);
+    new_served_.clear();
+    new_listeners_.clear();
+  }
+  accepted.clear();  // Their Close() touches Inbounds, which we still hold.
+  for (auto& [ptr, in] : inbound_) {
+    std::lock_guard lock(in->close_mu);
+    in->closed = true;
+    in->fd.Reset();
+  }
+  inbound_.clear();
+  sessions_.clear();
+  graveyard_.clear();
+  listeners_.clear();
+}
+
+void EndpointCore::Wake() {
+  std::uint64_t one = 1;
+  ssize_t r = ::write(wake_fd_.get(), &one, sizeof(one));
+  (void)r;  // EAGAIN means a wake is already pending.
+}
+
+void EndpointCore::AdoptListener(Fd fd) {
+  {
+    std::lock_guard lock(mu_);
+    new_listeners_.push_back(std::move(fd));
+  }
+  Wake();
+}
+
+void EndpointCore::AdoptServed(std::shared_ptr<Inbound> in) {
+  {
+    std::lock_guard lock(mu_);
+    new_served_.push_back(std::move(in));
+  }
+  Wake();
+}
+
+void EndpointCore::PushNotification(const Notification& n) {
+  {
+    std::lock_guard lock(mu_);
+    notifications_.push_back(n);
+  }
+  cv_.notify_all();
+}
+
+Result<std::size_t> EndpointCore::WaitNotifications(std::span<Notification> out,
+                                                    Deadline deadline) {
+  std::unique_lock lock(mu_);
+  const std::uint64_t interrupts = interrupts_;
+  cv_.wait_until(lock, deadline, [&] {
+    return !notifications_.empty() || interrupts_ != interrupts || stop_ || out.empty();
+  });
+  std::size_t n = 0;
+  while (n < out.size() && !notifications_.empty()) {
+    out[n++] = notifications_.front();
+    notifications_.pop_front();
+  }
+  return n;
+}
+
+Result<std::unique_ptr<Connection>> EndpointCore::Accept(Deadline deadline) {
+  std::unique_lock lock(mu_);
+  const std::uint64_t interrupts = interrupts_;
+  cv_.wait_until(lock, deadline,
+                 [&] { return !accepted_.empty() || interrupts_ != interrupts || stop_; });
+  if (!accepted_.empty()) {
+    auto conn = std::move(accepted_.front());
+    accepted_.pop_front();
+    return conn;
+  }
+  if (interrupts_ != interrupts) return CancelledError("Accept was interrupted");
+  if (stop_) return CancelledError("Accept: the endpoint is shutting down");
+  return TimedOutError("Accept: no peer connected by the deadline; check that peers connect to "
+                       "the address Listen returned, with the same job token");
+}
+
+void EndpointCore::Interrupt() {
+  {
+    std::lock_guard lock(mu_);
+    ++interrupts_;
+  }
+  cv_.notify_all();
+}
+
+void EndpointCore::Run() {
+  constexpr int kMaxEvents = 64;
+  epoll_event events[kMaxEvents];
+  const int tick_ms = static_cast<int>(
+      std::clamp<std::int64_t>(handshake_timeout_.count() / 4, 1, 100));
+  for (;;) {
+    int timeout = inbound_.empty() ? -1 : tick_ms;
+    int n = ::epoll_wait(epoll_.get(), events, kMaxEvents, timeout);
+    if (n < 0 && errno != EINTR) {
+      PLOG(ERROR) << "tcp transport: epoll_wait failed; inbound ops are no longer served";
+      return;
+    }
+    for (int i = 0; i < n; ++i) {
+      void* tag = events[i].data.ptr;
+      if (tag == &kWakeTag) {
+        std::uint64_t v;
+        ssize_t r = ::read(wake_fd_.get(), &v, sizeof(v));
+        (void)r;
+        std::vector<Fd> listeners;
+        std::vector<std::shared_ptr<Inbound>> served;
+        {
+          std::lock_guard lock(mu_);
+          if (stop_) return;
+          listeners.swap(new_listeners_);
+          served.swap(new_served_);
+        }
+        for (Fd& l : listeners) {
+          epoll_event ev{};
+          ev.events = EPOLLIN;
+          ev.data.ptr = &kListenerTag;
+          if (::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, l.get(), &ev) != 0) {
+            PLOG(WARNING) << "tcp transport: cannot watch the listening socket";
+          }
+          listeners_.push_back(std::move(l));
+        }
+        for (auto& in : served) {
+          in->last_progress = SteadyClock::now();
+          epoll_event ev{};
+          ev.events = EPOLLIN;
+          ev.data.ptr = in.get();
+          if (::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, in->fd.get(), &ev) != 0) {
+            PLOG(WARNING) << "tcp transport: cannot watch a served socket";
+            CloseInbound(in, "epoll_ctl failed", true);
+            continue;
+          }
+          inbound_[in.get()] = in;
+        }
+      } else if (tag == &kListenerTag) {
+        AcceptNew();
+      } else {
+        auto it = inbound_.find(static_cast<Inbound*>(tag));
+        if (it == inbound_.end()) continue;  // Closed earlier in this round.
+        std::shared_ptr<Inbound> in = it->second;
+        Handle(in, events[i].events);
+      }
+    }
+    if (!inbound_.empty() && SteadyClock::now() >= next_sweep_) {
+      Sweep();
+      next_sweep_ = SteadyClock::now() + std::chrono::milliseconds(tick_ms);
+    }
+    graveyard_.clear();
+  }
+}
+
+void EndpointCore::AcceptNew() {
+  for (Fd& l : listeners_) {
+    for (;;) {
+      int fd = ::accept4(l.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+      if (fd < 0) {
+        if (errno == EINTR) continue;
+        if (errno != EAGAIN && errno != EWOULDBLOCK) {
+          PLOG(WARNING) << "tcp transport: accept failed";
+        }
+        break;
+      }
+      auto in = std::make_shared<Inbound>();
+      in->fd = Fd(fd);
+      SetNoDelay(fd);
+      in->peer_address = PeerAddress(fd);
+      in->phase = Inbound::Phase::kHello;
+      in->deadline = DeadlineAfter(handshake_timeout_);
+      in->last_progress = SteadyClock::now();
+      epoll_event ev{};
+      ev.events = EPOLLIN;
+      ev.data.ptr = in.get();
+      if (::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, fd, &ev) != 0) {
+        PLOG(WARNING) << "tcp transport: cannot watch an accepted socket";
+        continue;
+      }
+      inbound_[in.get()] = std::move(in);
+    }
+  }
+}
+
+void EndpointCore::Handle(const std::shared_ptr<Inbound>& in, std::uint32_t events) {
+  if (in->phase == Inbound::Phase::kHello) {
+    Status s = HandleHello(in);
+    if (!s.ok()) CloseInbound(in, s.message(), s.code() != StatusCode::kCancelled);
+    return;
+  }
+  (void)events;
+  Status s = Serve(*in);
+  if (!s.ok()) {
+    // A peer closing its end is normal; anything else is worth a warning.
+    CloseInbound(in, s.message(), s.code() != StatusCode::kCancelled);
+    return;
+  }
+  UpdateEpoll(*in);
+}
+
+void EndpointCore::UpdateEpoll(Inbound& in) {
+  bool want_out = !in.tx.empty();
+  if (want_out == in.writable_wait) return;
+  epoll_event ev{};
+  ev.events = want_out ? EPOLLOUT : EPOLLIN;
+  ev.data.ptr = &in;
+  if (::epoll_ctl(epoll_.get(), EPOLL_CTL_MOD, in.fd.get(), &ev) == 0) in.writable_wait = want_out;
+}
+
+void EndpointCore::CloseInbound(const std::shared_ptr<Inbound>& in, const std::string& reason,
+                                bool warn) {
+  auto it = inbound_.find(in.get());
+  if (it == inbound_.end()) return;
+  if (warn) {
+    LOG(WARNING) << "tcp transport: closing connection from " << in->peer_address
+                 << (in->paired ? " (peer " + std::to_string(in->peer_id) + ")" : std::string())
+                 << ": " << reason;
+  }
+  ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, in->fd.get(), nullptr);
+  {
+    std::lock_guard lock(in->close_mu);
+    in->closed = true;
+    in->fd.Reset();
+  }
+  if (in->session != 0 && !in->paired) sessions_.erase(in->session);
+  if (in->paired) {
+    Notification n;
+    n.kind = Notification::Kind::kDisconnected;
+    n.peer_id = in->peer_id;
+    PushNotification(n);
+  }
+  graveyard_.push_back(in);
+  inbound_.erase(it);
+}
+
+void EndpointCore::Sweep() {
+  const auto now = SteadyClock::now();
+  std::vector<std::pair<std::shared_ptr<Inbound>, std::string>> expired;
+  for (auto& [ptr, in] : inbound_) {
+    switch (in->phase) {
+      case Inbound::Phase::kHello:
+        if (now >= in->deadline) {
+          expired.emplace_back(in, "no complete handshake within " +
+                                       std::to_string(handshake_timeout_.count()) + " ms");
+        }
+        break;
+      case Inbound::Phase::kDraining:
+        if (now >= in->deadline) expired.emplace_back(in, "");
+        break;
+      case Inbound::Phase::kServing: {
+        bool busy = !in->tx.empty() || in->in_payload || in->rx_end != in->rx_begin;
+        if (busy && now - in->last_progress >= options_.op_timeout) {
+          expired.emplace_back(in, "peer stalled mid-frame for " +
+                                       std::to_string(options_.op_timeout.count()) +
+                                       " ms (op_timeout)");
+        }
+        break;
+      }
+    }
+  }
+  for (auto& [ptr, s] : sessions_) {
+    if (now >= s.deadline && inbound_.count(s.ops.get())) {
+      expired.emplace_back(s.ops, "peer opened its ops socket but not its reverse socket within " +
+                                      std::to_string(handshake_timeout_.count()) + " ms");
+    }
+  }
+  for (auto& [in, why] : expired) CloseInbound(in, why, !why.empty());
+}
+
+// ---------------------------------------------------------------------------
+// Handshake, acceptor side (progress thread).
+
+void EndpointCore::Reply(Inbound& in, StatusCode code, const std::string& message,
+                         std::uint64_t session) {
+  std::string msg = message.substr(0, kMaxMessageBytes);
+  HelloReplyWire r{};
+  r.magic.set(kHelloMagic);
+  r.version.set(kProtocolVersion);
+  r.status = static_cast<std::uint8_t>(code);
+  r.peer_id.set(options_.peer_id);
+  r.message_len.set(static_cast<std::uint16_t>(msg.size()));
+  r.session.set(session);
+  std::string buf(reinterpret_cast<const char*>(&r), sizeof(r));
+  buf += msg;
+  // A fresh socket's send buffer takes this whole; a short write only costs
+  // the peer a clear error.
+  ssize_t w = ::send(in.fd.get(), buf.data(), buf.size(), MSG_NOSIGNAL);
+  (void)w;
+}
+
+Status EndpointCore::HandleHello(const std::shared_ptr<Inbound>& in) {
+  ssize_t r = ::recv(in->fd.get(), in->rx.get() + in->rx_end, kRxBufferBytes - in->rx_end, 0);
+  if (r == 0) return CancelledError("peer closed the socket during the handshake");
+  if (r < 0) {
+    if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return Status::OK();
+    return UnavailableError(std::string("recv during the handshake: ") + std::strerror(errno));
+  }
+  in->rx_end += static_cast<std::size_t>(r);
+  std::size_t avail = in->rx_end - in->rx_begin;
+  if (avail < 4) return Status::OK();
+  HelloWire h;
+  std::memcpy(&h, in->rx.get(), std::min(avail, sizeof(h)));
+  if (h.magic.get() != kHelloMagic) {
+    return InvalidArgumentError("bad handshake magic (not an rdmaps tcp peer?)");
+  }
+  if (avail < sizeof(HelloWire)) return Status::OK();
+  if (h.version.get() != kProtocolVersion) {
+    std::string msg = "protocol version mismatch: peer speaks " +
+                      std::to_string(h.version.get()) + ", this endpoint (peer " +
+                      std::to_string(options_.peer_id) + ") speaks " +
+                      std::to_string(kProtocolVersion) +
+                      "; run the same rdmaps release on every node";
+    Reply(*in, StatusCode::kFailedPrecondition, msg, 0);
+    return FailedPreconditionError(msg);
+  }
+  const std::size_t token_len = h.token_len.get();
+  if (token_len > kMaxTokenBytes || h.user_data_len > kMaxHandshakeUserData ||
+      (h.role != static_cast<std::uint8_t>(HelloRole::kOps) &&
+       h.role != static_cast<std::uint8_t>(HelloRole::kReverse))) {
+    std::string msg = "malformed handshake (bad role, token or user-data length)";
+    Reply(*in, StatusCode::kInvalidArgument, msg, 0);
+    return InvalidArgumentError(msg);
+  }
+  if (avail < sizeof(HelloWire) + token_len) return Status::OK();
+  std::string_view token(reinterpret_cast<const char*>(in->rx.get()) + sizeof(HelloWire),
+                         token_len);
+  const std::uint32_t peer_id = h.peer_id.get();
+  if (token != options_.job_token) {
+    std::string msg = "job token mismatch: peer " + std::to_string(peer_id) + " at " +
+                      in->peer_address + " presented a different job token than endpoint " +
+                      std::to_string(options_.peer_id) +
+                      "; start every process of the job with the same job token";
+    Reply(*in, StatusCode::kPermissionDenied, msg, 0);
+    return PermissionDeniedError(msg);
+  }
+  in->rx_begin += sizeof(HelloWire) + token_len;
+  in->peer_id = peer_id;
+  if (h.role == static_cast<std::uint8_t>(HelloRole::kOps)) {
+    std::uint64_t session;
+    do {
+      session = ++session_seed_ * 0x9E3779B97F4A7C15ull;
+    } while (session == 0 || sessions_.count(session));
+    Session s;
+    s.ops = in;
+    s.peer.peer_id = peer_id;
+    s.peer.address = in->peer_address;
+    s.peer.user_data.assign(h.user_data, h.user_data + h.user_data_len);
+    s.deadline = in->deadline;
+    sessions_[session] = std::move(s);
+    in->session = session;
+    in->phase = Inbound::Phase::kServing;
+    in->last_progress = SteadyClock::now();
+    Reply(*in, StatusCode::kOk, "", session);
+    // Requests may already follow the hello.
+    if (in->rx_begin != in->rx_end) {
+      Status st = Serve(*in);
+      if (!st.ok()) return st;
+      UpdateEpoll(*in);
+    }
+    return Status::OK();
+  }
+  // Reverse socket: pair it with its ops socket and hand it to a Connection.
+  auto it = sessions_.find(h.session.get());
+  if (it == sessions_.end() || it->second.peer.peer_id != peer_id) {
+    std::string msg = "unknown or expired session in the reverse-socket handshake; connect again";
+    Reply(*in, StatusCode::kNotFound, msg, 0);
+    return NotFoundError(msg);
+  }
+  if (in->rx_begin != in->rx_end) {
+    return InvalidArgumentError("unexpected bytes after the reverse-socket handshake");
+  }
+  Session s = std::move(it->second);
+  sessions_.erase(it);
+  s.ops->paired = true;
+  Reply(*in, StatusCode::kOk, "", h.session.get());
+  ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, in->fd.get(), nullptr);
+  Fd fd;
+  {
+    std::lock_guard lock(in->close_mu);
+    in->closed = true;
+    fd = std::move(in->fd);
+  }
+  inbound_.erase(in.get());
+  graveyard_.push_back(in);
+  auto conn = std::make_unique<TcpConnection>(std::move(fd), std::move(s.peer), s.ops, options_,
+                                              regions_.get());
+  {
+    std::lock_guard lock(mu_);
+    accepted_.push_back(std::move(conn));
+  }
+  cv_.notify_all();
+  return Status::OK();
+}
+
+// ---------------------------------------------------------------------------
+// The Endpoint.
+
+namespace {
+
+class TcpEndpoint final : public Endpoint {
+ public:
+  TcpEndpoint(const EndpointOptions& options, std::shared_ptr<EndpointCore> core)
+      : Endpoint(options), core_(std::move(core)) {}
+  ~TcpEndpoint() override { core_->Stop(); }
+
+  std::string_view kind() const override { return "tcp"; }
+
+  Result<std::unique_ptr<MemoryRegion>> Register(void* addr, std::size_t length,
+                                                 std::uint32_t access) override {
+    if (addr == nullptr && length != 0) {
+      return InvalidArgumentError("Register: null address with a non-zero length");
+    }
+    if ((access & ~static_cast<std::uint32_t>(kRemoteAll)) != 0) {
+      return InvalidArgumentError("Register: unknown access bits; use a mask of Access values");
+    }
+    auto* base = static_cast<std::byte*>(addr);
+    std::uint32_t key = core_->regions()->Add(base, length, access);
+    return std::unique_ptr<MemoryRegion>(
+        new TcpMemoryRegion(core_->regions(), base, length, access, key));
+  }
+
+  Result<std::string> Listen(std::string_view address) override {
+    {
+      std::lock_guard lock(mu_);
+      if (listening_) {
+        return FailedPreconditionError("Listen: this endpoint already listens; call it once");
+      }
+    }
+    RDMAPS_ASSIGN_OR_RETURN(HostPort hp, ParseAddress(address));
+    RDMAPS_ASSIGN_OR_RETURN(ResolvedAddress ra, Resolve(hp, address));
+    Fd fd(::socket(ra.storage.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+    if (!fd.valid()) return ErrnoError("socket()", errno);
+    int one = 1;
+    ::setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (::bind(fd.get(), reinterpret_cast<const sockaddr*>(&ra.storage), ra.length) != 0) {
+      int err = errno;
+      return UnavailableError("Listen: cannot bind " + std::string(address) + ": " +
+                              std::strerror(err) +
+                              (err == EADDRINUSE ? "; pick another port or use port 0"
+                                                 : "; check that the address is local"));
+    }
+    if (::listen(fd.get(), 512) != 0) return ErrnoError("listen()", errno);
+    std::string bound = LocalAddress(fd.get());
+    {
+      std::lock_guard lock(mu_);
+      if (listening_) {
+        return FailedPreconditionError("Listen: this endpoint already listens; call it once");
+      }
+      listening_ = true;
+    }
+    core_->AdoptListener(std::move(fd));
+    return bound;
+  }
+
+  Result<std::unique_ptr<Connection>> Connect(std::string_view address,
+                                              const ConnectOptions& options,
+                                              Deadline deadline) override {
+    if (options.user_data.size() > kMaxHandshakeUserData) {
+      return InvalidArgumentError("Connect: user_data has " +
+                                  std::to_string(options.user_data.size()) +
+                                  " bytes; at most " + std::to_string(kMaxHandshakeUserData) +
+                                  " fit in the handshake");
+    }
+    RDMAPS_ASSIGN_OR_RETURN(HostPort hp, ParseAddress(address));
+    RDMAPS_ASSIGN_OR_RETURN(ResolvedAddress ra, Resolve(hp, address));
+    const std::string name(address);
+
+    RDMAPS_ASSIGN_OR_RETURN(Fd ops, ConnectTo(ra, name, deadline));
+    RDMAPS_ASSIGN_OR_RETURN(
+        HelloReplyWire r1, Handshake(ops.get(), name, HelloRole::kOps, 0, options, deadline));
+    RDMAPS_ASSIGN_OR_RETURN(Fd rev, ConnectTo(ra, name, deadline));
+    RDMAPS_ASSIGN_OR_RETURN(HelloReplyWire r2, Handshake(rev.get(), name, HelloRole::kReverse,
+                                                         r1.session.get(), options, deadline));
+    (void)r2;
+    PeerInfo peer;
+    peer.peer_id = r1.peer_id.get();
+    peer.address = PeerAddress(ops.get());
+    auto served = std::make_shared<Inbound>();
+    served->fd = std::move(rev);
+    served->phase = Inbound::Phase::kServing;
+    served->peer_id = peer.peer_id;
+    served->peer_address = peer.address;
+    served->paired = true;
+    core_->AdoptServed(served);
+    return std::unique_ptr<Connection>(std::make_unique<TcpConnection>(
+        std::move(ops), std::move(peer), std::move(served), this->options(),
+        core_->regions().get()));
+  }
+
+  Result<std::unique_ptr<Connection>> Accept(Deadline deadline) override {
+    return core_->Accept(deadline);
+  }
+
+  Result<std::size_t> WaitNotifications(std::span<Notification> out,
+                                        Deadline deadline) override {
+    return core_->WaitNotifications(out, deadline);
+  }
+
+  void Interrupt() override { core_->Interrupt(); }
+
+ private:
+  Result<HelloReplyWire> Handshake(int fd, const std::string& name, HelloRole role,
+                                   std::uint64_t session, const ConnectOptions& options,
+                                   Deadline deadline) {
+    const std::string& token = this->options().job_token;
+    HelloWire h{};
+    h.magic.set(kHelloMagic);
+    h.version.set(kProtocolVersion);
+    h.role = static_cast<std::uint8_t>(role);
+    h.user_data_len = static_cast<std::uint8_t>(options.user_data.size());
+    h.peer_id.set(this->options().peer_id);
+    h.token_len.set(static_cast<std::uint16_t>(token.size()));
+    h.session.set(session);
+    std::copy(options.user_data.begin(), options.user_data.end(), h.user_data);
+    std::string buf(reinterpret_cast<const char*>(&h), sizeof(h));
+    buf += token;
+    const std::string what = "handshake with " + name;
+    RDMAPS_RETURN_IF_ERROR(SendAll(fd, buf.data(), buf.size(), deadline, what));
+    HelloReplyWire r;
+    RDMAPS_RETURN_IF_ERROR(RecvAll(fd, &r, sizeof(r), deadline, what));
+    if (r.magic.get() != kHelloMagic) {
+      return UnavailableError(what + ": the peer is not an rdmaps tcp endpoint (bad magic)");
+    }
+    std::string message(std::min<std::size_t>(r.message_len.get(), kMaxMessageBytes), '\0');
+    RDMAPS_RETURN_IF_ERROR(RecvAll(fd, message.data(), message.size(), deadline, what));
+    if (r.status != 0) {
+      return Status(CodeFromWire(r.status), "peer at " + name + " refused the connection: " +
+                                                 message);
+    }
+    if (r.version.get() != kProtocolVersion) {
+      return FailedPreconditionError(what + ": protocol version mismatch: peer speaks " +
+                                     std::to_string(r.version.get()) + ", we speak " +
+                                     std::to_string(kProtocolVersion) +
+                                     "; run the same rdmaps release on every node");
+    }
+    return r;
+  }
+
+  std::shared_ptr<EndpointCore> core_;
+  std::mutex mu_;
+  bool listening_ = false;  // Guarded by mu_.
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Endpoint>> CreateEndpoint(const EndpointOptions& options) {
+  if (options.job_token.size() > kMaxTokenBytes) {
+    return InvalidArgumentError("job_token has " + std::to_string(options.job_token.size()) +
+                                " bytes; the tcp transport carries at most " +
+                                std::to_string(kMaxTokenBytes));
+  }
+  if (options.max_outstanding == 0) {
+    return InvalidArgumentError("max_outstanding must be at least 1");
+  }
+  if (options.op_timeout <= std::chrono::milliseconds::zero()) {
+    return InvalidArgumentError("op_timeout must be positive");
+  }
+  auto core = std::make_shared<EndpointCore>(options);
+  RDMAPS_RETURN_IF_ERROR(core->Start());
+  return std::unique_ptr<Endpoint>(std::make_unique<TcpEndpoint>(options, std::move(core)));
 }
 
 }  // namespace rdmaps::transport::tcp

@@ -1,0 +1,287 @@
+// Internals of the tcp backend, shared by its setup code (tcp_transport.cc)
+// and its data path (tcp_datapath.cc). See tcp_wire.h for the protocol and
+// docs/tcp-protocol.md for the design.
+//
+// Threads: each Endpoint runs one progress thread. It owns the listener, the
+// sockets still in their handshake, and every "served" socket (the sockets on
+// which peers post ops against this endpoint's memory), all in one epoll set.
+// A Connection owns its initiator socket and drives it from the calling
+// thread (Post/Poll/Wait), so no socket is shared between threads.
+#pragma once
+
+#include <sys/uio.h>
+
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "transport/tcp/tcp_socket.h"
+#include "transport/tcp/tcp_wire.h"
+#include "transport/transport.h"
+
+namespace rdmaps::transport::tcp {
+
+// READ responses up to this size are copied into the response buffer; larger
+// ones are sent straight from registered memory.
+inline constexpr std::size_t kCopyThreshold = 8 * 1024;
+// Receive buffer of a served socket and of an initiator socket.
+inline constexpr std::size_t kRxBufferBytes = 256 * 1024;
+
+// What the progress thread checks inbound ops against.
+struct RegionEntry {
+  std::byte* base = nullptr;
+  std::size_t size = 0;
+  std::uint32_t access = 0;
+};
+
+// rkey -> region. Registration and deregistration take mu_ exclusively; the
+// progress thread holds it shared while it touches registered memory, so a
+// region's memory is never accessed once its deregistration has returned.
+class RegionTable {
+ public:
+  RegionTable();
+  std::uint32_t Add(std::byte* base, std::size_t size, std::uint32_t access);
+  void Remove(std::uint32_t rkey);
+  std::shared_mutex& mu() { return mu_; }
+  // Requires mu() held (shared or exclusive). Null when absent.
+  const RegionEntry* FindLocked(std::uint32_t rkey) const;
+
+ private:
+  mutable std::shared_mutex mu_;
+  std::unordered_map<std::uint32_t, RegionEntry> regions_;  // Guarded by mu_.
+  std::uint32_t next_rkey_;                                 // Guarded by mu_.
+};
+
+class TcpMemoryRegion final : public MemoryRegion {
+ public:
+  TcpMemoryRegion(std::shared_ptr<RegionTable> table, std::byte* data, std::size_t size,
+                  std::uint32_t access, std::uint32_t key)
+      : MemoryRegion(data, size, access, key, key), table_(std::move(table)) {}
+  ~TcpMemoryRegion() override { table_->Remove(rkey()); }
+  const RegionTable* table() const { return table_.get(); }
+
+ private:
+  std::shared_ptr<RegionTable> table_;
+};
+
+// Bytes waiting to be sent on a socket: owned bytes (headers, small
+// payloads) interleaved with external ranges (a caller's WRITE payload, or
+// registered memory for a large READ response), sent with one sendmsg per
+// Flush where they fit. Single-threaded.
+class TxQueue {
+ public:
+  TxQueue();
+  // Room for n owned bytes at the end; valid until the next Append.
+  std::byte* AppendOwned(std::size_t n);
+  // `rkey_or_zero` marks registered memory that must be revalidated.
+  void AppendExternal(const void* p, std::size_t n, std::uint32_t rkey_or_zero);
+  bool empty() const { return head_ == segs_.size(); }
+  bool HasRegionRanges() const { return region_ranges_ > 0; }
+  // True when every pending range into registered memory is still registered
+  // (requires the table's mutex held).
+  bool RegionRangesValid(const RegionTable& table) const;
+  // Sends what the socket takes. True when the queue is now empty, false when
+  // the socket is full; Unavailable when the socket failed.
+  Result<bool> Flush(int fd);
+
+ private:
+  struct Segment {
+    const std::byte* ptr;  // External, or null when owned.
+    std::size_t offset;    // Owned: offset into own_.
+    std::size_t length;
+    std::uint32_t rkey;
+  };
+  void Clear();
+  std::vector<std::byte> own_;
+  std::vector<Segment> segs_;
+  std::size_t head_ = 0;       // First unsent segment.
+  std::size_t head_sent_ = 0;  // Bytes of segs_[head_] already sent.
+  std::size_t region_ranges_ = 0;
+};
+
+// A socket served by the progress thread: first an accepted socket in its
+// handshake, then one on which a peer posts ops against this endpoint.
+struct Inbound {
+  enum class Phase { kHello, kServing, kDraining };
+
+  Inbound();
+  // Shuts the socket down from any thread (Connection::Close); the progress
+  // thread notices and closes it.
+  void Shutdown();
+
+  // Guarded by close_mu; fd is closed only by the progress thread.
+  std::mutex close_mu;
+  bool closed = false;
+  Fd fd;
+
+  // Progress thread only.
+  Phase phase = Phase::kHello;
+  Deadline deadline{};  // Hello and draining phases: when to give up.
+  SteadyClock::time_point last_progress{};
+  std::uint32_t peer_id = 0;
+  std::string peer_address;
+  bool paired = false;  // Part of an established Connection: report kDisconnected.
+  std::uint64_t session = 0;
+  bool writable_wait = false;  // Registered for EPOLLOUT instead of EPOLLIN.
+  std::unique_ptr<std::byte[]> rx;
+  std::size_t rx_begin = 0;
+  std::size_t rx_end = 0;
+  // A WRITE whose payload is still arriving.
+  bool in_payload = false;
+  RequestWire payload_req{};
+  std::uint64_t payload_done = 0;
+  TxQueue tx;
+};
+
+// The initiator side of a Connection. Owned by one thread at a time.
+class TcpConnection final : public Connection {
+ public:
+  TcpConnection(Fd fd, PeerInfo peer, std::shared_ptr<Inbound> served,
+                const EndpointOptions& options, const RegionTable* table);
+  ~TcpConnection() override;
+
+  Status Post(std::span<const Op> ops) override;
+  std::size_t Poll(std::span<Completion> out) override;
+  Result<std::size_t> Wait(std::span<Completion> out, Deadline deadline) override;
+  std::size_t outstanding() const override { return pending_.size() + ready_.size(); }
+  std::size_t max_outstanding() const override { return max_outstanding_; }
+  const PeerInfo& peer() const override { return peer_; }
+  Status health() const override { return health_; }
+  void Close() override;
+
+ private:
+  struct Pending {
+    std::uint64_t context;
+    OpType type;
+    std::byte* local;
+    std::uint32_t length;
+    SteadyClock::time_point posted;
+  };
+  Status Validate(const Op& op) const;
+  // Sends queued requests and consumes arrived responses, without blocking.
+  void Progress();
+  // Consumes responses in rx_; reads more when `may_read`. False on error.
+  void ReadResponses();
+  void CompleteHead(Status status);
+  // Puts the connection in error: `first` for the oldest op (if any), then
+  // `rest` for the others, and closes the socket.
+  void Fail(Status first, StatusCode rest_code, const std::string& rest_message);
+  std::size_t Drain(std::span<Completion> out);
+  std::string Describe() const;
+
+  // Constant after construction.
+  const std::size_t max_outstanding_;
+  const std::chrono::milliseconds op_timeout_;
+  const std::chrono::microseconds busy_poll_;
+  const RegionTable* const table_;
+  const PeerInfo peer_;
+  const std::shared_ptr<Inbound> served_;
+
+  // Owner thread only.
+  Fd fd_;
+  Status health_;
+  bool closed_ = false;
+  std::deque<Pending> pending_;
+  std::deque<Completion> ready_;
+  TxQueue tx_;
+  std::unique_ptr<std::byte[]> rx_;
+  std::size_t rx_begin_ = 0;
+  std::size_t rx_end_ = 0;
+  bool have_header_ = false;
+  ResponseWire header_{};
+  std::uint32_t payload_done_ = 0;
+  std::string error_payload_;
+};
+
+// An Endpoint's shared state and its progress thread. Shared with the
+// Endpoint, its MemoryRegions (through the RegionTable) and nothing else.
+class EndpointCore {
+ public:
+  explicit EndpointCore(EndpointOptions options);
+  ~EndpointCore();
+  Status Start();
+  void Stop();
+
+  const EndpointOptions& options() const { return options_; }
+  const std::shared_ptr<RegionTable>& regions() const { return regions_; }
+
+  // Hands a listening socket or an established served socket to the
+  // progress thread.
+  void AdoptListener(Fd fd);
+  void AdoptServed(std::shared_ptr<Inbound> in);
+
+  void PushNotification(const Notification& n);
+  Result<std::size_t> WaitNotifications(std::span<Notification> out, Deadline deadline);
+  Result<std::unique_ptr<Connection>> Accept(Deadline deadline);
+  void Interrupt();
+
+  // Serves a socket in kServing/kDraining (tcp_datapath.cc). Progress thread
+  // only. Not OK when the socket must be closed (the message says why).
+  Status Serve(Inbound& in);
+
+ private:
+  struct Session {
+    std::shared_ptr<Inbound> ops;
+    PeerInfo peer;
+    Deadline deadline;
+  };
+  void Run();
+  void Wake();
+  void AcceptNew();
+  void Handle(const std::shared_ptr<Inbound>& in, std::uint32_t events);
+  // Hello phase: reads and answers a Hello. Not OK: close the socket.
+  Status HandleHello(const std::shared_ptr<Inbound>& in);
+  void Reply(Inbound& in, StatusCode code, const std::string& message, std::uint64_t session);
+  void UpdateEpoll(Inbound& in);
+  void CloseInbound(const std::shared_ptr<Inbound>& in, const std::string& reason, bool warn);
+  void Sweep();
+  // Executes one request whose header was consumed (tcp_datapath.cc).
+  Status Execute(Inbound& in, const RequestWire& req);
+  Status ContinuePayload(Inbound& in, bool* blocked);
+  void FinishWrite(Inbound& in);
+  void ErrorResponse(Inbound& in, std::uint8_t opcode, const Status& status);
+  void Enqueue(Inbound& in, std::uint8_t opcode, std::uint8_t status, std::uint32_t length,
+               std::uint64_t value);
+
+  // Constant after construction.
+  const EndpointOptions options_;
+  const std::shared_ptr<RegionTable> regions_;
+  const std::chrono::milliseconds handshake_timeout_;
+
+  Fd epoll_;
+  Fd wake_fd_;
+  std::thread thread_;
+
+  // Guarded by mu_.
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::vector<Fd> new_listeners_;
+  std::vector<std::shared_ptr<Inbound>> new_served_;
+  std::deque<Notification> notifications_;
+  std::deque<std::unique_ptr<Connection>> accepted_;
+  std::uint64_t interrupts_ = 0;
+
+  // Progress thread only.
+  std::vector<Fd> listeners_;
+  std::unordered_map<Inbound*, std::shared_ptr<Inbound>> inbound_;
+  std::unordered_map<std::uint64_t, Session> sessions_;
+  std::vector<std::shared_ptr<Inbound>> graveyard_;  // Closed this round.
+  std::uint64_t session_seed_;
+  SteadyClock::time_point next_sweep_{};
+};
+
+// noinline so that ThreadSanitizer reports of the by-design race between
+// these syscalls and the target CPU name them (see docs/tcp-protocol.md).
+ssize_t RacySendmsg(int fd, const msghdr* msg);
+ssize_t RacyReadv(int fd, const iovec* iov, int count);
+
+}  // namespace rdmaps::transport::tcp
