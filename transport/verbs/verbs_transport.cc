@@ -1,14 +1,1015 @@
+// Verbs backend setup: device selection, registration, rdma_cm connection
+// management and the progress thread. The data path (post/poll) is in
+// verbs_datapath.cc.
+//
+// Handshake (rdma_cm private data, big-endian, see verbs_internal.h):
+//   connector --REQ{ConnectWire: magic, version, peer id, token hash, user data}-->
+//   acceptor checks magic, version and token hash, then
+//     <--REP{AcceptWire: magic, version, acceptor's peer id}-- and ESTABLISHED, or
+//     <--REJ{RejectWire: magic, version, reason}-- which the connector turns
+//        into PermissionDenied (token) or FailedPrecondition (version).
+// A REJ without our magic means nobody listens on that port: Unavailable.
 #include "transport/verbs/verbs_transport.h"
 
-namespace rdmaps::transport::verbs {
+#include <arpa/inet.h>
+#include <endian.h>
+#include <fcntl.h>
+#include <glog/logging.h>
+#include <netdb.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
-Result<std::unique_ptr<Endpoint>> CreateEndpoint(const EndpointOptions&) {
-  return NotSupportedError("verbs backend: not implemented yet");
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <thread>
+
+#include "transport/verbs/verbs_internal.h"
+
+namespace rdmaps::transport::verbs {
+namespace internal {
+
+FdCloser::~FdCloser() {
+  if (fd >= 0) ::close(fd);
+}
+
+std::uint64_t TokenHash(const std::string& token) {
+  std::uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : token) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+namespace {
+
+constexpr int kSrqDepth = 1024;
+constexpr int kListenBacklog = 128;
+constexpr std::uint32_t kWantInline[] = {256, 64, 0};
+constexpr auto kCloseDrain = std::chrono::seconds(2);
+
+Status SetNonBlocking(int fd, std::string_view what) {
+  int flags = fcntl(fd, F_GETFL);
+  if (flags < 0 || fcntl(fd, F_SETFL, flags | O_NONBLOCK) < 0) {
+    return ErrnoError(std::string("making the ") + std::string(what) + " fd non-blocking", errno);
+  }
+  return Status::OK();
+}
+
+std::string PortStateName(ibv_port_state s) { return ibv_port_state_str(s); }
+
+std::string FormatLimit(rlim_t v) {
+  if (v == RLIM_INFINITY) return "unlimited";
+  if (v >= (1u << 20)) return std::to_string(v >> 20) + " MiB";
+  return std::to_string(v >> 10) + " KiB";
+}
+
+std::string SockaddrToString(const sockaddr* sa) {
+  if (sa == nullptr) return "?";
+  char host[INET6_ADDRSTRLEN] = "?";
+  std::uint16_t port = 0;
+  if (sa->sa_family == AF_INET) {
+    const auto* in = reinterpret_cast<const sockaddr_in*>(sa);
+    inet_ntop(AF_INET, &in->sin_addr, host, sizeof host);
+    port = ntohs(in->sin_port);
+    return std::string(host) + ":" + std::to_string(port);
+  }
+  if (sa->sa_family == AF_INET6) {
+    const auto* in6 = reinterpret_cast<const sockaddr_in6*>(sa);
+    inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof host);
+    port = ntohs(in6->sin6_port);
+    return "[" + std::string(host) + "]:" + std::to_string(port);
+  }
+  return "?";
+}
+
+// Splits "host:port" / "[v6]:port". An empty host means any address.
+Status SplitHostPort(std::string_view address, std::string* host, std::string* port) {
+  auto colon = address.rfind(':');
+  if (colon == std::string_view::npos) {
+    return InvalidArgumentError("address '" + std::string(address) +
+                                "' must be host:port (port 0 picks a free one)");
+  }
+  std::string_view h = address.substr(0, colon);
+  if (h.size() >= 2 && h.front() == '[' && h.back() == ']') h = h.substr(1, h.size() - 2);
+  *host = std::string(h);
+  *port = std::string(address.substr(colon + 1));
+  if (port->empty()) *port = "0";
+  return Status::OK();
+}
+
+struct AddrInfoDeleter {
+  void operator()(addrinfo* a) const { freeaddrinfo(a); }
+};
+
+Result<std::unique_ptr<addrinfo, AddrInfoDeleter>> Resolve(const std::string& host,
+                                                           const std::string& port,
+                                                           bool passive) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  if (passive) hints.ai_flags = AI_PASSIVE;
+  addrinfo* res = nullptr;
+  int rc = getaddrinfo(host.empty() ? nullptr : host.c_str(), port.c_str(), &hints, &res);
+  if (rc != 0) {
+    return UnavailableError("cannot resolve '" + host + ":" + port +
+                            "': " + gai_strerror(rc) + "; check the host name");
+  }
+  return std::unique_ptr<addrinfo, AddrInfoDeleter>(res);
+}
+
+// One rdma_cm event, copied so the event can be acked at once (acking late
+// would block rdma_destroy_id on another thread).
+struct CmEvent {
+  rdma_cm_event_type type{};
+  rdma_cm_id* id = nullptr;
+  rdma_cm_id* listen_id = nullptr;
+  int status = 0;
+  std::vector<std::uint8_t> private_data;
+  std::uint8_t initiator_depth = 0;
+  std::uint8_t responder_resources = 0;
+};
+
+// Non-blocking: false when the channel has no event.
+bool GetCmEvent(rdma_event_channel* ch, CmEvent* out) {
+  rdma_cm_event* ev = nullptr;
+  if (rdma_get_cm_event(ch, &ev) != 0) return false;
+  out->type = ev->event;
+  out->id = ev->id;
+  out->listen_id = ev->listen_id;
+  out->status = ev->status;
+  const auto& c = ev->param.conn;
+  out->private_data.assign(static_cast<const std::uint8_t*>(c.private_data),
+                           static_cast<const std::uint8_t*>(c.private_data) +
+                               (c.private_data ? c.private_data_len : 0));
+  out->initiator_depth = c.initiator_depth;
+  out->responder_resources = c.responder_resources;
+  rdma_ack_cm_event(ev);
+  return true;
+}
+
+// Waits on a private channel for the next event, by `deadline`.
+Result<CmEvent> WaitCmEvent(rdma_event_channel* ch, Deadline deadline,
+                            std::string_view step) {
+  while (true) {
+    CmEvent ev;
+    if (GetCmEvent(ch, &ev)) return ev;
+    if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+      return ErrnoError("rdma_get_cm_event while " + std::string(step), errno);
+    }
+    auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - SteadyClock::now());
+    if (left.count() <= 0) {
+      return TimedOutError(std::string(step) + " did not finish by the deadline");
+    }
+    pollfd pfd{ch->fd, POLLIN, 0};
+    ::poll(&pfd, 1, static_cast<int>(std::min<std::int64_t>(left.count(), 1000)));
+  }
+}
+
+int ClampMs(Deadline deadline, int cap_ms) {
+  auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - SteadyClock::now());
+  return static_cast<int>(std::clamp<std::int64_t>(left.count(), 1, cap_ms));
+}
+
+}  // namespace
+
+// --- VerbsConnection: setup half ----------------------------------------
+
+VerbsConnection::VerbsConnection(std::shared_ptr<Shared> shared, PeerInfo peer)
+    : shared_(std::move(shared)), peer_(std::move(peer)) {}
+
+VerbsConnection::~VerbsConnection() {
+  Close();
+  std::lock_guard<std::mutex> lock(shared_->mu);
+  if (registered_) {
+    shared_->by_qp.erase(qp_num_);
+    shared_->by_id.erase(id_.get());
+    registered_ = false;
+  }
+}
+
+Status VerbsConnection::Init(CmIdPtr id) {
+  id_ = std::move(id);
+  const ibv_device_attr& a = shared_->dev_attr;
+  std::size_t depth = std::min<std::size_t>(
+      {shared_->options.max_outstanding, static_cast<std::size_t>(a.max_qp_wr),
+       static_cast<std::size_t>(a.max_cqe) - 1});
+  depth = std::max<std::size_t>(depth, 1);
+  channel_.reset(ibv_create_comp_channel(shared_->ctx));
+  if (!channel_) return ErrnoError("ibv_create_comp_channel on " + shared_->dev_name, errno);
+  RDMAPS_RETURN_IF_ERROR(SetNonBlocking(channel_->fd, "completion channel"));
+  cq_.reset(ibv_create_cq(shared_->ctx, static_cast<int>(depth) + 1, nullptr,
+                          channel_.get(), 0));
+  if (!cq_) {
+    return ErrnoError("ibv_create_cq(" + std::to_string(depth + 1) + ") on " +
+                          shared_->dev_name + " (lower max_outstanding?)",
+                      errno);
+  }
+  int err = 0;
+  for (std::uint32_t want : kWantInline) {
+    ibv_qp_init_attr attr{};
+    attr.send_cq = cq_.get();
+    attr.recv_cq = shared_->recv_cq.get();
+    attr.srq = shared_->srq.get();
+    attr.qp_type = IBV_QPT_RC;
+    attr.sq_sig_all = 0;
+    attr.cap.max_send_wr = static_cast<std::uint32_t>(depth);
+    attr.cap.max_send_sge = 1;
+    attr.cap.max_recv_wr = 1;
+    attr.cap.max_recv_sge = 1;
+    attr.cap.max_inline_data = want;
+    if (rdma_create_qp(id_.get(), shared_->pd.get(), &attr) == 0) {
+      max_inline_ = attr.cap.max_inline_data;
+      err = 0;
+      break;
+    }
+    err = errno;
+  }
+  if (err != 0) {
+    return ErrnoError("rdma_create_qp (RC, " + std::to_string(depth) + " send WRs) on " +
+                          shared_->dev_name + "; lower EndpointOptions::max_outstanding",
+                      err);
+  }
+  qp_num_ = id_->qp->qp_num;
+  max_outstanding_ = depth;
+  signal_every_ = static_cast<std::uint32_t>(std::clamp<std::size_t>(depth / 2, 1, 16));
+  return Status::OK();
+}
+
+void VerbsConnection::Register() {
+  std::lock_guard<std::mutex> lock(shared_->mu);
+  shared_->by_qp[qp_num_] = this;
+  shared_->by_id[id_.get()] = this;
+  registered_ = true;
+}
+
+Status VerbsConnection::health() const {
+  std::lock_guard<std::mutex> lock(health_mu_);
+  return health_;
+}
+
+void VerbsConnection::SetHealth(Status s) {
+  std::lock_guard<std::mutex> lock(health_mu_);
+  if (health_.ok() && !s.ok()) {
+    health_ = std::move(s);
+    broken_.store(true, std::memory_order_release);
+  }
+}
+
+void VerbsConnection::MoveQpToError() {
+  if (!id_ || id_->qp == nullptr) return;
+  ibv_qp_attr attr{};
+  attr.qp_state = IBV_QPS_ERR;
+  ibv_modify_qp(id_->qp, &attr, IBV_QP_STATE);
+}
+
+bool VerbsConnection::OnConnectionLost_locked(Status why) {
+  SetHealth(std::move(why));
+  if (id_) rdma_disconnect(id_.get());  // QP -> error (flush) and DREP
+  return !closed_.load(std::memory_order_acquire);
+}
+
+void VerbsConnection::Close() {
+  if (closed_.exchange(true)) return;
+  SetHealth(CancelledError("connection to " + peer_.address + " was closed locally"));
+  if (!id_) return;
+  rdma_disconnect(id_.get());
+  MoveQpToError();
+  // Let the flushed WRs report, so nothing is still DMAing into caller
+  // buffers after Close; whatever has not reported by then is Cancelled.
+  const auto deadline = SteadyClock::now() + kCloseDrain;
+  while (!pending_.empty() && SteadyClock::now() < deadline) {
+    if (DrainCq() == 0) std::this_thread::yield();
+  }
+  while (!pending_.empty()) {
+    const PendingOp& p = pending_.front();
+    ready_.push_back({p.context, p.type,
+                      CancelledError(std::string(OpTypeName(p.type)) +
+                                     " cancelled: connection closed")});
+    pending_.pop_front();
+  }
+}
+
+// --- Endpoint -----------------------------------------------------------
+
+namespace {
+
+class VerbsEndpoint final : public Endpoint {
+ public:
+  explicit VerbsEndpoint(EndpointOptions options) : Endpoint(std::move(options)) {}
+  ~VerbsEndpoint() override;
+
+  Status Init();
+
+  std::string_view kind() const override { return "verbs"; }
+  Result<std::unique_ptr<MemoryRegion>> Register(void* addr, std::size_t length,
+                                                 std::uint32_t access) override;
+  Result<std::string> Listen(std::string_view address) override;
+  Result<std::unique_ptr<Connection>> Connect(std::string_view address,
+                                              const ConnectOptions& options,
+                                              Deadline deadline) override;
+  Result<std::unique_ptr<Connection>> Accept(Deadline deadline) override;
+  Result<std::size_t> WaitNotifications(std::span<Notification> out,
+                                        Deadline deadline) override;
+  void Interrupt() override;
+
+ private:
+  Status OpenDevice();
+  Status PostReceives(int n);
+  void ProgressLoop();
+  void HandleCmEvent(CmEvent& ev);
+  void HandleConnectRequest(CmEvent& ev);
+  void HandleRecvCq();
+  void HandleAsyncEvent();
+  void Reject(rdma_cm_id* id, RejectReason reason);
+
+  // Constant after Init. shared_ is declared first so it dies last.
+  std::shared_ptr<Shared> shared_;
+  FdCloser wake_fd_;
+  CmIdPtr listen_id_;  // set once by Listen, before the progress thread sees it
+  std::thread progress_;
+
+  // Progress thread only: accepted ids waiting for ESTABLISHED.
+  std::map<rdma_cm_id*, std::unique_ptr<VerbsConnection>> pending_accept_;
+};
+
+VerbsEndpoint::~VerbsEndpoint() {
+  if (progress_.joinable()) {
+    {
+      std::lock_guard<std::mutex> lock(shared_->mu);
+      shared_->stopping = true;
+    }
+    std::uint64_t one = 1;
+    [[maybe_unused]] ssize_t w = ::write(wake_fd_.fd, &one, sizeof one);
+    progress_.join();
+  }
+  pending_accept_.clear();
+  std::deque<std::unique_ptr<VerbsConnection>> accepted;
+  if (shared_) {
+    std::lock_guard<std::mutex> lock(shared_->mu);
+    accepted.swap(shared_->accepted);
+  }
+  accepted.clear();
+  listen_id_.reset();
+}
+
+Status VerbsEndpoint::OpenDevice() {
+  auto sh = std::make_shared<Shared>();
+  sh->options = options();
+  sh->port = options().ib_port;
+  sh->channel.reset(rdma_create_event_channel());
+  if (!sh->channel) {
+    int e = errno;
+    return UnavailableError(
+        std::string("rdma_create_event_channel failed: ") + std::strerror(e) +
+        " - /dev/infiniband/rdma_cm is missing or not accessible; load rdma_ucm "
+        "(`modprobe rdma_ucm`), check its permissions, or use --transport=tcp "
+        "(`rdmaps-doctor` explains)");
+  }
+  RDMAPS_RETURN_IF_ERROR(SetNonBlocking(sh->channel->fd, "rdma_cm event channel"));
+  int num = 0;
+  sh->devices.reset(rdma_get_devices(&num));
+  if (!sh->devices || num == 0) {
+    return UnavailableError(
+        "no RDMA device found: load your HCA's driver, or set up Soft-RoCE with "
+        "`modprobe rdma_rxe && rdma link add rxe0 type rxe netdev IFACE`, or use "
+        "--transport=tcp (run `rdmaps-doctor` for a full check)");
+  }
+  std::string seen;
+  std::string why_not;
+  for (int i = 0; i < num; ++i) {
+    ibv_context* ctx = sh->devices.get()[i];
+    std::string name = ibv_get_device_name(ctx->device);
+    seen += (seen.empty() ? "" : ", ") + name;
+    if (!options().ib_dev.empty() && name != options().ib_dev) continue;
+    ibv_port_attr pa{};
+    if (ibv_query_port(ctx, static_cast<std::uint8_t>(sh->port), &pa) != 0) {
+      why_not += " " + name + ": has no port " + std::to_string(sh->port) + ";";
+      continue;
+    }
+    if (pa.state != IBV_PORT_ACTIVE) {
+      why_not += " " + name + " port " + std::to_string(sh->port) + " is " +
+                 PortStateName(pa.state) + ";";
+      continue;
+    }
+    sh->ctx = ctx;
+    sh->dev_name = name;
+    if (pa.link_layer == IBV_LINK_LAYER_ETHERNET || options().gid_index >= 0) {
+      int gid_index = std::max(options().gid_index, 0);
+      ibv_gid gid{};
+      bool usable = false;
+      for (int g = gid_index; g < (options().gid_index >= 0 ? gid_index + 1 : pa.gid_tbl_len);
+           ++g) {
+        if (ibv_query_gid(ctx, static_cast<std::uint8_t>(sh->port), g, &gid) == 0 &&
+            (gid.global.subnet_prefix != 0 || gid.global.interface_id != 0)) {
+          usable = true;
+          break;
+        }
+      }
+      if (!usable) {
+        return FailedPreconditionError(
+            "no usable GID on " + name + " port " + std::to_string(sh->port) +
+            (options().gid_index >= 0 ? " at index " + std::to_string(options().gid_index)
+                                      : std::string()) +
+            ": RoCE needs an IP address on the device's netdev (`ip addr add ... dev "
+            "IFACE`); list GIDs with `ibv_devinfo -v` and set gid_index=-1 to let "
+            "rdma_cm choose");
+      }
+    }
+    break;
+  }
+  if (sh->ctx == nullptr) {
+    if (!options().ib_dev.empty() && seen.find(options().ib_dev) == std::string::npos) {
+      return NotFoundError("RDMA device '" + options().ib_dev + "' not found (devices: " +
+                           seen + "); pick one of them with --ib-dev");
+    }
+    return UnavailableError(
+        "no RDMA device with an ACTIVE port:" + why_not +
+        " bring the link up (`ip link set IFACE up` for RoCE/rxe; a running subnet "
+        "manager for InfiniBand), choose another --ib-port/--ib-dev, or use "
+        "--transport=tcp");
+  }
+  if (ibv_query_device(sh->ctx, &sh->dev_attr) != 0) {
+    return ErrnoError("ibv_query_device on " + sh->dev_name, errno);
+  }
+  sh->pd.reset(ibv_alloc_pd(sh->ctx));
+  if (!sh->pd) return ErrnoError("ibv_alloc_pd on " + sh->dev_name, errno);
+  sh->recv_channel.reset(ibv_create_comp_channel(sh->ctx));
+  if (!sh->recv_channel) return ErrnoError("ibv_create_comp_channel", errno);
+  RDMAPS_RETURN_IF_ERROR(SetNonBlocking(sh->recv_channel->fd, "notification channel"));
+  sh->srq_depth = std::min(kSrqDepth, std::max(sh->dev_attr.max_srq_wr - 1, 1));
+  sh->recv_cq.reset(ibv_create_cq(sh->ctx, sh->srq_depth * 2, nullptr,
+                                  sh->recv_channel.get(), 0));
+  if (!sh->recv_cq) return ErrnoError("ibv_create_cq for notifications", errno);
+  if (ibv_req_notify_cq(sh->recv_cq.get(), 0) != 0) {
+    return IOErrorError("ibv_req_notify_cq on the notification CQ failed");
+  }
+  ibv_srq_init_attr sa{};
+  sa.attr.max_wr = static_cast<std::uint32_t>(sh->srq_depth);
+  sa.attr.max_sge = 1;
+  sh->srq.reset(ibv_create_srq(sh->pd.get(), &sa));
+  if (!sh->srq) return ErrnoError("ibv_create_srq on " + sh->dev_name, errno);
+  RDMAPS_RETURN_IF_ERROR(SetNonBlocking(sh->ctx->async_fd, "async event"));
+  shared_ = std::move(sh);
+  return PostReceives(shared_->srq_depth);
+}
+
+Status VerbsEndpoint::PostReceives(int n) {
+  // Zero-length receives: a WRITE_WITH_IMM consumes one and puts its data
+  // where the initiator said; the receive only carries the immediate.
+  constexpr int kChunk = 64;
+  ibv_recv_wr wrs[kChunk];
+  while (n > 0) {
+    int k = std::min(n, kChunk);
+    for (int i = 0; i < k; ++i) {
+      wrs[i] = ibv_recv_wr{};
+      wrs[i].next = (i + 1 < k) ? &wrs[i + 1] : nullptr;
+    }
+    ibv_recv_wr* bad = nullptr;
+    if (int rc = ibv_post_srq_recv(shared_->srq.get(), wrs, &bad); rc != 0) {
+      return ErrnoError("ibv_post_srq_recv", rc);
+    }
+    n -= k;
+  }
+  return Status::OK();
+}
+
+Status VerbsEndpoint::Init() {
+  RDMAPS_RETURN_IF_ERROR(OpenDevice());
+  int fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (fd < 0) return ErrnoError("eventfd", errno);
+  wake_fd_.fd = fd;
+  progress_ = std::thread([this] { ProgressLoop(); });
+  return Status::OK();
+}
+
+Result<std::unique_ptr<MemoryRegion>> VerbsEndpoint::Register(void* addr,
+                                                              std::size_t length,
+                                                              std::uint32_t access) {
+  if (access & ~static_cast<std::uint32_t>(kRemoteAll)) {
+    return InvalidArgumentError("unknown access bits in Register");
+  }
+  auto* data = static_cast<std::byte*>(addr);
+  if (length == 0) {
+    // Zero-length ops carry no SGE and are not checked against an rkey.
+    return std::unique_ptr<MemoryRegion>(
+        new VerbsMemoryRegion(shared_, nullptr, data, 0, access, 0, 0));
+  }
+  if (addr == nullptr) return InvalidArgumentError("Register of a null address");
+  int flags = IBV_ACCESS_LOCAL_WRITE;
+  if (access & kRemoteRead) flags |= IBV_ACCESS_REMOTE_READ;
+  if (access & kRemoteWrite) flags |= IBV_ACCESS_REMOTE_WRITE;
+  if (access & kRemoteAtomic) flags |= IBV_ACCESS_REMOTE_ATOMIC;
+  MrPtr mr(ibv_reg_mr(shared_->pd.get(), addr, length, flags));
+  if (!mr) {
+    int e = errno;
+    rlimit rl{};
+    getrlimit(RLIMIT_MEMLOCK, &rl);
+    std::string what = "ibv_reg_mr(" + std::to_string(length) + " bytes) on " +
+                       shared_->dev_name + " failed: " + std::strerror(e);
+    if ((e == ENOMEM || e == EPERM || e == EAGAIN) && rl.rlim_cur != RLIM_INFINITY) {
+      return ResourceExhaustedError(
+          what + " - the memlock limit is " + FormatLimit(rl.rlim_cur) +
+          "; raise it with `ulimit -l unlimited` (shell), LimitMEMLOCK=infinity "
+          "(systemd), `--ulimit memlock=-1` plus IPC_LOCK (docker), or a memlock "
+          "line in /etc/security/limits.conf");
+    }
+    return ResourceExhaustedError(what + " - the device or the kernel refused the "
+                                         "registration; check `dmesg`");
+  }
+  const std::uint32_t lkey = mr->lkey;
+  const std::uint32_t rkey = mr->rkey;
+  return std::unique_ptr<MemoryRegion>(
+      new VerbsMemoryRegion(shared_, std::move(mr), data, length, access, lkey, rkey));
+}
+
+Result<std::string> VerbsEndpoint::Listen(std::string_view address) {
+  if (listen_id_) return FailedPreconditionError("Listen called twice on one endpoint");
+  std::string host, port;
+  RDMAPS_RETURN_IF_ERROR(SplitHostPort(address, &host, &port));
+  RDMAPS_ASSIGN_OR_RETURN(auto ai, Resolve(host, port, /*passive=*/true));
+  rdma_cm_id* raw = nullptr;
+  if (rdma_create_id(shared_->channel.get(), &raw, nullptr, RDMA_PS_TCP) != 0) {
+    return ErrnoError("rdma_create_id for listening", errno);
+  }
+  CmIdPtr id(raw);
+  if (rdma_bind_addr(id.get(), ai->ai_addr) != 0) {
+    int e = errno;
+    return UnavailableError("rdma_bind_addr(" + std::string(address) + ") failed: " +
+                            std::strerror(e) +
+                            (e == EADDRINUSE ? "; the port is taken, use port 0"
+                                             : "; the address must be an IP of an "
+                                               "RDMA device's netdev (`rdma link`)"));
+  }
+  if (id->verbs != nullptr && id->verbs != shared_->ctx) {
+    return FailedPreconditionError(
+        "listen address " + std::string(address) + " belongs to RDMA device " +
+        ibv_get_device_name(id->verbs->device) + ", but this endpoint uses " +
+        shared_->dev_name + "; set EndpointOptions::ib_dev (--ib-dev) to match");
+  }
+  if (id->verbs == nullptr && !host.empty() && host != "0.0.0.0" && host != "::") {
+    return FailedPreconditionError("listen address " + std::string(address) +
+                                   " is not on an RDMA device; use the IP of the "
+                                   "device's netdev (see `rdma link`)");
+  }
+  if (rdma_listen(id.get(), kListenBacklog) != 0) {
+    return ErrnoError("rdma_listen on " + std::string(address), errno);
+  }
+  std::uint16_t bound = ntohs(rdma_get_src_port(id.get()));
+  listen_id_ = std::move(id);
+  if (host.find(':') != std::string::npos) host = "[" + host + "]";
+  return host + ":" + std::to_string(bound);
+}
+
+Result<std::unique_ptr<Connection>> VerbsEndpoint::Connect(std::string_view address,
+                                                           const ConnectOptions& copts,
+                                                           Deadline deadline) {
+  if (copts.user_data.size() > kMaxHandshakeUserData) {
+    return InvalidArgumentError("ConnectOptions::user_data holds " +
+                                std::to_string(copts.user_data.size()) + " bytes; at most " +
+                                std::to_string(kMaxHandshakeUserData) + " fit");
+  }
+  std::string host, port;
+  RDMAPS_RETURN_IF_ERROR(SplitHostPort(address, &host, &port));
+  RDMAPS_ASSIGN_OR_RETURN(auto ai, Resolve(host, port, /*passive=*/false));
+  const std::string where(address);
+
+  // A private channel: this thread waits for its own id's events; the id
+  // moves to the endpoint's channel once established.
+  EventChannelPtr ch(rdma_create_event_channel());
+  if (!ch) return ErrnoError("rdma_create_event_channel", errno);
+  RDMAPS_RETURN_IF_ERROR(SetNonBlocking(ch->fd, "rdma_cm event channel"));
+  rdma_cm_id* raw = nullptr;
+  if (rdma_create_id(ch.get(), &raw, nullptr, RDMA_PS_TCP) != 0) {
+    return ErrnoError("rdma_create_id", errno);
+  }
+  CmIdPtr id(raw);
+
+  if (rdma_resolve_addr(id.get(), nullptr, ai->ai_addr, ClampMs(deadline, 5000)) != 0) {
+    return ErrnoError("rdma_resolve_addr(" + where + ")", errno);
+  }
+  RDMAPS_ASSIGN_OR_RETURN(CmEvent ev, WaitCmEvent(ch.get(), deadline, "resolving " + where));
+  if (ev.type != RDMA_CM_EVENT_ADDR_RESOLVED) {
+    return UnavailableError(
+        "cannot reach " + where + " over RDMA: " + rdma_event_str(ev.type) + " (status " +
+        std::to_string(ev.status) +
+        ") - no RDMA device has a route to that IP; check the address is on an "
+        "RDMA-capable interface of the peer and routable from ours (`rdma link`, "
+        "`ip route`), run `rdmaps-doctor --peer " + where + "`, or use --transport=tcp");
+  }
+  if (id->verbs != shared_->ctx) {
+    return FailedPreconditionError(
+        where + " is reached through RDMA device " +
+        (id->verbs ? ibv_get_device_name(id->verbs->device) : "?") +
+        ", but this endpoint uses " + shared_->dev_name +
+        "; set EndpointOptions::ib_dev (--ib-dev) to match");
+  }
+  if (rdma_resolve_route(id.get(), ClampMs(deadline, 5000)) != 0) {
+    return ErrnoError("rdma_resolve_route(" + where + ")", errno);
+  }
+  RDMAPS_ASSIGN_OR_RETURN(ev, WaitCmEvent(ch.get(), deadline, "resolving the route to " + where));
+  if (ev.type != RDMA_CM_EVENT_ROUTE_RESOLVED) {
+    return UnavailableError("no RDMA route to " + where + ": " + rdma_event_str(ev.type) +
+                            " (status " + std::to_string(ev.status) +
+                            "); check GIDs and routing (`rdmaps-doctor --peer " + where +
+                            "`)");
+  }
+
+  PeerInfo peer;
+  peer.address = where;
+  auto conn = std::make_unique<VerbsConnection>(shared_, std::move(peer));
+  rdma_cm_id* idp = id.get();
+  RDMAPS_RETURN_IF_ERROR(conn->Init(std::move(id)));
+
+  ConnectWire req{};
+  req.magic = htobe32(kConnectMagic);
+  req.version = htobe16(kProtocolVersion);
+  req.user_len = static_cast<std::uint8_t>(copts.user_data.size());
+  req.peer_id = htobe32(options().peer_id);
+  req.token_hash = htobe64(TokenHash(options().job_token));
+  std::copy(copts.user_data.begin(), copts.user_data.end(), req.user_data);
+  rdma_conn_param param{};
+  param.private_data = &req;
+  param.private_data_len = sizeof req;
+  param.initiator_depth = static_cast<std::uint8_t>(
+      std::min(shared_->dev_attr.max_qp_init_rd_atom, 255));
+  param.responder_resources =
+      static_cast<std::uint8_t>(std::min(shared_->dev_attr.max_qp_rd_atom, 255));
+  param.retry_count = 7;
+  param.rnr_retry_count = 7;  // infinite: notification receives are reposted
+  if (rdma_connect(idp, &param) != 0) {
+    return ErrnoError("rdma_connect(" + where + ")", errno);
+  }
+  RDMAPS_ASSIGN_OR_RETURN(ev, WaitCmEvent(ch.get(), deadline, "connecting to " + where));
+  if (ev.type == RDMA_CM_EVENT_REJECTED) {
+    RejectWire rej{};
+    if (ev.private_data.size() >= sizeof rej) {
+      std::memcpy(&rej, ev.private_data.data(), sizeof rej);
+    }
+    if (be32toh(rej.magic) == kRejectMagic) {
+      switch (rej.reason) {
+        case kRejectBadToken:
+          return PermissionDeniedError(
+              "peer " + where + " rejected the connection: job token mismatch; start "
+              "every process of the job with the same job token");
+        case kRejectBadVersion:
+          return FailedPreconditionError(
+              "peer " + where + " rejected the connection: it speaks protocol version " +
+              std::to_string(be16toh(rej.version)) + ", we speak " +
+              std::to_string(kProtocolVersion) + "; run the same rdmaps version everywhere");
+        case kRejectNoResources:
+          return ResourceExhaustedError("peer " + where +
+                                        " could not create a queue pair for us; see its log");
+        default:
+          return InvalidArgumentError("peer " + where + " rejected our handshake as malformed");
+      }
+    }
+    return UnavailableError("nobody listens on " + where + " (RDMA_CM_EVENT_REJECTED, status " +
+                            std::to_string(ev.status) +
+                            "); start the server first or check the port");
+  }
+  if (ev.type != RDMA_CM_EVENT_ESTABLISHED) {
+    return UnavailableError("connecting to " + where + " failed: " + rdma_event_str(ev.type) +
+                            " (status " + std::to_string(ev.status) +
+                            "); check that the peer is up and reachable (`rdmaps-doctor "
+                            "--peer " + where + "`)");
+  }
+  AcceptWire rep{};
+  if (ev.private_data.size() >= sizeof rep) std::memcpy(&rep, ev.private_data.data(), sizeof rep);
+  if (be32toh(rep.magic) != kAcceptMagic) {
+    return FailedPreconditionError("peer " + where + " accepted without an rdmaps handshake; "
+                                   "is it an rdmaps endpoint?");
+  }
+  conn->set_peer_id(be32toh(rep.peer_id));
+  if (rdma_migrate_id(idp, shared_->channel.get()) != 0) {
+    return ErrnoError("rdma_migrate_id", errno);
+  }
+  conn->Register();
+  return std::unique_ptr<Connection>(std::move(conn));
+}
+
+Result<std::unique_ptr<Connection>> VerbsEndpoint::Accept(Deadline deadline) {
+  std::unique_lock<std::mutex> lock(shared_->mu);
+  const std::uint64_t gen = shared_->interrupts;
+  bool woke = shared_->cv.wait_until(lock, deadline, [&] {
+    return !shared_->accepted.empty() || shared_->interrupts != gen;
+  });
+  if (!shared_->accepted.empty()) {
+    std::unique_ptr<VerbsConnection> c = std::move(shared_->accepted.front());
+    shared_->accepted.pop_front();
+    return std::unique_ptr<Connection>(std::move(c));
+  }
+  if (woke) return CancelledError("Accept interrupted by Endpoint::Interrupt");
+  return TimedOutError("no peer connected by the deadline");
+}
+
+Result<std::size_t> VerbsEndpoint::WaitNotifications(std::span<Notification> out,
+                                                     Deadline deadline) {
+  std::unique_lock<std::mutex> lock(shared_->mu);
+  const std::uint64_t gen = shared_->interrupts;
+  shared_->cv.wait_until(lock, deadline, [&] {
+    return !shared_->notifications.empty() || shared_->interrupts != gen;
+  });
+  std::size_t n = std::min(out.size(), shared_->notifications.size());
+  for (std::size_t i = 0; i < n; ++i) {
+    out[i] = shared_->notifications.front();
+    shared_->notifications.pop_front();
+  }
+  return n;
+}
+
+void VerbsEndpoint::Interrupt() {
+  std::lock_guard<std::mutex> lock(shared_->mu);
+  ++shared_->interrupts;
+  shared_->cv.notify_all();
+}
+
+void VerbsEndpoint::ProgressLoop() {
+  while (true) {
+    {
+      std::lock_guard<std::mutex> lock(shared_->mu);
+      if (shared_->stopping) return;
+    }
+    pollfd fds[4] = {{wake_fd_.fd, POLLIN, 0},
+                     {shared_->channel->fd, POLLIN, 0},
+                     {shared_->recv_channel->fd, POLLIN, 0},
+                     {shared_->ctx->async_fd, POLLIN, 0}};
+    int rc = ::poll(fds, 4, 1000);
+    if (rc < 0) {
+      if (errno == EINTR) continue;
+      LOG(ERROR) << "verbs progress thread: poll failed: " << std::strerror(errno);
+      return;
+    }
+    if (fds[0].revents) {
+      std::uint64_t v;
+      [[maybe_unused]] ssize_t r = ::read(wake_fd_.fd, &v, sizeof v);
+    }
+    if (fds[1].revents) {
+      CmEvent ev;
+      while (GetCmEvent(shared_->channel.get(), &ev)) HandleCmEvent(ev);
+    }
+    if (fds[2].revents) HandleRecvCq();
+    if (fds[3].revents) HandleAsyncEvent();
+  }
+}
+
+void VerbsEndpoint::Reject(rdma_cm_id* id, RejectReason reason) {
+  RejectWire rej{};
+  rej.magic = htobe32(kRejectMagic);
+  rej.version = htobe16(kProtocolVersion);
+  rej.reason = reason;
+  rdma_reject(id, &rej, sizeof rej);
+}
+
+void VerbsEndpoint::HandleConnectRequest(CmEvent& ev) {
+  CmIdPtr id(ev.id);  // ours now: destroyed unless the connection takes it
+  ConnectWire req{};
+  if (ev.private_data.size() < sizeof req) {
+    Reject(id.get(), kRejectMalformed);
+    return;
+  }
+  std::memcpy(&req, ev.private_data.data(), sizeof req);
+  if (be32toh(req.magic) != kConnectMagic || req.user_len > kMaxHandshakeUserData) {
+    Reject(id.get(), kRejectMalformed);
+    return;
+  }
+  if (be16toh(req.version) != kProtocolVersion) {
+    LOG(WARNING) << "verbs: rejected a peer with protocol version " << be16toh(req.version);
+    Reject(id.get(), kRejectBadVersion);
+    return;
+  }
+  if (be64toh(req.token_hash) != TokenHash(options().job_token)) {
+    LOG(WARNING) << "verbs: rejected peer " << be32toh(req.peer_id)
+                 << " from " << SockaddrToString(rdma_get_peer_addr(id.get()))
+                 << ": job token mismatch";
+    Reject(id.get(), kRejectBadToken);
+    return;
+  }
+  if (id->verbs != shared_->ctx) {
+    LOG(WARNING) << "verbs: connect request arrived on another device than " << shared_->dev_name;
+    Reject(id.get(), kRejectNoResources);
+    return;
+  }
+  PeerInfo peer;
+  peer.peer_id = be32toh(req.peer_id);
+  peer.address = SockaddrToString(rdma_get_peer_addr(id.get()));
+  peer.user_data.assign(req.user_data, req.user_data + req.user_len);
+  auto conn = std::make_unique<VerbsConnection>(shared_, std::move(peer));
+  rdma_cm_id* idp = id.get();
+  if (Status s = conn->Init(std::move(id)); !s.ok()) {
+    LOG(WARNING) << "verbs: cannot accept peer " << be32toh(req.peer_id) << ": " << s;
+    Reject(idp, kRejectNoResources);
+    return;  // conn's destructor destroys the id
+  }
+  AcceptWire rep{};
+  rep.magic = htobe32(kAcceptMagic);
+  rep.version = htobe16(kProtocolVersion);
+  rep.peer_id = htobe32(options().peer_id);
+  rdma_conn_param param{};
+  param.private_data = &rep;
+  param.private_data_len = sizeof rep;
+  param.responder_resources = static_cast<std::uint8_t>(
+      std::min<int>({shared_->dev_attr.max_qp_rd_atom, ev.initiator_depth, 255}));
+  param.initiator_depth = static_cast<std::uint8_t>(
+      std::min<int>({shared_->dev_attr.max_qp_init_rd_atom, ev.responder_resources, 255}));
+  param.retry_count = 7;
+  param.rnr_retry_count = 7;
+  if (rdma_accept(idp, &param) != 0) {
+    LOG(WARNING) << "verbs: rdma_accept failed: " << std::strerror(errno);
+    return;
+  }
+  pending_accept_[idp] = std::move(conn);
+}
+
+void VerbsEndpoint::HandleCmEvent(CmEvent& ev) {
+  switch (ev.type) {
+    case RDMA_CM_EVENT_CONNECT_REQUEST:
+      HandleConnectRequest(ev);
+      return;
+    case RDMA_CM_EVENT_ESTABLISHED: {
+      auto it = pending_accept_.find(ev.id);
+      if (it == pending_accept_.end()) return;
+      std::unique_ptr<VerbsConnection> conn = std::move(it->second);
+      pending_accept_.erase(it);
+      conn->Register();
+      std::lock_guard<std::mutex> lock(shared_->mu);
+      shared_->accepted.push_back(std::move(conn));
+      shared_->cv.notify_all();
+      return;
+    }
+    case RDMA_CM_EVENT_REJECTED:
+    case RDMA_CM_EVENT_CONNECT_ERROR:
+    case RDMA_CM_EVENT_UNREACHABLE:
+    case RDMA_CM_EVENT_DISCONNECTED: {
+      if (pending_accept_.erase(ev.id) > 0) return;  // never established
+      std::lock_guard<std::mutex> lock(shared_->mu);
+      auto it = shared_->by_id.find(ev.id);
+      if (it == shared_->by_id.end()) return;  // already destroyed by its owner
+      VerbsConnection* conn = it->second;
+      std::string why = ev.type == RDMA_CM_EVENT_DISCONNECTED
+                            ? "peer " + conn->peer().address + " disconnected"
+                            : std::string("connection to ") + conn->peer().address +
+                                  " failed: " + rdma_event_str(ev.type);
+      if (conn->OnConnectionLost_locked(UnavailableError(why + "; reconnect when it is back"))) {
+        Notification n;
+        n.kind = Notification::Kind::kDisconnected;
+        n.peer_id = conn->peer().peer_id;
+        shared_->notifications.push_back(n);
+        shared_->cv.notify_all();
+      }
+      return;
+    }
+    case RDMA_CM_EVENT_DEVICE_REMOVAL: {
+      LOG(ERROR) << "verbs: RDMA device " << shared_->dev_name << " was removed";
+      std::lock_guard<std::mutex> lock(shared_->mu);
+      for (auto& [qp, conn] : shared_->by_qp) {
+        conn->OnConnectionLost_locked(UnavailableError(
+            "RDMA device " + shared_->dev_name + " was removed; restart on another device"));
+      }
+      return;
+    }
+    default:
+      return;  // TIMEWAIT_EXIT, ADDR_CHANGE, ...
+  }
+}
+
+void VerbsEndpoint::HandleRecvCq() {
+  ibv_cq* cq = nullptr;
+  void* ctx = nullptr;
+  while (ibv_get_cq_event(shared_->recv_channel.get(), &cq, &ctx) == 0) {
+    ibv_ack_cq_events(cq, 1);
+  }
+  ibv_req_notify_cq(shared_->recv_cq.get(), 0);
+  ibv_wc wcs[32];
+  int consumed = 0;
+  while (true) {
+    int got = ibv_poll_cq(shared_->recv_cq.get(), 32, wcs);
+    if (got <= 0) break;
+    std::lock_guard<std::mutex> lock(shared_->mu);
+    for (int i = 0; i < got; ++i) {
+      const ibv_wc& wc = wcs[i];
+      ++consumed;
+      if (wc.status != IBV_WC_SUCCESS) {
+        if (wc.status != IBV_WC_WR_FLUSH_ERR) {
+          LOG(WARNING) << "verbs: notification receive failed: "
+                       << ibv_wc_status_str(wc.status);
+        }
+        continue;
+      }
+      if (wc.opcode != IBV_WC_RECV_RDMA_WITH_IMM) continue;
+      Notification n;
+      n.kind = Notification::Kind::kImmediate;
+      auto it = shared_->by_qp.find(wc.qp_num);
+      n.peer_id = it != shared_->by_qp.end() ? it->second->peer().peer_id : 0;
+      n.imm = be32toh(wc.imm_data);
+      n.length = wc.byte_len;
+      shared_->notifications.push_back(n);
+    }
+    shared_->cv.notify_all();
+  }
+  if (consumed > 0) {
+    if (Status s = PostReceives(consumed); !s.ok()) {
+      LOG(ERROR) << "verbs: reposting notification receives failed: " << s;
+    }
+  }
+}
+
+void VerbsEndpoint::HandleAsyncEvent() {
+  ibv_async_event ev{};
+  while (ibv_get_async_event(shared_->ctx, &ev) == 0) {
+    const char* name = ibv_event_type_str(ev.event_type);
+    switch (ev.event_type) {
+      case IBV_EVENT_QP_FATAL:
+      case IBV_EVENT_QP_REQ_ERR:
+      case IBV_EVENT_QP_ACCESS_ERR: {
+        std::uint32_t qpn = ev.element.qp->qp_num;
+        std::lock_guard<std::mutex> lock(shared_->mu);
+        auto it = shared_->by_qp.find(qpn);
+        if (it != shared_->by_qp.end()) {
+          LOG(WARNING) << "verbs: async event " << name << " on the queue pair to "
+                       << it->second->peer().address;
+          it->second->OnConnectionLost_locked(UnavailableError(
+              std::string("queue pair failed (") + name +
+              ": a peer's op was invalid or the transport broke); reconnect"));
+        }
+        break;
+      }
+      case IBV_EVENT_PORT_ERR:
+        LOG(ERROR) << "verbs: port " << ev.element.port_num << " of " << shared_->dev_name
+                   << " went down (IBV_EVENT_PORT_ERR): connections will fail with retry "
+                      "errors; check the link";
+        break;
+      case IBV_EVENT_DEVICE_FATAL: {
+        LOG(ERROR) << "verbs: device " << shared_->dev_name << " reported a fatal error";
+        std::lock_guard<std::mutex> lock(shared_->mu);
+        for (auto& [qp, conn] : shared_->by_qp) {
+          conn->OnConnectionLost_locked(
+              UnavailableError("RDMA device " + shared_->dev_name + " failed fatally"));
+        }
+        break;
+      }
+      default:
+        VLOG(1) << "verbs: async event " << name;
+        break;
+    }
+    ibv_ack_async_event(&ev);
+  }
+}
+
+}  // namespace
+}  // namespace internal
+
+Result<std::unique_ptr<Endpoint>> CreateEndpoint(const EndpointOptions& options) {
+  auto ep = std::make_unique<internal::VerbsEndpoint>(options);
+  RDMAPS_RETURN_IF_ERROR(ep->Init());
+  return std::unique_ptr<Endpoint>(std::move(ep));
 }
 
 bool DeviceUsable(std::string* why) {
-  if (why) *why = "verbs backend: not implemented yet";
-  return false;
+  int num = 0;
+  ibv_device** list = ibv_get_device_list(&num);
+  if (list == nullptr || num == 0) {
+    if (list) ibv_free_device_list(list);
+    if (why) {
+      *why = "no RDMA device found (load an HCA driver or set up Soft-RoCE: "
+             "`rdma link add rxe0 type rxe netdev IFACE`)";
+    }
+    return false;
+  }
+  std::string states;
+  bool usable = false;
+  for (int i = 0; i < num && !usable; ++i) {
+    ibv_context* ctx = ibv_open_device(list[i]);
+    if (ctx == nullptr) {
+      states += std::string(" ") + ibv_get_device_name(list[i]) + ": cannot open (" +
+                std::strerror(errno) + ");";
+      continue;
+    }
+    ibv_device_attr da{};
+    if (ibv_query_device(ctx, &da) == 0) {
+      for (int p = 1; p <= da.phys_port_cnt; ++p) {
+        ibv_port_attr pa{};
+        if (ibv_query_port(ctx, static_cast<std::uint8_t>(p), &pa) != 0) continue;
+        if (pa.state == IBV_PORT_ACTIVE) {
+          usable = true;
+          break;
+        }
+        states += std::string(" ") + ibv_get_device_name(list[i]) + " port " +
+                  std::to_string(p) + " is " + ibv_port_state_str(pa.state) + ";";
+      }
+    }
+    ibv_close_device(ctx);
+  }
+  ibv_free_device_list(list);
+  if (usable && access("/dev/infiniband/rdma_cm", R_OK | W_OK) != 0) {
+    if (why) *why = "/dev/infiniband/rdma_cm is missing or not accessible (modprobe rdma_ucm)";
+    return false;
+  }
+  if (!usable && why) *why = "no RDMA port is ACTIVE:" + states;
+  return usable;
 }
 
 }  // namespace rdmaps::transport::verbs
