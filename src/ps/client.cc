@@ -1,16 +1,1147 @@
+// The worker side. One Connection per server, owned under mu_; every call
+// builds its one-sided ops, posts them per server (servers are served in
+// parallel) and drains the completions. Protocol: src/ps/layout.h.
 #include "rdmaps/client.h"
+
+#include <glog/logging.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+
+#include "src/ps/common.h"
+#include "src/ps/layout.h"
+#include "src/ps/memory.h"
+#include "src/ps/test_hooks.h"
+#include "transport/transport.h"
 
 namespace rdmaps {
 
-struct Handle::State {};
+struct Handle::State {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  Status status;
+  Callback callback;
+};
 
-Status Handle::Wait(std::chrono::steady_clock::time_point) const {
-  return NotSupportedError("Handle::Wait: not implemented yet");
+Status Handle::Wait(std::chrono::steady_clock::time_point deadline) const {
+  if (!state_) return FailedPreconditionError("Handle::Wait on an empty Handle");
+  std::unique_lock<std::mutex> lock(state_->mu);
+  if (!state_->cv.wait_until(lock, deadline, [&] { return state_->done; })) {
+    return TimedOutError("the asynchronous call has not finished by the deadline (it keeps "
+                         "running; Wait again with a later deadline)");
+  }
+  return state_->status;
 }
-bool Handle::done() const { return false; }
 
-Result<std::unique_ptr<Client>> Client::Connect(const ClientOptions&) {
-  return NotSupportedError("Client::Connect: not implemented yet");
+bool Handle::done() const {
+  if (!state_) return false;
+  std::lock_guard<std::mutex> lock(state_->mu);
+  return state_->done;
+}
+
+namespace {
+
+using internal::AlignedBuffer;
+using internal::BlockHeader;
+using internal::ControlHead;
+using internal::ControlWorker;
+using internal::SlotHeader;
+using internal::SlotKind;
+using transport::Completion;
+using transport::Deadline;
+using transport::Op;
+using SteadyClock = std::chrono::steady_clock;
+
+constexpr std::size_t kMaxOpsPerPost = 128;
+
+struct ShardRemote {
+  std::uint64_t begin = 0;
+  std::uint64_t count = 0;
+  std::uint64_t addr = 0;
+  std::uint32_t rkey = 0;
+};
+
+struct TableMeta {
+  TableInfo info;
+  std::size_t stride = 0;
+  std::vector<ShardRemote> shards;  // per server
+};
+
+struct ServerLink {
+  std::uint32_t index = 0;
+  std::string address;
+  std::unique_ptr<transport::Connection> conn;
+  internal::DirectoryHeader dir{};
+  internal::WireRegion ring{};
+  AlignedBuffer staging;  // pulls
+  std::unique_ptr<transport::MemoryRegion> staging_mr;
+  std::size_t staging_bytes = 0;
+  AlignedBuffer push;  // one slot
+  std::unique_ptr<transport::MemoryRegion> push_mr;
+  AlignedBuffer ctrl;  // control block copy, then 8 bytes for atomics
+  std::unique_ptr<transport::MemoryRegion> ctrl_mr;
+  std::size_t ctrl_bytes = 0;
+  // Flow control and consistency state, as last read.
+  std::uint64_t pushed_seq = 0;
+  std::uint64_t applied_seq = 0;
+  std::uint64_t min_clock = 0;
+  std::vector<ControlWorker> clocks;
+};
+
+// Rows [local, local + count) of one server's shard go to output rows
+// [out_row, out_row + count).
+struct Run {
+  std::uint32_t server;
+  std::uint64_t local;
+  std::uint64_t count;
+  std::uint64_t out_row;
+};
+
+class ClientImpl final : public Client {
+ public:
+  explicit ClientImpl(const ClientOptions& options) : options_(options) {}
+  ~ClientImpl() override {
+    StopExecutor();  // runs what is queued first
+    (void)Close();
+  }
+
+  Status Init();
+
+  std::uint32_t worker_id() const override { return options_.worker_id; }
+  std::uint32_t num_workers() const override { return options_.num_workers; }
+  std::uint32_t num_servers() const override {
+    return static_cast<std::uint32_t>(servers_.size());
+  }
+  std::vector<TableInfo> tables() const override {
+    std::vector<TableInfo> out;
+    for (const auto& [id, t] : tables_) out.push_back(t.info);
+    std::sort(out.begin(), out.end(), [](auto& a, auto& b) { return a.id < b.id; });
+    return out;
+  }
+  Result<TableInfo> FindTable(std::string_view name) const override {
+    for (const auto& [id, t] : tables_) {
+      if (t.info.name == name) return t.info;
+    }
+    return NotFoundError("no table named '" + std::string(name) + "' on the servers");
+  }
+
+  Status Pull(std::uint32_t table, RowRange range, std::span<float> out) override;
+  Status Pull(std::uint32_t table, std::span<const std::uint64_t> rows,
+              std::span<float> out) override;
+  Status Push(std::uint32_t table, RowRange range, std::span<const float> grads) override;
+  Status Push(std::uint32_t table, std::span<const std::uint64_t> rows,
+              std::span<const float> grads) override;
+  Status PushPull(std::uint32_t table, RowRange range, std::span<const float> grads,
+                  std::span<float> out) override;
+  Result<std::uint64_t> Clock() override;
+  Status Barrier() override;
+  Status Close() override;
+
+  Handle PullAsync(std::uint32_t table, RowRange range, std::span<float> out) override {
+    return Submit([=, this] { return Pull(table, range, out); }, nullptr);
+  }
+  Handle PullAsync(std::uint32_t table, std::span<const std::uint64_t> rows,
+                   std::span<float> out) override {
+    return Submit([=, this] { return Pull(table, rows, out); }, nullptr);
+  }
+  Handle PushAsync(std::uint32_t table, RowRange range, std::span<const float> grads) override {
+    return Submit([=, this] { return Push(table, range, grads); }, nullptr);
+  }
+  Handle PushAsync(std::uint32_t table, std::span<const std::uint64_t> rows,
+                   std::span<const float> grads) override {
+    return Submit([=, this] { return Push(table, rows, grads); }, nullptr);
+  }
+  void PullAsync(std::uint32_t table, RowRange range, std::span<float> out,
+                 Callback done) override {
+    Submit([=, this] { return Pull(table, range, out); }, std::move(done));
+  }
+  void PushAsync(std::uint32_t table, RowRange range, std::span<const float> grads,
+                 Callback done) override {
+    Submit([=, this] { return Push(table, range, grads); }, std::move(done));
+  }
+
+  ClientStats stats() const override {
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    return stats_;
+  }
+  std::uint64_t clock() const override {
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    return stats_.clock;
+  }
+
+  transport::Endpoint* TEST_endpoint() const { return endpoint_.get(); }
+
+ private:
+  // --- setup
+  Status ConnectAll(Deadline deadline);
+  Status ReadDirectories(Deadline deadline);
+
+  // --- helpers (mu_ held)
+  Result<const TableMeta*> CheckTable(std::uint32_t table) const;
+  Status Usable() const;
+  Status Fail(ServerLink& s, const Status& st);
+  Status PostOps(ServerLink& s, std::span<const Op> ops);
+  Status Drain(ServerLink& s, std::size_t n, Deadline deadline);
+  Status Exec(ServerLink& s, std::span<const Op> ops, Deadline deadline);
+  Status ReadControl(const std::vector<std::uint32_t>& servers, Deadline deadline);
+  Status WaitReadable(const TableMeta& t, const std::vector<std::uint32_t>& servers,
+                      Deadline deadline);
+  Status ReadRuns(const TableMeta& t, std::vector<Run> runs, std::span<float> out,
+                  Deadline deadline);
+  Status EnsureCredit(ServerLink& s, Deadline deadline);
+  // Sends one slot (header + payload already in s.push) of `bytes`.
+  Status PostSlot(ServerLink& s, SlotHeader h, std::size_t bytes);
+  Status PushRange(const TableMeta& t, RowRange range, std::span<const float> grads,
+                   Deadline deadline);
+  Status PushRows(const TableMeta& t, std::span<const std::uint64_t> rows,
+                  std::span<const float> grads, Deadline deadline);
+  Status SendControlSlot(SlotKind kind, std::uint64_t clock, Deadline deadline);
+  // On error, completes the ops already posted to `posted` (one each) so the
+  // connections stay in step, and returns `st`.
+  Status DrainOnError(const std::vector<std::uint32_t>& posted, Status st, Deadline deadline) {
+    if (st.ok()) return st;
+    for (std::uint32_t si : posted) (void)Drain(servers_[si], 1, deadline);
+    return st;
+  }
+  Deadline CallDeadline() const { return SteadyClock::now() + options_.wait_timeout; }
+  void AddBlocked(SteadyClock::duration d) {
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    stats_.blocked_time += std::chrono::duration_cast<std::chrono::nanoseconds>(d);
+  }
+
+  // --- async
+  Handle Submit(std::function<Status()> fn, Callback done);
+  void ExecutorLoop();
+  void StopExecutor();
+
+  // Constant after Init().
+  const ClientOptions options_;
+  std::unique_ptr<transport::Endpoint> endpoint_;
+  AlignedBuffer boot_;
+  std::unique_ptr<transport::MemoryRegion> boot_mr_;
+  std::unordered_map<std::uint32_t, TableMeta> tables_;
+  internal::WireRegion atomics_{};  // server 0's barrier counter
+
+  // Protected by mu_ (serialises all network use).
+  std::mutex mu_;
+  std::vector<ServerLink> servers_;
+  std::uint64_t clock_ = 0;
+  Status broken_;
+  bool closed_ = false;
+
+  mutable std::mutex stats_mu_;
+  ClientStats stats_;
+
+  // Async executor.
+  std::mutex exec_mu_;
+  std::condition_variable exec_cv_;
+  std::deque<std::pair<std::function<Status()>, std::shared_ptr<Handle::State>>> queue_;
+  bool exec_stop_ = false;
+  std::thread executor_;
+};
+
+std::string ServerName(const ServerLink& s) {
+  return "server " + std::to_string(s.index) + " (" + s.address + ")";
+}
+
+// Sleeps a growing amount between polls: spin a little, then 1 us .. 1 ms.
+class Backoff {
+ public:
+  void Pause() {
+    if (n_++ < 16) {
+      std::this_thread::yield();
+      return;
+    }
+    std::this_thread::sleep_for(delay_);
+    delay_ = std::min(delay_ * 2, std::chrono::microseconds(1000));
+  }
+
+ private:
+  int n_ = 0;
+  std::chrono::microseconds delay_{1};
+};
+
+Status ClientImpl::Init() {
+  if (options_.num_workers == 0 || options_.worker_id >= options_.num_workers) {
+    return InvalidArgumentError("ClientOptions.worker_id " + std::to_string(options_.worker_id) +
+                                " must be < num_workers " +
+                                std::to_string(options_.num_workers));
+  }
+  if (options_.num_workers >= internal::kServerPeerBase) {
+    return InvalidArgumentError("ClientOptions.num_workers is too large");
+  }
+  if (options_.servers.empty()) {
+    return InvalidArgumentError("ClientOptions.servers is empty; give every server's address");
+  }
+  if (!options_.tables.empty()) RDMAPS_RETURN_IF_ERROR(internal::ValidateTables(options_.tables));
+  RDMAPS_ASSIGN_OR_RETURN(endpoint_,
+                          transport::Endpoint::Create(internal::ToEndpointOptions(
+                              options_.transport, options_.worker_id)));
+  const Deadline deadline = SteadyClock::now() + options_.connect_timeout;
+  RDMAPS_RETURN_IF_ERROR(ConnectAll(deadline));
+  RDMAPS_RETURN_IF_ERROR(ReadDirectories(deadline));
+  return Status::OK();
+}
+
+Status ClientImpl::ConnectAll(Deadline deadline) {
+  const std::size_t S = options_.servers.size();
+  const std::size_t boot_bytes = S * internal::kBootstrapSlotBytes;
+  boot_ = internal::AllocateRegionMemory(boot_bytes);
+  if (!boot_) return ResourceExhaustedError("allocating the bootstrap region failed");
+  RDMAPS_ASSIGN_OR_RETURN(boot_mr_,
+                          endpoint_->Register(boot_.get(), boot_bytes, transport::kRemoteWrite));
+  internal::HelloMsg hello{internal::kHelloMagic, options_.worker_id,
+                           reinterpret_cast<std::uint64_t>(boot_.get()), boot_mr_->rkey(),
+                           static_cast<std::uint32_t>(boot_bytes)};
+  transport::ConnectOptions copts;
+  copts.user_data.resize(sizeof(hello));
+  std::memcpy(copts.user_data.data(), &hello, sizeof(hello));
+
+  servers_.resize(S);
+  for (std::uint32_t i = 0; i < S; ++i) {
+    ServerLink& s = servers_[i];
+    s.index = i;
+    s.address = options_.servers[i];
+    Backoff backoff;
+    while (true) {
+      auto r = endpoint_->Connect(s.address, copts, deadline);
+      if (r.ok()) {
+        s.conn = std::move(r).value();
+        break;
+      }
+      // A server may not listen yet when the launcher starts everyone at once.
+      if (r.status().code() != StatusCode::kUnavailable || SteadyClock::now() >= deadline) {
+        std::string missing;
+        for (std::uint32_t j = i; j < S; ++j) missing += " " + options_.servers[j];
+        return r.status().WithContext("worker " + std::to_string(options_.worker_id) +
+                                      " connecting to " + ServerName(s) +
+                                      " (not yet connected:" + missing +
+                                      "); is the server running and the address right?");
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      (void)backoff;
+    }
+  }
+  // Each server WRITE_WITH_IMMs where its directory is.
+  std::vector<bool> got(S, false);
+  std::size_t n_got = 0;
+  std::vector<transport::Notification> notes(16);
+  while (n_got < S) {
+    auto r = endpoint_->WaitNotifications(notes, deadline);
+    if (!r.ok()) return r.status().WithContext("waiting for the servers' bootstrap messages");
+    if (*r == 0) {
+      std::string missing;
+      for (std::uint32_t j = 0; j < S; ++j) {
+        if (!got[j]) missing += " " + std::to_string(j) + " (" + options_.servers[j] + ")";
+      }
+      return TimedOutError("worker " + std::to_string(options_.worker_id) +
+                           ": no bootstrap message from servers" + missing +
+                           " before connect_timeout; they accepted the connection but did not "
+                           "answer (check the server logs: worker id vs --num_workers?)");
+    }
+    for (std::size_t k = 0; k < *r; ++k) {
+      const auto& n = notes[k];
+      if (n.kind != transport::Notification::Kind::kImmediate) continue;
+      if ((n.imm & internal::kBootstrapImm) == 0) continue;
+      const std::uint32_t idx = n.imm & ~internal::kBootstrapImm;
+      if (idx < S && !got[idx]) {
+        got[idx] = true;
+        ++n_got;
+      }
+    }
+  }
+  return Status::OK();
+}
+
+Status ClientImpl::ReadDirectories(Deadline deadline) {
+  const std::uint32_t S = static_cast<std::uint32_t>(servers_.size());
+  bool first = true;
+  for (ServerLink& s : servers_) {
+    internal::BootstrapMsg b;
+    std::memcpy(&b, boot_.get() + s.index * internal::kBootstrapSlotBytes, sizeof(b));
+    if (b.magic != internal::kBootstrapMagic || b.server_index != s.index) {
+      return FailedPreconditionError(
+          ServerName(s) + " sent a bootstrap message for server index " +
+          std::to_string(b.server_index) +
+          ": the worker's server list order must match each server's --server_index");
+    }
+    auto dir_buf = internal::AllocateRegionMemory(b.directory.length);
+    if (!dir_buf) return ResourceExhaustedError("allocating the directory copy failed");
+    RDMAPS_ASSIGN_OR_RETURN(auto dir_mr, endpoint_->Register(dir_buf.get(), b.directory.length,
+                                                             transport::kAccessNone));
+    const Op op = Op::Read(dir_buf.get(), dir_mr.get(), b.directory.length, b.directory.addr,
+                           b.directory.rkey);
+    RDMAPS_RETURN_IF_ERROR(Exec(s, {&op, 1}, deadline));
+    if (b.directory.length < sizeof(internal::DirectoryHeader)) {
+      return DataLossError(ServerName(s) + ": directory too short");
+    }
+    std::memcpy(&s.dir, dir_buf.get(), sizeof(s.dir));
+    const internal::DirectoryHeader& h = s.dir;
+    if (h.magic != internal::kDirectoryMagic || h.layout_version != internal::kLayoutVersion) {
+      return FailedPreconditionError(ServerName(s) + ": directory layout version " +
+                                     std::to_string(h.layout_version) + ", this client speaks " +
+                                     std::to_string(internal::kLayoutVersion) +
+                                     "; run the same rdmaps build everywhere");
+    }
+    if (h.num_servers != S || h.server_index != s.index || h.num_workers != options_.num_workers) {
+      return FailedPreconditionError(
+          ServerName(s) + " believes it is server " + std::to_string(h.server_index) + " of " +
+          std::to_string(h.num_servers) + " with " + std::to_string(h.num_workers) +
+          " workers; this worker was given " + std::to_string(S) + " servers and " +
+          std::to_string(options_.num_workers) + " workers. Start everyone with the same layout");
+    }
+    if (b.directory.length < internal::DirectoryBytes(h.num_tables, h.num_workers)) {
+      return DataLossError(ServerName(s) + ": directory shorter than its header says");
+    }
+    const std::byte* p = dir_buf.get() + sizeof(h);
+    std::size_t max_stride = 0;
+    for (std::uint32_t i = 0; i < h.num_tables; ++i, p += sizeof(internal::DirectoryTable)) {
+      internal::DirectoryTable d;
+      std::memcpy(&d, p, sizeof(d));
+      d.name[sizeof(d.name) - 1] = '\0';
+      max_stride = std::max<std::size_t>(max_stride, d.row_stride);
+      auto it = tables_.find(d.id);
+      if (first) {
+        if (it != tables_.end()) {
+          return DataLossError(ServerName(s) + ": directory lists table " +
+                               std::to_string(d.id) + " twice");
+        }
+        TableMeta m;
+        m.info.id = d.id;
+        m.info.name = d.name;
+        m.info.rows = d.rows;
+        m.info.dim = d.dim;
+        m.info.staleness = d.staleness;
+        if (options_.staleness_override) {
+          m.info.staleness = std::min(m.info.staleness, *options_.staleness_override);
+        }
+        m.stride = d.row_stride;
+        m.shards.resize(S);
+        it = tables_.emplace(d.id, std::move(m)).first;
+      } else if (it == tables_.end() || it->second.info.rows != d.rows ||
+                 it->second.info.dim != d.dim || it->second.info.name != d.name) {
+        return FailedPreconditionError(ServerName(s) + " publishes table " +
+                                       std::to_string(d.id) + " ('" + d.name +
+                                       "') differently from server 0; give every server the "
+                                       "same table list");
+      }
+      const internal::ShardRange expect = internal::PartitionOf(d.rows, S, s.index);
+      if (d.shard_begin != expect.begin || d.shard_rows != expect.count ||
+          d.row_stride != internal::RowStride(d.dim)) {
+        return FailedPreconditionError(ServerName(s) + ": shard of table '" + d.name +
+                                       "' is not the range partition this client computes");
+      }
+      it->second.shards[s.index] = {d.shard_begin, d.shard_rows, d.shard.addr, d.shard.rkey};
+    }
+    if (!first && h.num_tables != tables_.size()) {
+      return FailedPreconditionError(ServerName(s) + " has " + std::to_string(h.num_tables) +
+                                     " tables, server 0 has " + std::to_string(tables_.size()) +
+                                     "; give every server the same table list");
+    }
+    std::memcpy(&s.ring, p + options_.worker_id * sizeof(internal::DirectoryWorker),
+                sizeof(s.ring));
+    if (first) atomics_ = h.atomics;
+    first = false;
+
+    // Registered buffers for this server.
+    s.staging_bytes = std::max(options_.staging_bytes, max_stride);
+    s.staging = internal::AllocateRegionMemory(s.staging_bytes);
+    s.push = internal::AllocateRegionMemory(h.slot_bytes);
+    s.ctrl_bytes = internal::ControlBlockBytes(h.num_workers);
+    s.ctrl = internal::AllocateRegionMemory(internal::RoundUp(s.ctrl_bytes, 8) + 8);
+    if (!s.staging || !s.push || !s.ctrl) {
+      return ResourceExhaustedError("allocating client staging memory failed; lower "
+                                    "ClientOptions.staging_bytes");
+    }
+    RDMAPS_ASSIGN_OR_RETURN(s.staging_mr, endpoint_->Register(s.staging.get(), s.staging_bytes,
+                                                              transport::kAccessNone));
+    RDMAPS_ASSIGN_OR_RETURN(s.push_mr,
+                            endpoint_->Register(s.push.get(), h.slot_bytes, transport::kAccessNone));
+    RDMAPS_ASSIGN_OR_RETURN(
+        s.ctrl_mr, endpoint_->Register(s.ctrl.get(), internal::RoundUp(s.ctrl_bytes, 8) + 8,
+                                       transport::kAccessNone));
+    s.clocks.assign(h.num_workers, ControlWorker{});
+  }
+  for (const TableOptions& want : options_.tables) {
+    auto it = tables_.find(want.id);
+    if (it == tables_.end() || it->second.info.name != want.name ||
+        it->second.info.rows != want.rows || it->second.info.dim != want.dim) {
+      return FailedPreconditionError("table " + std::to_string(want.id) + " ('" + want.name +
+                                     "') of ClientOptions.tables is not what the servers "
+                                     "publish; give workers and servers the same table list");
+    }
+  }
+  return Status::OK();
+}
+
+// ---- helpers -----------------------------------------------------------------
+
+Result<const TableMeta*> ClientImpl::CheckTable(std::uint32_t table) const {
+  auto it = tables_.find(table);
+  if (it == tables_.end()) {
+    std::string ids;
+    for (const auto& [id, t] : tables_) ids += " " + std::to_string(id);
+    return InvalidArgumentError("unknown table id " + std::to_string(table) +
+                                "; the servers publish tables:" + ids);
+  }
+  return &it->second;
+}
+
+Status ClientImpl::Usable() const {
+  if (closed_) return FailedPreconditionError("the Client is closed");
+  return broken_;
+}
+
+Status ClientImpl::Fail(ServerLink& s, const Status& st) {
+  Status err = st.WithContext("worker " + std::to_string(options_.worker_id) + ", " +
+                              ServerName(s));
+  if (broken_.ok()) {
+    broken_ = Status(StatusCode::kUnavailable, "an earlier transport error broke this Client: " +
+                                                   err.ToString());
+  }
+  return err;
+}
+
+Status ClientImpl::PostOps(ServerLink& s, std::span<const Op> ops) {
+  Status st = s.conn->Post(ops);
+  if (!st.ok()) return Fail(s, st);
+  return Status::OK();
+}
+
+Status ClientImpl::Drain(ServerLink& s, std::size_t n, Deadline deadline) {
+  Completion c[32];
+  Status first;
+  while (n > 0) {
+    auto r = s.conn->Wait({c, std::min<std::size_t>(n, 32)}, deadline);
+    if (!r.ok()) return Fail(s, r.status());
+    if (*r == 0) return Fail(s, TimedOutError("no completion by the deadline"));
+    for (std::size_t i = 0; i < *r; ++i) {
+      if (!c[i].status.ok() && first.ok()) first = c[i].status;
+    }
+    n -= *r;
+  }
+  if (!first.ok()) return Fail(s, first);
+  return Status::OK();
+}
+
+Status ClientImpl::Exec(ServerLink& s, std::span<const Op> ops, Deadline deadline) {
+  RDMAPS_RETURN_IF_ERROR(PostOps(s, ops));
+  return Drain(s, ops.size(), deadline);
+}
+
+Status ClientImpl::ReadControl(const std::vector<std::uint32_t>& servers, Deadline deadline) {
+  std::vector<std::uint32_t> todo = servers;
+  while (!todo.empty()) {
+    for (std::uint32_t i : todo) {
+      ServerLink& s = servers_[i];
+      const Op op = Op::Read(s.ctrl.get(), s.ctrl_mr.get(), s.ctrl_bytes, s.dir.control.addr,
+                             s.dir.control.rkey);
+      RDMAPS_RETURN_IF_ERROR(PostOps(s, {&op, 1}));
+    }
+    std::vector<std::uint32_t> torn;
+    for (std::uint32_t i : todo) {
+      ServerLink& s = servers_[i];
+      RDMAPS_RETURN_IF_ERROR(Drain(s, 1, deadline));
+      const std::uint32_t W = s.dir.num_workers;
+      if (!internal::VerifyBlock(s.ctrl.get(), internal::ControlPayloadBytes(W))) {
+        torn.push_back(i);
+        continue;
+      }
+      const std::byte* p = s.ctrl.get() + sizeof(BlockHeader);
+      ControlHead head;
+      std::memcpy(&head, p, sizeof(head));
+      std::memcpy(s.clocks.data(), p + sizeof(head), W * sizeof(ControlWorker));
+      s.min_clock = head.min_clock;
+      s.applied_seq = s.clocks[options_.worker_id].applied_seq;
+    }
+    {
+      std::lock_guard<std::mutex> lock(stats_mu_);
+      stats_.clock_reads += todo.size();
+      stats_.torn_retries += torn.size();
+    }
+    if (!torn.empty() && SteadyClock::now() >= deadline) {
+      return TimedOutError("the control block of server " + std::to_string(torn[0]) +
+                           " stayed torn until the deadline");
+    }
+    todo = std::move(torn);
+  }
+  return Status::OK();
+}
+
+Status ClientImpl::WaitReadable(const TableMeta& t, const std::vector<std::uint32_t>& servers,
+                                Deadline deadline) {
+  const std::uint32_t st = t.info.staleness;
+  const std::uint64_t required = (st == kAsp || clock_ < st) ? 0 : clock_ - st;
+  auto pending = [&] {
+    std::vector<std::uint32_t> p;
+    for (std::uint32_t i : servers) {
+      const ServerLink& s = servers_[i];
+      if (s.min_clock < required || s.applied_seq < s.pushed_seq) p.push_back(i);
+    }
+    return p;
+  };
+  std::vector<std::uint32_t> p = pending();
+  const auto start = SteadyClock::now();
+  bool waited = false;
+  Backoff backoff;
+  while (!p.empty()) {
+    RDMAPS_RETURN_IF_ERROR(ReadControl(p, deadline));
+    p = pending();
+    if (p.empty()) break;
+    if (!waited) {
+      waited = true;
+      std::lock_guard<std::mutex> lock(stats_mu_);
+      ++stats_.pull_waits;
+    }
+    if (SteadyClock::now() >= deadline) {
+      AddBlocked(SteadyClock::now() - start);
+      const ServerLink& s = servers_[p[0]];
+      std::string lagging;
+      for (std::uint32_t w = 0; w < s.clocks.size(); ++w) {
+        if (s.clocks[w].clock < required) {
+          lagging += " worker " + std::to_string(w) + " (clock " +
+                     std::to_string(s.clocks[w].clock) + ")";
+        }
+      }
+      if (lagging.empty()) {
+        return TimedOutError(ServerName(s) + " has applied push " +
+                             std::to_string(s.applied_seq) + " of this worker's " +
+                             std::to_string(s.pushed_seq) +
+                             " within wait_timeout: the server is overloaded or stuck");
+      }
+      return TimedOutError("worker " + std::to_string(options_.worker_id) + " at clock " +
+                           std::to_string(clock_) + " pulling table '" + t.info.name +
+                           "' (staleness " + std::to_string(st) + ") needs every worker at clock >= " +
+                           std::to_string(required) + " on " + ServerName(s) +
+                           "; lagging:" + lagging +
+                           ". Are those workers alive and calling Clock()?");
+    }
+    backoff.Pause();
+  }
+  if (waited) AddBlocked(SteadyClock::now() - start);
+  std::uint64_t min_seen = internal::kClockDone;
+  for (std::uint32_t i : servers) min_seen = std::min(min_seen, servers_[i].min_clock);
+  const std::uint64_t staleness = min_seen >= clock_ ? 0 : clock_ - min_seen;
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  stats_.staleness_sum += staleness;
+  stats_.staleness_max = std::max(stats_.staleness_max, staleness);
+  ++stats_.staleness_samples;
+  return Status::OK();
+}
+
+Status ClientImpl::ReadRuns(const TableMeta& t, std::vector<Run> runs, std::span<float> out,
+                            Deadline deadline) {
+  const std::uint32_t dim = t.info.dim;
+  const std::size_t payload = std::size_t{dim} * sizeof(float);
+  struct Piece {
+    std::uint64_t staging_row, local, count, out_row;
+  };
+  // Runs per server, consumed front to back.
+  std::vector<std::deque<Run>> queues(servers_.size());
+  for (const Run& r : runs) queues[r.server].push_back(r);
+  std::vector<std::vector<Piece>> pieces(servers_.size());
+  std::vector<Op> ops;
+  std::uint64_t retries = 0, bytes = 0;
+  while (true) {
+    bool any = false;
+    for (std::uint32_t si = 0; si < servers_.size(); ++si) {
+      ServerLink& s = servers_[si];
+      auto& q = queues[si];
+      pieces[si].clear();
+      if (q.empty()) continue;
+      any = true;
+      const std::uint64_t cap = s.staging_bytes / t.stride;
+      const ShardRemote& shard = t.shards[si];
+      std::uint64_t used = 0;
+      ops.clear();
+      while (!q.empty() && used < cap && ops.size() < kMaxOpsPerPost) {
+        Run& r = q.front();
+        const std::uint64_t n = std::min(r.count, cap - used);
+        pieces[si].push_back({used, r.local, n, r.out_row});
+        ops.push_back(Op::Read(s.staging.get() + used * t.stride, s.staging_mr.get(),
+                               n * t.stride, shard.addr + r.local * t.stride, shard.rkey));
+        bytes += n * t.stride;
+        used += n;
+        r.local += n;
+        r.out_row += n;
+        r.count -= n;
+        if (r.count == 0) q.pop_front();
+      }
+      RDMAPS_RETURN_IF_ERROR(PostOps(s, ops));
+    }
+    if (!any) break;
+    for (std::uint32_t si = 0; si < servers_.size(); ++si) {
+      if (pieces[si].empty()) continue;
+      ServerLink& s = servers_[si];
+      const ShardRemote& shard = t.shards[si];
+      RDMAPS_RETURN_IF_ERROR(Drain(s, pieces[si].size(), deadline));
+      // Verify every row; re-READ torn ones until they verify.
+      std::vector<Piece> torn;
+      for (const Piece& pc : pieces[si]) {
+        for (std::uint64_t k = 0; k < pc.count; ++k) {
+          const std::byte* row = s.staging.get() + (pc.staging_row + k) * t.stride;
+          if (internal::VerifyBlock(row, payload)) {
+            std::memcpy(out.data() + (pc.out_row + k) * dim, row + sizeof(BlockHeader), payload);
+          } else {
+            torn.push_back({pc.staging_row + k, pc.local + k, 1, pc.out_row + k});
+          }
+        }
+      }
+      while (!torn.empty()) {
+        retries += torn.size();
+        if (SteadyClock::now() >= deadline) {
+          return TimedOutError("row " + std::to_string(shard.begin + torn[0].local) +
+                               " of table '" + t.info.name + "' on " + ServerName(s) +
+                               " read torn until the deadline (" + std::to_string(retries) +
+                               " retries): the server rewrites it faster than it can be read");
+        }
+        for (std::size_t off = 0; off < torn.size(); off += kMaxOpsPerPost) {
+          ops.clear();
+          const std::size_t end = std::min(torn.size(), off + kMaxOpsPerPost);
+          for (std::size_t k = off; k < end; ++k) {
+            ops.push_back(Op::Read(s.staging.get() + torn[k].staging_row * t.stride,
+                                   s.staging_mr.get(), t.stride,
+                                   shard.addr + torn[k].local * t.stride, shard.rkey));
+          }
+          RDMAPS_RETURN_IF_ERROR(Exec(s, ops, deadline));
+        }
+        std::vector<Piece> still;
+        for (const Piece& pc : torn) {
+          const std::byte* row = s.staging.get() + pc.staging_row * t.stride;
+          if (internal::VerifyBlock(row, payload)) {
+            std::memcpy(out.data() + pc.out_row * dim, row + sizeof(BlockHeader), payload);
+          } else {
+            still.push_back(pc);
+          }
+        }
+        torn = std::move(still);
+      }
+    }
+  }
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  stats_.torn_retries += retries;
+  stats_.bytes_read += bytes;
+  return Status::OK();
+}
+
+// ---- pull ----------------------------------------------------------------------
+
+Status ClientImpl::Pull(std::uint32_t table, RowRange range, std::span<float> out) {
+  std::lock_guard<std::mutex> lock(mu_);
+  RDMAPS_RETURN_IF_ERROR(Usable());
+  RDMAPS_ASSIGN_OR_RETURN(const TableMeta* t, CheckTable(table));
+  if (range.begin > t->info.rows || range.count > t->info.rows - range.begin) {
+    return InvalidArgumentError("Pull: rows [" + std::to_string(range.begin) + ", " +
+                                std::to_string(range.begin + range.count) + ") of table '" +
+                                t->info.name + "' are out of range; it has " +
+                                std::to_string(t->info.rows) + " rows");
+  }
+  if (out.size() != range.count * t->info.dim) {
+    return InvalidArgumentError("Pull: output buffer has " + std::to_string(out.size()) +
+                                " floats; " + std::to_string(range.count) + " rows of table '" +
+                                t->info.name + "' need " +
+                                std::to_string(range.count * t->info.dim));
+  }
+  if (range.count == 0) return Status::OK();
+  const Deadline deadline = CallDeadline();
+  std::vector<Run> runs;
+  std::vector<std::uint32_t> involved;
+  const std::uint32_t S = num_servers();
+  for (std::uint32_t si = internal::ServerOfRow(t->info.rows, S, range.begin); si < S; ++si) {
+    const ShardRemote& sh = t->shards[si];
+    if (sh.begin >= range.begin + range.count) break;
+    const std::uint64_t b = std::max(sh.begin, range.begin);
+    const std::uint64_t e = std::min(sh.begin + sh.count, range.begin + range.count);
+    if (b >= e) continue;
+    runs.push_back({si, b - sh.begin, e - b, b - range.begin});
+    involved.push_back(si);
+  }
+  RDMAPS_RETURN_IF_ERROR(WaitReadable(*t, involved, deadline));
+  RDMAPS_RETURN_IF_ERROR(ReadRuns(*t, std::move(runs), out, deadline));
+  std::lock_guard<std::mutex> slock(stats_mu_);
+  ++stats_.pulls;
+  stats_.rows_pulled += range.count;
+  return Status::OK();
+}
+
+Status ClientImpl::Pull(std::uint32_t table, std::span<const std::uint64_t> rows,
+                        std::span<float> out) {
+  std::lock_guard<std::mutex> lock(mu_);
+  RDMAPS_RETURN_IF_ERROR(Usable());
+  RDMAPS_ASSIGN_OR_RETURN(const TableMeta* t, CheckTable(table));
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    if (rows[i] >= t->info.rows) {
+      return InvalidArgumentError("Pull: row id " + std::to_string(rows[i]) + " (index " +
+                                  std::to_string(i) + ") is out of range; table '" +
+                                  t->info.name + "' has " + std::to_string(t->info.rows) +
+                                  " rows");
+    }
+  }
+  if (out.size() != rows.size() * t->info.dim) {
+    return InvalidArgumentError("Pull: output buffer has " + std::to_string(out.size()) +
+                                " floats; " + std::to_string(rows.size()) + " rows of table '" +
+                                t->info.name + "' need " +
+                                std::to_string(rows.size() * t->info.dim));
+  }
+  if (rows.empty()) return Status::OK();
+  const Deadline deadline = CallDeadline();
+  const std::uint32_t S = num_servers();
+  std::vector<Run> runs;
+  std::vector<bool> used(S, false);
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const std::uint32_t si = internal::ServerOfRow(t->info.rows, S, rows[i]);
+    const std::uint64_t local = rows[i] - t->shards[si].begin;
+    used[si] = true;
+    if (!runs.empty()) {
+      Run& last = runs.back();
+      if (last.server == si && last.local + last.count == local &&
+          last.out_row + last.count == i) {
+        ++last.count;
+        continue;
+      }
+    }
+    runs.push_back({si, local, 1, i});
+  }
+  std::vector<std::uint32_t> involved;
+  for (std::uint32_t si = 0; si < S; ++si) {
+    if (used[si]) involved.push_back(si);
+  }
+  RDMAPS_RETURN_IF_ERROR(WaitReadable(*t, involved, deadline));
+  RDMAPS_RETURN_IF_ERROR(ReadRuns(*t, std::move(runs), out, deadline));
+  std::lock_guard<std::mutex> slock(stats_mu_);
+  ++stats_.pulls;
+  stats_.rows_pulled += rows.size();
+  return Status::OK();
+}
+
+// ---- push ----------------------------------------------------------------------
+
+Status ClientImpl::EnsureCredit(ServerLink& s, Deadline deadline) {
+  if (s.pushed_seq - s.applied_seq < s.dir.ring_slots) return Status::OK();
+  const auto start = SteadyClock::now();
+  {
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    ++stats_.credit_waits;
+  }
+  Backoff backoff;
+  while (true) {
+    RDMAPS_RETURN_IF_ERROR(ReadControl({s.index}, deadline));
+    if (s.pushed_seq - s.applied_seq < s.dir.ring_slots) break;
+    if (SteadyClock::now() >= deadline) {
+      AddBlocked(SteadyClock::now() - start);
+      return TimedOutError(ServerName(s) + " has consumed only " +
+                           std::to_string(s.applied_seq) + " of worker " +
+                           std::to_string(options_.worker_id) + "'s " +
+                           std::to_string(s.pushed_seq) +
+                           " pushes within wait_timeout: its apply thread is stuck or overloaded");
+    }
+    backoff.Pause();
+  }
+  AddBlocked(SteadyClock::now() - start);
+  return Status::OK();
+}
+
+Status ClientImpl::PostSlot(ServerLink& s, SlotHeader h, std::size_t bytes) {
+  h.seq = s.pushed_seq + 1;
+  std::memcpy(s.push.get(), &h, sizeof(h));
+  const std::uint64_t slot = (h.seq - 1) % s.dir.ring_slots;
+  const Op op = Op::WriteWithImm(s.push.get(), s.push_mr.get(), bytes,
+                                 s.ring.addr + slot * s.dir.slot_bytes, s.ring.rkey,
+                                 internal::ImmOfSeq(h.seq));
+  RDMAPS_RETURN_IF_ERROR(PostOps(s, {&op, 1}));
+  s.pushed_seq = h.seq;
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  stats_.bytes_written += bytes;
+  return Status::OK();
+}
+
+Status ClientImpl::PushRange(const TableMeta& t, RowRange range, std::span<const float> grads,
+                             Deadline deadline) {
+  const std::uint32_t S = num_servers();
+  const std::uint32_t dim = t.info.dim;
+  // Per server the remaining sub-range; each round sends one slot per server.
+  std::vector<RowRange> todo(S);
+  for (std::uint32_t si = 0; si < S; ++si) {
+    const ShardRemote& sh = t.shards[si];
+    const std::uint64_t b = std::max(sh.begin, range.begin);
+    const std::uint64_t e = std::min(sh.begin + sh.count, range.begin + range.count);
+    if (b < e) todo[si] = {b, e - b};
+  }
+  while (true) {
+    std::vector<std::uint32_t> posted;
+    for (std::uint32_t si = 0; si < S; ++si) {
+      if (todo[si].count == 0) continue;
+      ServerLink& s = servers_[si];
+      RDMAPS_RETURN_IF_ERROR(DrainOnError(posted, EnsureCredit(s, deadline), deadline));
+      const std::uint64_t cap = internal::SlotRowCapacity(s.dir.slot_bytes, dim, false);
+      const std::uint64_t n = std::min(cap, todo[si].count);
+      SlotHeader h{};
+      h.clock = clock_;
+      h.table = t.info.id;
+      h.kind = static_cast<std::uint32_t>(SlotKind::kRange);
+      h.num_rows = static_cast<std::uint32_t>(n);
+      h.first_row = todo[si].begin;
+      const std::size_t bytes = n * dim * sizeof(float);
+      std::memcpy(s.push.get() + sizeof(SlotHeader),
+                  grads.data() + (todo[si].begin - range.begin) * dim, bytes);
+      RDMAPS_RETURN_IF_ERROR(PostSlot(s, h, sizeof(SlotHeader) + bytes));
+      todo[si].begin += n;
+      todo[si].count -= n;
+      posted.push_back(si);
+    }
+    if (posted.empty()) break;
+    for (std::uint32_t si : posted) RDMAPS_RETURN_IF_ERROR(Drain(servers_[si], 1, deadline));
+  }
+  return Status::OK();
+}
+
+Status ClientImpl::PushRows(const TableMeta& t, std::span<const std::uint64_t> rows,
+                            std::span<const float> grads, Deadline deadline) {
+  const std::uint32_t S = num_servers();
+  const std::uint32_t dim = t.info.dim;
+  std::vector<std::vector<std::uint32_t>> by_server(S);  // indices into rows
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    by_server[internal::ServerOfRow(t.info.rows, S, rows[i])].push_back(
+        static_cast<std::uint32_t>(i));
+  }
+  std::vector<std::size_t> next(S, 0);
+  while (true) {
+    std::vector<std::uint32_t> posted;
+    for (std::uint32_t si = 0; si < S; ++si) {
+      const auto& idx = by_server[si];
+      if (next[si] == idx.size()) continue;
+      ServerLink& s = servers_[si];
+      RDMAPS_RETURN_IF_ERROR(DrainOnError(posted, EnsureCredit(s, deadline), deadline));
+      const std::uint64_t cap = internal::SlotRowCapacity(s.dir.slot_bytes, dim, true);
+      const std::size_t n = std::min<std::size_t>(cap, idx.size() - next[si]);
+      SlotHeader h{};
+      h.clock = clock_;
+      h.table = t.info.id;
+      h.kind = static_cast<std::uint32_t>(SlotKind::kRows);
+      h.num_rows = static_cast<std::uint32_t>(n);
+      std::byte* ids = s.push.get() + sizeof(SlotHeader);
+      std::byte* g = ids + n * 8;
+      for (std::size_t k = 0; k < n; ++k) {
+        const std::uint32_t i = idx[next[si] + k];
+        std::memcpy(ids + k * 8, &rows[i], 8);
+        std::memcpy(g + k * dim * sizeof(float), grads.data() + std::size_t{i} * dim,
+                    dim * sizeof(float));
+      }
+      RDMAPS_RETURN_IF_ERROR(PostSlot(s, h, sizeof(SlotHeader) + n * (8 + dim * sizeof(float))));
+      next[si] += n;
+      posted.push_back(si);
+    }
+    if (posted.empty()) break;
+    for (std::uint32_t si : posted) RDMAPS_RETURN_IF_ERROR(Drain(servers_[si], 1, deadline));
+  }
+  return Status::OK();
+}
+
+Status ClientImpl::Push(std::uint32_t table, RowRange range, std::span<const float> grads) {
+  std::lock_guard<std::mutex> lock(mu_);
+  RDMAPS_RETURN_IF_ERROR(Usable());
+  RDMAPS_ASSIGN_OR_RETURN(const TableMeta* t, CheckTable(table));
+  if (range.begin > t->info.rows || range.count > t->info.rows - range.begin) {
+    return InvalidArgumentError("Push: rows [" + std::to_string(range.begin) + ", " +
+                                std::to_string(range.begin + range.count) + ") of table '" +
+                                t->info.name + "' are out of range; it has " +
+                                std::to_string(t->info.rows) + " rows");
+  }
+  if (grads.size() != range.count * t->info.dim) {
+    return InvalidArgumentError("Push: gradient buffer has " + std::to_string(grads.size()) +
+                                " floats; " + std::to_string(range.count) + " rows of table '" +
+                                t->info.name + "' need " +
+                                std::to_string(range.count * t->info.dim));
+  }
+  if (range.count == 0) return Status::OK();
+  RDMAPS_RETURN_IF_ERROR(PushRange(*t, range, grads, CallDeadline()));
+  std::lock_guard<std::mutex> slock(stats_mu_);
+  ++stats_.pushes;
+  stats_.rows_pushed += range.count;
+  return Status::OK();
+}
+
+Status ClientImpl::Push(std::uint32_t table, std::span<const std::uint64_t> rows,
+                        std::span<const float> grads) {
+  std::lock_guard<std::mutex> lock(mu_);
+  RDMAPS_RETURN_IF_ERROR(Usable());
+  RDMAPS_ASSIGN_OR_RETURN(const TableMeta* t, CheckTable(table));
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    if (rows[i] >= t->info.rows) {
+      return InvalidArgumentError("Push: row id " + std::to_string(rows[i]) + " (index " +
+                                  std::to_string(i) + ") is out of range; table '" +
+                                  t->info.name + "' has " + std::to_string(t->info.rows) +
+                                  " rows");
+    }
+  }
+  if (grads.size() != rows.size() * t->info.dim) {
+    return InvalidArgumentError("Push: gradient buffer has " + std::to_string(grads.size()) +
+                                " floats; " + std::to_string(rows.size()) + " rows of table '" +
+                                t->info.name + "' need " +
+                                std::to_string(rows.size() * t->info.dim));
+  }
+  if (rows.empty()) return Status::OK();
+  RDMAPS_RETURN_IF_ERROR(PushRows(*t, rows, grads, CallDeadline()));
+  std::lock_guard<std::mutex> slock(stats_mu_);
+  ++stats_.pushes;
+  stats_.rows_pushed += rows.size();
+  return Status::OK();
+}
+
+Status ClientImpl::PushPull(std::uint32_t table, RowRange range, std::span<const float> grads,
+                            std::span<float> out) {
+  // Validate both halves before sending anything.
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    RDMAPS_ASSIGN_OR_RETURN(const TableMeta* t, CheckTable(table));
+    if (out.size() != range.count * t->info.dim) {
+      return InvalidArgumentError("PushPull: output buffer has " + std::to_string(out.size()) +
+                                  " floats; " + std::to_string(range.count) +
+                                  " rows need " + std::to_string(range.count * t->info.dim));
+    }
+  }
+  RDMAPS_RETURN_IF_ERROR(Push(table, range, grads));
+  return Pull(table, range, out);
+}
+
+Status ClientImpl::SendControlSlot(SlotKind kind, std::uint64_t clock, Deadline deadline) {
+  std::vector<std::uint32_t> posted;
+  for (ServerLink& s : servers_) {
+    RDMAPS_RETURN_IF_ERROR(DrainOnError(posted, EnsureCredit(s, deadline), deadline));
+    SlotHeader h{};
+    h.clock = clock;
+    h.kind = static_cast<std::uint32_t>(kind);
+    RDMAPS_RETURN_IF_ERROR(PostSlot(s, h, sizeof(SlotHeader)));
+    posted.push_back(s.index);
+  }
+  for (ServerLink& s : servers_) RDMAPS_RETURN_IF_ERROR(Drain(s, 1, deadline));
+  return Status::OK();
+}
+
+Result<std::uint64_t> ClientImpl::Clock() {
+  std::lock_guard<std::mutex> lock(mu_);
+  RDMAPS_RETURN_IF_ERROR(Usable());
+  RDMAPS_RETURN_IF_ERROR(SendControlSlot(SlotKind::kClock, clock_ + 1, CallDeadline()));
+  ++clock_;
+  std::lock_guard<std::mutex> slock(stats_mu_);
+  stats_.clock = clock_;
+  return clock_;
+}
+
+Status ClientImpl::Barrier() {
+  std::lock_guard<std::mutex> lock(mu_);
+  RDMAPS_RETURN_IF_ERROR(Usable());
+  const Deadline deadline = CallDeadline();
+  ServerLink& s = servers_[0];
+  auto* result = reinterpret_cast<std::uint64_t*>(s.ctrl.get() +
+                                                  internal::RoundUp(s.ctrl_bytes, 8));
+  Op op = Op::FetchAdd(result, s.ctrl_mr.get(), atomics_.addr, atomics_.rkey, 1);
+  RDMAPS_RETURN_IF_ERROR(Exec(s, {&op, 1}, deadline));
+  const std::uint64_t W = options_.num_workers;
+  const std::uint64_t target = (*result / W + 1) * W;
+  const auto start = SteadyClock::now();
+  Backoff backoff;
+  while (true) {
+    // COMPARE_SWAP(0, 0) is an atomic read of a word only atomics touch.
+    op = Op::CompareSwap(result, s.ctrl_mr.get(), atomics_.addr, atomics_.rkey, 0, 0);
+    RDMAPS_RETURN_IF_ERROR(Exec(s, {&op, 1}, deadline));
+    if (*result >= target) break;
+    if (SteadyClock::now() >= deadline) {
+      AddBlocked(SteadyClock::now() - start);
+      return TimedOutError("Barrier: worker " + std::to_string(options_.worker_id) + " waited " +
+                           "wait_timeout; only " + std::to_string(*result - (target - W)) +
+                           " of " + std::to_string(W) +
+                           " workers arrived. Are the others alive and calling Barrier()?");
+    }
+    backoff.Pause();
+  }
+  AddBlocked(SteadyClock::now() - start);
+  return Status::OK();
+}
+
+Status ClientImpl::Close() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (closed_) return Status::OK();
+  closed_ = true;
+  Status st;
+  if (broken_.ok()) {
+    st = SendControlSlot(SlotKind::kBye, clock_, SteadyClock::now() + std::chrono::seconds(10));
+  }
+  for (ServerLink& s : servers_) {
+    if (s.conn) s.conn->Close();
+  }
+  return st;
+}
+
+// ---- async -----------------------------------------------------------------------
+
+Handle ClientImpl::Submit(std::function<Status()> fn, Callback done) {
+  auto state = std::make_shared<Handle::State>();
+  state->callback = std::move(done);
+  {
+    std::lock_guard<std::mutex> lock(exec_mu_);
+    if (!executor_.joinable() && !exec_stop_) executor_ = std::thread([this] { ExecutorLoop(); });
+    if (exec_stop_) {
+      state->done = true;
+      state->status = CancelledError("the Client is being destroyed");
+      return Handle(state);
+    }
+    queue_.emplace_back(std::move(fn), state);
+  }
+  exec_cv_.notify_one();
+  return Handle(state);
+}
+
+void ClientImpl::ExecutorLoop() {
+  std::unique_lock<std::mutex> lock(exec_mu_);
+  while (true) {
+    exec_cv_.wait(lock, [&] { return exec_stop_ || !queue_.empty(); });
+    if (queue_.empty()) return;  // stopping and drained
+    auto [fn, state] = std::move(queue_.front());
+    queue_.pop_front();
+    lock.unlock();
+    Status st = fn();
+    Callback cb;
+    {
+      std::lock_guard<std::mutex> slock(state->mu);
+      state->status = st;
+      state->done = true;
+      cb = std::move(state->callback);
+    }
+    state->cv.notify_all();
+    if (cb) cb(st);
+    lock.lock();
+  }
+}
+
+void ClientImpl::StopExecutor() {
+  {
+    std::lock_guard<std::mutex> lock(exec_mu_);
+    exec_stop_ = true;
+  }
+  exec_cv_.notify_all();
+  if (executor_.joinable()) executor_.join();
+}
+
+}  // namespace
+
+namespace internal {
+transport::Endpoint* TEST_ClientEndpoint(Client& client) {
+  return static_cast<ClientImpl&>(client).TEST_endpoint();
+}
+}  // namespace internal
+
+Result<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
+  auto client = std::make_unique<ClientImpl>(options);
+  RDMAPS_RETURN_IF_ERROR(client->Init());
+  return std::unique_ptr<Client>(std::move(client));
 }
 
 }  // namespace rdmaps

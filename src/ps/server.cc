@@ -26,6 +26,7 @@
 #include "src/ps/layout.h"
 #include "src/ps/memory.h"
 #include "src/ps/optimizer.h"
+#include "src/ps/test_hooks.h"
 #include "transport/transport.h"
 
 namespace rdmaps {
@@ -86,6 +87,9 @@ class ServerImpl final : public Server {
     return stats_;
   }
   Status ReadLocal(std::uint32_t table, RowRange range, std::vector<float>* out) const override;
+
+  transport::Endpoint* TEST_endpoint() const { return endpoint_.get(); }
+  Status TEST_SetRow(std::uint32_t table, std::uint64_t row, float value);
 
  private:
   Status RegisterAll();
@@ -565,7 +569,31 @@ Status ServerImpl::ReadLocal(std::uint32_t table, RowRange range, std::vector<fl
   return Status::OK();
 }
 
+Status ServerImpl::TEST_SetRow(std::uint32_t table, std::uint64_t row, float value) {
+  auto it = table_index_.find(table);
+  if (it == table_index_.end()) return InvalidArgumentError("unknown table");
+  TableState& t = tables_[it->second];
+  if (row < t.shard.begin || row >= t.shard.end()) return InvalidArgumentError("row not here");
+  std::lock_guard<std::mutex> lock(apply_mu_);
+  const std::uint64_t local = row - t.shard.begin;
+  BlockHeader h;
+  std::memcpy(&h, t.row(local), sizeof(h));
+  float* d = t.data(local);
+  for (std::uint32_t i = 0; i < t.options.dim; ++i) d[i] = value;
+  internal::SealBlock(t.row(local), h.version + 1, std::size_t{t.options.dim} * sizeof(float));
+  return Status::OK();
+}
+
 }  // namespace
+
+namespace internal {
+transport::Endpoint* TEST_ServerEndpoint(Server& server) {
+  return static_cast<ServerImpl&>(server).TEST_endpoint();
+}
+Status TEST_SetRow(Server& server, std::uint32_t table, std::uint64_t row, float value) {
+  return static_cast<ServerImpl&>(server).TEST_SetRow(table, row, value);
+}
+}  // namespace internal
 
 Result<std::unique_ptr<Server>> Server::Start(const ServerOptions& options) {
   auto server = std::make_unique<ServerImpl>(options);

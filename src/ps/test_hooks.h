@@ -1,0 +1,20 @@
+// Test-only access to a Server's and a Client's internals (fault injection
+// on their endpoints, simulating the apply thread). Not for production use.
+#pragma once
+
+#include <cstdint>
+
+#include "rdmaps/client.h"
+#include "rdmaps/server.h"
+#include "transport/transport.h"
+
+namespace rdmaps::internal {
+
+transport::Endpoint* TEST_ServerEndpoint(Server& server);
+transport::Endpoint* TEST_ClientEndpoint(Client& client);
+
+// Sets every float of `row` (a row this server owns) to `value` and bumps its
+// version, exactly as the apply thread writes a row: data first, then header.
+Status TEST_SetRow(Server& server, std::uint32_t table, std::uint64_t row, float value);
+
+}  // namespace rdmaps::internal

@@ -1,0 +1,127 @@
+// The range partition at its edges and the checked-block (torn-read) format.
+#include "src/ps/layout.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <vector>
+
+namespace rdmaps::internal {
+namespace {
+
+TEST(PartitionTest, EveryRowOnExactlyOneServerInOrder) {
+  for (std::uint64_t rows : {1, 2, 3, 5, 7, 10, 16, 17, 100, 1001}) {
+    for (std::uint32_t servers : {1u, 2u, 3u, 4u, 7u, 16u, 200u}) {
+      std::uint64_t next = 0;
+      for (std::uint32_t s = 0; s < servers; ++s) {
+        const ShardRange r = PartitionOf(rows, servers, s);
+        EXPECT_EQ(r.begin, next) << rows << " rows, " << servers << " servers, server " << s;
+        // Sizes differ by at most one, larger shards first.
+        EXPECT_TRUE(r.count == rows / servers || r.count == rows / servers + 1);
+        EXPECT_EQ(r.count, rows / servers + (s < rows % servers ? 1 : 0));
+        if (r.count > 0) {
+          // First and last row of each shard map back to it.
+          EXPECT_EQ(ServerOfRow(rows, servers, r.begin), s);
+          EXPECT_EQ(ServerOfRow(rows, servers, r.end() - 1), s);
+        }
+        next = r.end();
+      }
+      EXPECT_EQ(next, rows) << rows << " rows, " << servers << " servers";
+      if (rows <= 1001) {
+        for (std::uint64_t row = 0; row < rows; ++row) {
+          const std::uint32_t s = ServerOfRow(rows, servers, row);
+          ASSERT_LT(s, servers);
+          const ShardRange r = PartitionOf(rows, servers, s);
+          ASSERT_GE(row, r.begin);
+          ASSERT_LT(row, r.end());
+        }
+      }
+    }
+  }
+}
+
+TEST(PartitionTest, UnevenSplitGivesExtraRowsToFirstServers) {
+  EXPECT_EQ(PartitionOf(10, 3, 0).begin, 0u);
+  EXPECT_EQ(PartitionOf(10, 3, 0).count, 4u);
+  EXPECT_EQ(PartitionOf(10, 3, 1).begin, 4u);
+  EXPECT_EQ(PartitionOf(10, 3, 1).count, 3u);
+  EXPECT_EQ(PartitionOf(10, 3, 2).begin, 7u);
+  EXPECT_EQ(PartitionOf(10, 3, 2).count, 3u);
+  EXPECT_EQ(ServerOfRow(10, 3, 3), 0u);
+  EXPECT_EQ(ServerOfRow(10, 3, 4), 1u);
+  EXPECT_EQ(ServerOfRow(10, 3, 6), 1u);
+  EXPECT_EQ(ServerOfRow(10, 3, 7), 2u);
+  EXPECT_EQ(ServerOfRow(10, 3, 9), 2u);
+}
+
+TEST(PartitionTest, MoreServersThanRowsLeavesEmptyShardsAtTheEnd) {
+  for (std::uint32_t s = 0; s < 2; ++s) {
+    EXPECT_EQ(PartitionOf(2, 5, s).begin, s);
+    EXPECT_EQ(PartitionOf(2, 5, s).count, 1u);
+  }
+  for (std::uint32_t s = 2; s < 5; ++s) {
+    EXPECT_EQ(PartitionOf(2, 5, s).count, 0u);
+    EXPECT_EQ(PartitionOf(2, 5, s).begin, 2u);
+  }
+  EXPECT_EQ(ServerOfRow(2, 5, 0), 0u);
+  EXPECT_EQ(ServerOfRow(2, 5, 1), 1u);
+}
+
+TEST(PartitionTest, HugeTablesDoNotOverflow) {
+  const std::uint64_t rows = (1ull << 40) + 12345;
+  const std::uint32_t servers = 97;
+  const ShardRange last = PartitionOf(rows, servers, servers - 1);
+  EXPECT_EQ(last.end(), rows);
+  EXPECT_EQ(ServerOfRow(rows, servers, rows - 1), servers - 1);
+  EXPECT_EQ(ServerOfRow(rows, servers, 0), 0u);
+}
+
+TEST(RowStrideTest, CacheLinePaddedAndLargeEnough) {
+  for (std::uint32_t dim : {1u, 2u, 11u, 12u, 13u, 100u, 1000u}) {
+    const std::size_t s = RowStride(dim);
+    EXPECT_EQ(s % 64, 0u);
+    EXPECT_GE(s, 16 + 4 * std::size_t{dim});
+    EXPECT_LT(s, 16 + 4 * std::size_t{dim} + 64);
+  }
+}
+
+std::vector<std::byte> MakeBlock(std::uint64_t version, float value, std::size_t floats) {
+  std::vector<std::byte> b(sizeof(BlockHeader) + floats * sizeof(float));
+  for (std::size_t i = 0; i < floats; ++i) {
+    std::memcpy(b.data() + sizeof(BlockHeader) + i * 4, &value, 4);
+  }
+  SealBlock(b.data(), version, floats * sizeof(float));
+  return b;
+}
+
+TEST(CheckedBlockTest, SealedBlockVerifiesAndAnyChangeIsDetected) {
+  const std::size_t floats = 37;
+  auto b = MakeBlock(7, 1.5f, floats);
+  EXPECT_TRUE(VerifyBlock(b.data(), floats * 4));
+  for (std::size_t i = 0; i < b.size(); ++i) {
+    auto c = b;
+    c[i] ^= std::byte{0x10};
+    EXPECT_FALSE(VerifyBlock(c.data(), floats * 4)) << "flipped byte " << i;
+  }
+}
+
+TEST(CheckedBlockTest, EveryMixOfTwoVersionsAtCacheLineGranularityIsRejected) {
+  // What a NIC can deliver: each 64-byte line from the old or the new row.
+  const std::size_t floats = 60;  // 256 bytes = 4 lines
+  auto old_b = MakeBlock(1, 1.0f, floats);
+  auto new_b = MakeBlock(2, 2.0f, floats);
+  const std::size_t lines = (old_b.size() + 63) / 64;
+  for (unsigned mask = 0; mask < (1u << lines); ++mask) {
+    std::vector<std::byte> mix(old_b.size());
+    for (std::size_t l = 0; l < lines; ++l) {
+      const auto& src = (mask >> l) & 1 ? new_b : old_b;
+      const std::size_t n = std::min<std::size_t>(64, mix.size() - l * 64);
+      std::memcpy(mix.data() + l * 64, src.data() + l * 64, n);
+    }
+    const bool whole = mask == 0 || mask == (1u << lines) - 1;
+    EXPECT_EQ(VerifyBlock(mix.data(), floats * 4), whole) << "mask " << mask;
+  }
+}
+
+}  // namespace
+}  // namespace rdmaps::internal
