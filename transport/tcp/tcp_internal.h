@@ -11,6 +11,7 @@
 
 #include <sys/uio.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -216,6 +217,9 @@ class EndpointCore {
   // Hands a listening socket or an established served socket to the
   // progress thread.
   void AdoptListener(Fd fd);
+  // Announced in handshakes and required of peers (tests change it).
+  std::uint16_t protocol_version() const { return protocol_version_.load(); }
+  void set_protocol_version(std::uint16_t v) { protocol_version_.store(v); }
   void AdoptServed(std::shared_ptr<Inbound> in);
 
   void PushNotification(const Notification& n);
@@ -255,6 +259,7 @@ class EndpointCore {
   const EndpointOptions options_;
   const std::shared_ptr<RegionTable> regions_;
   const std::chrono::milliseconds handshake_timeout_;
+  std::atomic<std::uint16_t> protocol_version_{kProtocolVersion};
 
   Fd epoll_;
   Fd wake_fd_;
@@ -268,7 +273,8 @@ class EndpointCore {
   std::vector<std::shared_ptr<Inbound>> new_served_;
   std::deque<Notification> notifications_;
   std::deque<std::unique_ptr<Connection>> accepted_;
-  std::uint64_t interrupts_ = 0;
+  bool interrupted_ = false;  // Sticky until a waiter returns because of it.
+  bool listening_ = false;
 
   // Progress thread only.
   std::vector<Fd> listeners_;

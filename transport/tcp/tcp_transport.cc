@@ -136,6 +136,7 @@ void EndpointCore::Wake() {
 void EndpointCore::AdoptListener(Fd fd) {
   {
     std::lock_guard lock(mu_);
+    listening_ = true;
     new_listeners_.push_back(std::move(fd));
   }
   Wake();
@@ -159,30 +160,32 @@ void EndpointCore::PushNotification(const Notification& n) {
 
 Result<std::size_t> EndpointCore::WaitNotifications(std::span<Notification> out,
                                                     Deadline deadline) {
+  if (out.empty()) return InvalidArgumentError("WaitNotifications with an empty output span");
   std::unique_lock lock(mu_);
-  const std::uint64_t interrupts = interrupts_;
-  cv_.wait_until(lock, deadline, [&] {
-    return !notifications_.empty() || interrupts_ != interrupts || stop_ || out.empty();
-  });
+  cv_.wait_until(lock, deadline,
+                 [&] { return !notifications_.empty() || interrupted_ || stop_; });
   std::size_t n = 0;
   while (n < out.size() && !notifications_.empty()) {
     out[n++] = notifications_.front();
     notifications_.pop_front();
   }
+  if (n == 0 && interrupted_) interrupted_ = false;
   return n;
 }
 
 Result<std::unique_ptr<Connection>> EndpointCore::Accept(Deadline deadline) {
   std::unique_lock lock(mu_);
-  const std::uint64_t interrupts = interrupts_;
-  cv_.wait_until(lock, deadline,
-                 [&] { return !accepted_.empty() || interrupts_ != interrupts || stop_; });
+  if (!listening_) return FailedPreconditionError("Accept before Listen; call Listen first");
+  cv_.wait_until(lock, deadline, [&] { return !accepted_.empty() || interrupted_ || stop_; });
   if (!accepted_.empty()) {
     auto conn = std::move(accepted_.front());
     accepted_.pop_front();
     return conn;
   }
-  if (interrupts_ != interrupts) return CancelledError("Accept was interrupted");
+  if (interrupted_) {
+    interrupted_ = false;
+    return CancelledError("Accept was interrupted by Endpoint::Interrupt()");
+  }
   if (stop_) return CancelledError("Accept: the endpoint is shutting down");
   return TimedOutError("Accept: no peer connected by the deadline; check that peers connect to "
                        "the address Listen returned, with the same job token");
@@ -191,7 +194,7 @@ Result<std::unique_ptr<Connection>> EndpointCore::Accept(Deadline deadline) {
 void EndpointCore::Interrupt() {
   {
     std::lock_guard lock(mu_);
-    ++interrupts_;
+    interrupted_ = true;
   }
   cv_.notify_all();
 }
@@ -383,7 +386,7 @@ void EndpointCore::Reply(Inbound& in, StatusCode code, const std::string& messag
   std::string msg = message.substr(0, kMaxMessageBytes);
   HelloReplyWire r{};
   r.magic.set(kHelloMagic);
-  r.version.set(kProtocolVersion);
+  r.version.set(protocol_version());
   r.status = static_cast<std::uint8_t>(code);
   r.peer_id.set(options_.peer_id);
   r.message_len.set(static_cast<std::uint16_t>(msg.size()));
@@ -412,11 +415,11 @@ Status EndpointCore::HandleHello(const std::shared_ptr<Inbound>& in) {
     return InvalidArgumentError("bad handshake magic (not an rdmaps tcp peer?)");
   }
   if (avail < sizeof(HelloWire)) return Status::OK();
-  if (h.version.get() != kProtocolVersion) {
+  if (h.version.get() != protocol_version()) {
     std::string msg = "protocol version mismatch: peer speaks " +
                       std::to_string(h.version.get()) + ", this endpoint (peer " +
                       std::to_string(options_.peer_id) + ") speaks " +
-                      std::to_string(kProtocolVersion) +
+                      std::to_string(protocol_version()) +
                       "; run the same rdmaps release on every node";
     Reply(*in, StatusCode::kFailedPrecondition, msg, 0);
     return FailedPreconditionError(msg);
@@ -606,6 +609,8 @@ class TcpEndpoint final : public Endpoint {
 
   void Interrupt() override { core_->Interrupt(); }
 
+  EndpointCore& core() { return *core_; }
+
  private:
   Result<HelloReplyWire> Handshake(int fd, const std::string& name, HelloRole role,
                                    std::uint64_t session, const ConnectOptions& options,
@@ -613,7 +618,7 @@ class TcpEndpoint final : public Endpoint {
     const std::string& token = this->options().job_token;
     HelloWire h{};
     h.magic.set(kHelloMagic);
-    h.version.set(kProtocolVersion);
+    h.version.set(core_->protocol_version());
     h.role = static_cast<std::uint8_t>(role);
     h.user_data_len = static_cast<std::uint8_t>(options.user_data.size());
     h.peer_id.set(this->options().peer_id);
@@ -635,10 +640,10 @@ class TcpEndpoint final : public Endpoint {
       return Status(CodeFromWire(r.status), "peer at " + name + " refused the connection: " +
                                                  message);
     }
-    if (r.version.get() != kProtocolVersion) {
+    if (r.version.get() != core_->protocol_version()) {
       return FailedPreconditionError(what + ": protocol version mismatch: peer speaks " +
                                      std::to_string(r.version.get()) + ", we speak " +
-                                     std::to_string(kProtocolVersion) +
+                                     std::to_string(core_->protocol_version()) +
                                      "; run the same rdmaps release on every node");
     }
     return r;
@@ -650,6 +655,16 @@ class TcpEndpoint final : public Endpoint {
 };
 
 }  // namespace
+
+Status TEST_SetProtocolVersion(Endpoint& endpoint, std::uint16_t version) {
+  auto* tcp = dynamic_cast<TcpEndpoint*>(&endpoint);
+  if (tcp == nullptr) {
+    return InvalidArgumentError("TEST_SetProtocolVersion needs a tcp endpoint, not a '" +
+                                std::string(endpoint.kind()) + "' one");
+  }
+  tcp->core().set_protocol_version(version);
+  return Status::OK();
+}
 
 Result<std::unique_ptr<Endpoint>> CreateEndpoint(const EndpointOptions& options) {
   if (options.job_token.size() > kMaxTokenBytes) {

@@ -1,0 +1,60 @@
+// Helpers for the tcp backend's own tests: endpoints on 127.0.0.1:0, a
+// connected pair with registered buffers, and raw sockets speaking (or
+// abusing) the wire protocol of transport/tcp/tcp_wire.h.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "transport/tcp/tcp_socket.h"
+#include "transport/tcp/tcp_wire.h"
+#include "transport/transport.h"
+
+namespace rdmaps::transport::tcp::testing {
+
+inline constexpr const char* kToken = "tcp-test-token";
+
+std::unique_ptr<Endpoint> MakeEndpoint(std::uint32_t peer_id,
+                                       std::chrono::milliseconds op_timeout =
+                                           std::chrono::seconds(20));
+
+// A listening server with a registered 64 KiB buffer (kRemoteAll), and a
+// client connected to it with its own registered 64 KiB buffer.
+struct Pair {
+  explicit Pair(std::chrono::milliseconds op_timeout = std::chrono::seconds(20));
+  std::unique_ptr<Endpoint> server;
+  std::unique_ptr<Endpoint> client;
+  std::string address;
+  std::vector<std::byte> remote;
+  std::vector<std::byte> local;
+  std::unique_ptr<MemoryRegion> rmr;
+  std::unique_ptr<MemoryRegion> lmr;
+  std::unique_ptr<Connection> conn;      // Client -> server.
+  std::unique_ptr<Connection> accepted;  // Server -> client.
+};
+
+// Posts one op and waits for its completion (5 s deadline).
+Status RunOne(Connection& conn, const Op& op);
+
+// A raw TCP socket to `address` (blocking, 5 s timeouts); invalid on error.
+Fd RawConnect(const std::string& address);
+// Sends a Hello for `role`; returns the reply's status (kOk = accepted) and
+// its session id.
+struct RawReply {
+  std::uint8_t status = 0xff;
+  std::uint64_t session = 0;
+  std::string message;
+};
+RawReply RawHello(int fd, HelloRole role, std::uint64_t session,
+                  const std::string& token = kToken, std::uint16_t version = kProtocolVersion,
+                  std::uint32_t peer_id = 77);
+bool SendBytes(int fd, const void* p, std::size_t n);
+// True when the peer closed the socket (EOF or reset) within 5 s, reading
+// and discarding what arrives first.
+bool WaitClosed(int fd);
+
+}  // namespace rdmaps::transport::tcp::testing

@@ -1,0 +1,480 @@
+// The tcp backend's own behaviour, beyond the shared conformance suite:
+// address parsing, handshakes, large zero-copy transfers, pipelining, peers
+// that vanish or stall mid-op, deregistration under load, and the progress
+// thread's deadlines for silent peers. Raw sockets play misbehaving peers.
+#include "transport/tcp/tcp_transport.h"
+
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <array>
+#include <atomic>
+#include <cstring>
+#include <numeric>
+#include <thread>
+
+#include "tests/transport_tcp/tcp_test_util.h"
+#include "transport/tcp/tcp_socket.h"
+#include "transport/tcp/tcp_wire.h"
+
+namespace rdmaps::transport::tcp {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+using testing::kToken;
+using testing::MakeEndpoint;
+using testing::Pair;
+using testing::RunOne;
+
+// --- Addresses -------------------------------------------------------------
+
+TEST(TcpAddress, ParsesIpv4AndBracketedIpv6) {
+  auto a = ParseAddress("127.0.0.1:7000");
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->host, "127.0.0.1");
+  EXPECT_EQ(a->port, 7000);
+  EXPECT_FALSE(a->bracketed);
+  auto b = ParseAddress("[::1]:0");
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(b->host, "::1");
+  EXPECT_EQ(b->port, 0);
+  EXPECT_TRUE(b->bracketed);
+  auto c = ParseAddress("localhost:65535");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->port, 65535);
+}
+
+TEST(TcpAddress, RejectsMalformedWithInvalidArgument) {
+  for (const char* bad : {"", "127.0.0.1", "127.0.0.1:", ":80", "127.0.0.1:65536",
+                          "127.0.0.1:-1", "127.0.0.1:80x", "::1:80", "[::1]", "[::1]80",
+                          "[]:80", "[nonsense]:80", "[::1:80"}) {
+    auto r = ParseAddress(bad);
+    EXPECT_FALSE(r.ok()) << bad;
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(r.status().message().find("host:port"), std::string::npos) << r.status();
+  }
+}
+
+TEST(TcpAddress, ListenAndConnectRejectMalformedAddresses) {
+  auto ep = MakeEndpoint(1);
+  ASSERT_TRUE(ep);
+  auto l = ep->Listen("no-port-here");
+  EXPECT_EQ(l.status().code(), StatusCode::kInvalidArgument) << l.status();
+  auto c = ep->Connect("1.2.3.4", {}, DeadlineAfter(seconds(1)));
+  EXPECT_EQ(c.status().code(), StatusCode::kInvalidArgument) << c.status();
+}
+
+TEST(TcpAddress, ListenPortZeroReturnsTheBoundPort) {
+  auto ep = MakeEndpoint(1);
+  ASSERT_TRUE(ep);
+  auto a = ep->Listen("127.0.0.1:0");
+  ASSERT_TRUE(a.ok()) << a.status();
+  auto hp = ParseAddress(*a);
+  ASSERT_TRUE(hp.ok()) << *a;
+  EXPECT_EQ(hp->host, "127.0.0.1");
+  EXPECT_NE(hp->port, 0);
+  auto again = ep->Listen("127.0.0.1:0");
+  EXPECT_EQ(again.status().code(), StatusCode::kFailedPrecondition);
+}
+
+TEST(TcpAddress, WorksOverIpv6Loopback) {
+  Fd probe(::socket(AF_INET6, SOCK_STREAM, 0));
+  sockaddr_in6 sa{};
+  sa.sin6_family = AF_INET6;
+  sa.sin6_addr = in6addr_loopback;
+  if (!probe.valid() ||
+      ::bind(probe.get(), reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0) {
+    GTEST_SKIP() << "no IPv6 loopback on this machine";
+  }
+  auto server = MakeEndpoint(1);
+  auto client = MakeEndpoint(2);
+  std::uint64_t word = 41;
+  auto rmr = std::move(server->Register(&word, 8, kRemoteAtomic)).value();
+  std::uint64_t prior = 0;
+  auto lmr = std::move(client->Register(&prior, 8, kAccessNone)).value();
+  auto a = server->Listen("[::1]:0");
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_EQ(a->rfind("[::1]:", 0), 0u) << *a;
+  auto conn = client->Connect(*a, {}, DeadlineAfter(seconds(5)));
+  ASSERT_TRUE(conn.ok()) << conn.status();
+  ASSERT_TRUE(RunOne(**conn, Op::FetchAdd(&prior, lmr.get(), rmr->remote().addr, rmr->rkey(), 1))
+                  .ok());
+  EXPECT_EQ(prior, 41u);
+  EXPECT_EQ(word, 42u);
+}
+
+// --- Handshake -------------------------------------------------------------
+
+TEST(TcpHandshake, CarriesPeerIdsAndUserData) {
+  auto server = MakeEndpoint(11);
+  auto client = MakeEndpoint(22);
+  auto a = server->Listen("127.0.0.1:0");
+  ASSERT_TRUE(a.ok());
+  ConnectOptions co;
+  co.user_data = {1, 2, 3, 250};
+  auto conn = client->Connect(*a, co, DeadlineAfter(seconds(5)));
+  ASSERT_TRUE(conn.ok()) << conn.status();
+  EXPECT_EQ((*conn)->peer().peer_id, 11u);
+  auto acc = server->Accept(DeadlineAfter(seconds(5)));
+  ASSERT_TRUE(acc.ok()) << acc.status();
+  EXPECT_EQ((*acc)->peer().peer_id, 22u);
+  EXPECT_EQ((*acc)->peer().user_data, co.user_data);
+  EXPECT_EQ((*acc)->peer().address.rfind("127.0.0.1:", 0), 0u);
+}
+
+TEST(TcpHandshake, TokenMismatchIsPermissionDenied) {
+  auto server = MakeEndpoint(1);
+  EndpointOptions o;
+  o.job_token = "another-job";
+  o.peer_id = 2;
+  auto client = std::move(CreateEndpoint(o)).value();
+  auto a = server->Listen("127.0.0.1:0");
+  ASSERT_TRUE(a.ok());
+  auto conn = client->Connect(*a, {}, DeadlineAfter(seconds(5)));
+  ASSERT_FALSE(conn.ok());
+  EXPECT_EQ(conn.status().code(), StatusCode::kPermissionDenied) << conn.status();
+  EXPECT_NE(conn.status().message().find("job token"), std::string::npos) << conn.status();
+  auto acc = server->Accept(DeadlineAfter(milliseconds(100)));
+  EXPECT_EQ(acc.status().code(), StatusCode::kTimedOut) << "a refused peer was accepted";
+}
+
+TEST(TcpHandshake, VersionMismatchIsFailedPrecondition) {
+  auto server = MakeEndpoint(1);
+  auto client = MakeEndpoint(2);
+  ASSERT_TRUE(TEST_SetProtocolVersion(*client, kProtocolVersion + 1).ok());
+  auto a = server->Listen("127.0.0.1:0");
+  ASSERT_TRUE(a.ok());
+  auto conn = client->Connect(*a, {}, DeadlineAfter(seconds(5)));
+  EXPECT_EQ(conn.status().code(), StatusCode::kFailedPrecondition) << conn.status();
+  EXPECT_NE(conn.status().message().find("version"), std::string::npos);
+}
+
+TEST(TcpHandshake, ConnectToNobodyIsUnavailable) {
+  // Bind a port, then close it: nobody listens there.
+  std::string address;
+  {
+    auto ep = MakeEndpoint(1);
+    address = ep->Listen("127.0.0.1:0").value();
+  }
+  auto client = MakeEndpoint(2);
+  auto conn = client->Connect(address, {}, DeadlineAfter(seconds(5)));
+  EXPECT_EQ(conn.status().code(), StatusCode::kUnavailable) << conn.status();
+}
+
+TEST(TcpHandshake, ConnectToASilentListenerTimesOutAtTheDeadline) {
+  Fd l(::socket(AF_INET, SOCK_STREAM, 0));
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(l.get(), reinterpret_cast<sockaddr*>(&sa), sizeof(sa)), 0);
+  ASSERT_EQ(::listen(l.get(), 8), 0);
+  auto client = MakeEndpoint(2);
+  auto conn = client->Connect(LocalAddress(l.get()), {}, DeadlineAfter(milliseconds(200)));
+  EXPECT_EQ(conn.status().code(), StatusCode::kTimedOut) << conn.status();
+}
+
+TEST(TcpHandshake, SilentAcceptedSocketIsClosedAtTheHandshakeDeadline) {
+  auto server = MakeEndpoint(1, milliseconds(300));
+  auto a = server->Listen("127.0.0.1:0");
+  ASSERT_TRUE(a.ok());
+  Fd raw = testing::RawConnect(*a);
+  ASSERT_TRUE(raw.valid());
+  EXPECT_TRUE(testing::WaitClosed(raw.get())) << "the silent socket was kept open";
+}
+
+// --- Data path -------------------------------------------------------------
+
+TEST(TcpDataPath, LargeWriteThenReadRoundTrips) {
+  auto server = MakeEndpoint(1);
+  auto client = MakeEndpoint(2);
+  const std::size_t n = 8 << 20;
+  std::vector<std::uint8_t> remote(n, 0), src(n), dst(n, 0);
+  for (std::size_t i = 0; i < n; ++i) src[i] = static_cast<std::uint8_t>(i * 131 + (i >> 13));
+  auto rmr = std::move(server->Register(remote.data(), n, kRemoteAll)).value();
+  auto smr = std::move(client->Register(src.data(), n, kAccessNone)).value();
+  auto dmr = std::move(client->Register(dst.data(), n, kAccessNone)).value();
+  auto conn = std::move(client->Connect(server->Listen("127.0.0.1:0").value(), {},
+                                        DeadlineAfter(seconds(5))))
+                  .value();
+  const auto base = rmr->remote().addr;
+  ASSERT_TRUE(RunOne(*conn, Op::Write(src.data(), smr.get(), n, base, rmr->rkey())).ok());
+  EXPECT_EQ(remote, src);
+  ASSERT_TRUE(RunOne(*conn, Op::Read(dst.data(), dmr.get(), n, base, rmr->rkey())).ok());
+  EXPECT_EQ(dst, src);
+}
+
+TEST(TcpDataPath, ManyPipelinedOpsCompleteInOrderWithTheirData) {
+  Pair p;
+  ASSERT_TRUE(p.conn);
+  // 1000 READs of 8 distinct 64-byte slots, posted in batches of 100, with
+  // some polled early so posting and reaping interleave.
+  for (std::size_t i = 0; i < p.remote.size(); ++i) {
+    p.remote[i] = static_cast<std::byte>(i % 251);
+  }
+  const std::size_t kOps = 1000;
+  std::size_t next_expected = 0;
+  std::array<Completion, 64> out;
+  auto check = [&](std::size_t n) {
+    for (std::size_t i = 0; i < n; ++i) {
+      ASSERT_TRUE(out[i].status.ok()) << out[i].status;
+      ASSERT_EQ(out[i].context, next_expected) << "completions out of posting order";
+      ++next_expected;
+    }
+  };
+  for (std::size_t posted = 0; posted < kOps;) {
+    std::vector<Op> batch;
+    for (int j = 0; j < 100; ++j, ++posted) {
+      std::size_t slot = posted % 512;
+      batch.push_back(Op::Read(p.local.data() + slot * 64, p.lmr.get(), 64,
+                               p.rmr->remote().addr + slot * 64, p.rmr->rkey(), posted));
+    }
+    while (p.conn->outstanding() + batch.size() > p.conn->max_outstanding()) {
+      auto n = p.conn->Wait(out, DeadlineAfter(seconds(5)));
+      ASSERT_TRUE(n.ok());
+      ASSERT_NO_FATAL_FAILURE(check(*n));
+    }
+    ASSERT_TRUE(p.conn->Post(batch).ok());
+    ASSERT_NO_FATAL_FAILURE(check(p.conn->Poll(out)));
+  }
+  while (p.conn->outstanding() > 0) {
+    auto n = p.conn->Wait(out, DeadlineAfter(seconds(5)));
+    ASSERT_TRUE(n.ok());
+    ASSERT_GT(*n, 0u);
+    ASSERT_NO_FATAL_FAILURE(check(*n));
+  }
+  EXPECT_EQ(next_expected, kOps);
+  EXPECT_EQ(std::memcmp(p.local.data(), p.remote.data(), 512 * 64), 0);
+}
+
+TEST(TcpDataPath, AcceptedSideCanPostOps) {
+  Pair p;
+  ASSERT_TRUE(p.accepted);
+  std::memcpy(p.local.data(), "reverse!", 8);
+  // The client registered `local` with no remote rights: register a remote
+  // one on the client for the server to write into.
+  std::array<std::uint8_t, 16> client_mem{};
+  auto cmr = std::move(p.client->Register(client_mem.data(), 16, kRemoteWrite)).value();
+  std::memcpy(p.remote.data(), "from the server", 16);
+  ASSERT_TRUE(RunOne(*p.accepted,
+                     Op::Write(p.remote.data(), p.rmr.get(), 16, cmr->remote().addr, cmr->rkey()))
+                  .ok());
+  EXPECT_EQ(std::memcmp(client_mem.data(), "from the server", 16), 0);
+}
+
+TEST(TcpDataPath, WriteWithImmNotifiesAfterTheData) {
+  Pair p;
+  ASSERT_TRUE(p.conn);
+  std::memset(p.local.data(), 0x5a, 20000);
+  ASSERT_TRUE(p.conn->Post(std::array{Op::Write(p.local.data(), p.lmr.get(), 10000,
+                                                p.rmr->remote().addr, p.rmr->rkey()),
+                                      Op::WriteWithImm(p.local.data(), p.lmr.get(), 20000,
+                                                       p.rmr->remote().addr + 10000,
+                                                       p.rmr->rkey(), 0xfeed)})
+                  .ok());
+  Notification n;
+  auto got = p.server->WaitNotifications({&n, 1}, DeadlineAfter(seconds(5)));
+  ASSERT_TRUE(got.ok());
+  ASSERT_EQ(*got, 1u);
+  EXPECT_EQ(n.kind, Notification::Kind::kImmediate);
+  EXPECT_EQ(n.imm, 0xfeedu);
+  EXPECT_EQ(n.length, 20000u);
+  EXPECT_EQ(n.peer_id, 2u);
+  for (std::size_t i = 0; i < 30000; ++i) ASSERT_EQ(p.remote[i], std::byte{0x5a}) << i;
+}
+
+TEST(TcpDataPath, ClosingAConnectionNotifiesThePeer) {
+  Pair p;
+  ASSERT_TRUE(p.conn);
+  p.conn->Close();
+  Notification n;
+  auto got = p.server->WaitNotifications({&n, 1}, DeadlineAfter(seconds(5)));
+  ASSERT_TRUE(got.ok());
+  ASSERT_EQ(*got, 1u);
+  EXPECT_EQ(n.kind, Notification::Kind::kDisconnected);
+  EXPECT_EQ(n.peer_id, 2u);
+  // The server's side of the connection sees it gone too.
+  Status s = RunOne(*p.accepted, Op::Read(p.remote.data(), p.rmr.get(), 8, 0, 1));
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s;
+}
+
+TEST(TcpDataPath, DeregistrationUnderLoadFailsLaterOpsCleanly) {
+  // A client hammers READs (large ones, sent straight from registered
+  // memory) while the server deregisters the region: every op either
+  // succeeds or fails with PermissionDenied/Cancelled, nothing crashes, and
+  // ASan sees no use after free.
+  auto server = MakeEndpoint(1);
+  auto client = MakeEndpoint(2);
+  auto region = std::make_unique<std::vector<std::uint8_t>>(1 << 20, 7);
+  auto rmr = std::move(server->Register(region->data(), region->size(), kRemoteRead)).value();
+  const RemoteRegion remote = rmr->remote();
+  std::vector<std::uint8_t> local(1 << 20);
+  auto lmr = std::move(client->Register(local.data(), local.size(), kAccessNone)).value();
+  auto conn = std::move(client->Connect(server->Listen("127.0.0.1:0").value(), {},
+                                        DeadlineAfter(seconds(5))))
+                  .value();
+  std::atomic<int> completed_ok{0};
+  std::atomic<bool> failed{false};
+  std::thread reader([&] {
+    std::array<Completion, 16> out;
+    for (int round = 0; round < 200 && !failed; ++round) {
+      std::vector<Op> ops;
+      for (int j = 0; j < 4; ++j) {
+        ops.push_back(Op::Read(local.data(), lmr.get(), 256 * 1024, remote.addr + j * 4096,
+                               remote.rkey));
+      }
+      if (!conn->Post(ops).ok()) break;
+      while (conn->outstanding() > 0) {
+        auto n = conn->Wait(out, DeadlineAfter(seconds(5)));
+        ASSERT_TRUE(n.ok());
+        ASSERT_GT(*n, 0u);
+        for (std::size_t i = 0; i < *n; ++i) {
+          if (out[i].status.ok()) {
+            ++completed_ok;
+          } else {
+            EXPECT_TRUE(out[i].status.code() == StatusCode::kPermissionDenied ||
+                        out[i].status.code() == StatusCode::kCancelled ||
+                        out[i].status.code() == StatusCode::kUnavailable)
+                << out[i].status;
+            failed = true;
+          }
+        }
+      }
+    }
+  });
+  while (completed_ok.load() < 8 && !failed) std::this_thread::yield();
+  rmr.reset();     // Deregister...
+  region.reset();  // ...and free the memory at once: the server must not touch it.
+  reader.join();
+  EXPECT_TRUE(failed) << "ops kept succeeding after deregistration";
+}
+
+// --- Peers that vanish or stall --------------------------------------------
+
+// A raw acceptor: completes the two-socket handshake by hand, then lets the
+// test read requests and answer (or not) as it likes.
+struct RawServer {
+  RawServer() {
+    listener = Fd(::socket(AF_INET, SOCK_STREAM, 0));
+    sockaddr_in sa{};
+    sa.sin_family = AF_INET;
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(::bind(listener.get(), reinterpret_cast<sockaddr*>(&sa), sizeof(sa)), 0);
+    EXPECT_EQ(::listen(listener.get(), 8), 0);
+    address = LocalAddress(listener.get());
+  }
+  // Runs in a thread while the client connects.
+  void Handshake() {
+    for (int i = 0; i < 2; ++i) {
+      Fd s(::accept(listener.get(), nullptr, nullptr));
+      ASSERT_TRUE(s.valid());
+      HelloWire h;
+      ASSERT_TRUE(Recv(s.get(), &h, sizeof(h)));
+      std::string token(h.token_len.get(), '\0');
+      ASSERT_TRUE(Recv(s.get(), token.data(), token.size()));
+      HelloReplyWire r{};
+      r.magic.set(kHelloMagic);
+      r.version.set(kProtocolVersion);
+      r.peer_id.set(9);
+      r.session.set(1234);
+      ASSERT_TRUE(testing::SendBytes(s.get(), &r, sizeof(r)));
+      (i == 0 ? ops : reverse) = std::move(s);
+    }
+  }
+  static bool Recv(int fd, void* p, std::size_t n) {
+    auto* b = static_cast<char*>(p);
+    while (n > 0) {
+      ssize_t r = ::recv(fd, b, n, 0);
+      if (r <= 0) return false;
+      b += r;
+      n -= static_cast<std::size_t>(r);
+    }
+    return true;
+  }
+  Fd listener, ops, reverse;
+  std::string address;
+};
+
+std::unique_ptr<Connection> ConnectRaw(Endpoint& client, RawServer& raw) {
+  std::thread t([&] { raw.Handshake(); });
+  auto c = client.Connect(raw.address, {}, DeadlineAfter(seconds(5)));
+  t.join();
+  EXPECT_TRUE(c.ok()) << c.status();
+  return c.ok() ? std::move(c).value() : nullptr;
+}
+
+TEST(TcpPeerFailure, PeerVanishingMidOpCompletesOpsWithUnavailable) {
+  auto client = MakeEndpoint(2);
+  std::vector<std::uint8_t> local(4096);
+  auto lmr = std::move(client->Register(local.data(), local.size(), kAccessNone)).value();
+  RawServer raw;
+  auto conn = ConnectRaw(*client, raw);
+  ASSERT_TRUE(conn);
+  std::vector<Op> ops;
+  for (int i = 0; i < 3; ++i) ops.push_back(Op::Read(local.data(), lmr.get(), 1000, 64, 5, i));
+  ASSERT_TRUE(conn->Post(ops).ok());
+  // The peer reads the requests, starts answering the first, and dies.
+  RequestWire req[3];
+  ASSERT_TRUE(RawServer::Recv(raw.ops.get(), req, sizeof(req)));
+  EXPECT_EQ(req[0].magic, kRequestMagic);
+  EXPECT_EQ(req[0].length.get(), 1000u);
+  ResponseWire r{};
+  r.magic = kResponseMagic;
+  r.opcode = static_cast<std::uint8_t>(WireOp::kRead);
+  r.length.set(1000);
+  ASSERT_TRUE(testing::SendBytes(raw.ops.get(), &r, sizeof(r)));
+  ASSERT_TRUE(testing::SendBytes(raw.ops.get(), local.data(), 300));  // Truncated.
+  raw.ops.Reset();
+  raw.reverse.Reset();
+  std::array<Completion, 4> out;
+  std::size_t got = 0;
+  while (got < 3) {
+    auto n = conn->Wait(std::span(out).subspan(got), DeadlineAfter(seconds(5)));
+    ASSERT_TRUE(n.ok()) << n.status();
+    ASSERT_GT(*n, 0u) << "ops hung after the peer vanished";
+    got += *n;
+  }
+  for (std::size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(out[i].context, i);
+    EXPECT_EQ(out[i].status.code(), StatusCode::kUnavailable) << out[i].status;
+  }
+  EXPECT_EQ(conn->health().code(), StatusCode::kUnavailable);
+  EXPECT_EQ(conn->Post(ops).code(), StatusCode::kUnavailable);
+}
+
+TEST(TcpPeerFailure, UnansweredOpTimesOutAndFlushesTheRest) {
+  auto client = MakeEndpoint(2, milliseconds(200));
+  std::vector<std::uint8_t> local(64);
+  auto lmr = std::move(client->Register(local.data(), local.size(), kAccessNone)).value();
+  RawServer raw;
+  auto conn = ConnectRaw(*client, raw);
+  ASSERT_TRUE(conn);
+  std::vector<Op> ops = {Op::Read(local.data(), lmr.get(), 8, 0, 5, 1),
+                         Op::Read(local.data(), lmr.get(), 8, 0, 5, 2)};
+  ASSERT_TRUE(conn->Post(ops).ok());
+  std::array<Completion, 2> out;
+  std::size_t got = 0;
+  while (got < 2) {
+    auto n = conn->Wait(std::span(out).subspan(got), DeadlineAfter(seconds(5)));
+    ASSERT_TRUE(n.ok());
+    ASSERT_GT(*n, 0u);
+    got += *n;
+  }
+  EXPECT_EQ(out[0].status.code(), StatusCode::kTimedOut) << out[0].status;
+  EXPECT_EQ(out[1].status.code(), StatusCode::kCancelled) << out[1].status;
+}
+
+TEST(TcpPeerFailure, ServerEndpointDestroyedFailsClientOps) {
+  Pair p;
+  ASSERT_TRUE(p.conn);
+  p.accepted.reset();
+  p.rmr.reset();
+  p.server.reset();
+  Status s = RunOne(*p.conn, Op::Read(p.local.data(), p.lmr.get(), 8, 0, 1));
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s;
+}
+
+}  // namespace
+}  // namespace rdmaps::transport::tcp
