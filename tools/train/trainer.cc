@@ -51,6 +51,18 @@ Status LocalStore::Push(const Params<float>& grads) {
   return Status::OK();
 }
 
+std::vector<std::uint32_t> PartitionIndices(std::size_t n, std::uint64_t seed, int worker,
+                                            int workers) {
+  CHECK_GE(worker, 0);
+  CHECK_LT(worker, workers);
+  std::vector<std::uint32_t> perm(n);
+  std::iota(perm.begin(), perm.end(), 0u);
+  std::shuffle(perm.begin(), perm.end(), std::mt19937_64(seed));
+  const std::size_t part = n / static_cast<std::size_t>(workers);
+  const auto first = perm.begin() + static_cast<std::ptrdiff_t>(part * static_cast<std::size_t>(worker));
+  return std::vector<std::uint32_t>(first, first + static_cast<std::ptrdiff_t>(part));
+}
+
 void FillBatch(const Dataset& d, const std::uint32_t* indices, std::size_t n, float* x,
                std::uint8_t* y) {
   const std::size_t f = d.features();
@@ -100,13 +112,8 @@ Result<TrainReport> Train(const TrainOptions& options, const Dataset& train,
         std::to_string(options.batch_size) + "; lower --batch_size or raise --train_limit");
   }
 
-  // Same permutation on every worker, then this worker's slice of it.
-  std::vector<std::uint32_t> perm(train.n);
-  std::iota(perm.begin(), perm.end(), 0u);
-  std::shuffle(perm.begin(), perm.end(), std::mt19937_64(options.seed));
-  const auto first = perm.begin() + static_cast<std::ptrdiff_t>(
-                                        part * static_cast<std::size_t>(options.worker_index));
-  std::vector<std::uint32_t> mine(first, first + static_cast<std::ptrdiff_t>(part));
+  std::vector<std::uint32_t> mine =
+      PartitionIndices(train.n, options.seed, options.worker_index, options.num_workers);
   std::mt19937_64 rng(options.seed * 0x9e3779b97f4a7c15ull +
                       static_cast<std::uint64_t>(options.worker_index) + 1);
 

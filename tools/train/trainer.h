@@ -131,6 +131,12 @@ struct TrainReport {
   StoreStats store;
 };
 
+// The training-set indices worker `worker` of `workers` trains on: slice
+// [worker*P, (worker+1)*P), P = n / workers, of a permutation of [0, n)
+// drawn from `seed` (the same on every worker).
+std::vector<std::uint32_t> PartitionIndices(std::size_t n, std::uint64_t seed, int worker,
+                                            int workers);
+
 // Builds mini-batch inputs: features of d's samples `indices[0..n)` into x
 // (n x d.features()) and their labels into y.
 void FillBatch(const Dataset& d, const std::uint32_t* indices, std::size_t n, float* x,

@@ -1,0 +1,123 @@
+#include "tools/train/ps_store.h"
+
+#include <charconv>
+#include <string>
+
+namespace rdmaps::train {
+
+std::vector<TableOptions> PsTables(const ModelSpec& spec, const train::OptimizerOptions& optimizer,
+                                   std::uint64_t seed, std::uint32_t staleness) {
+  rdmaps::OptimizerOptions opt;
+  switch (optimizer.kind) {
+    case OptimizerKind::kSgd:
+      opt = rdmaps::OptimizerOptions::Sgd(optimizer.learning_rate);
+      break;
+    case OptimizerKind::kMomentum:
+      opt = rdmaps::OptimizerOptions::Momentum(optimizer.learning_rate, optimizer.momentum);
+      break;
+    case OptimizerKind::kAdam:
+      opt = rdmaps::OptimizerOptions::Adam(optimizer.learning_rate, optimizer.beta1,
+                                           optimizer.beta2, optimizer.epsilon);
+      break;
+  }
+  std::vector<TableOptions> out;
+  std::uint32_t id = 1;
+  for (const TableShape& shape : ParameterTables(spec)) {
+    TableOptions t;
+    t.id = id;
+    t.name = shape.name;
+    t.rows = shape.rows;
+    t.dim = static_cast<std::uint32_t>(shape.dim);
+    t.init = shape.init_stddev > 0
+                 ? Initializer::Normal(0.0f, static_cast<float>(shape.init_stddev), seed + id)
+                 : Initializer::Zeros();
+    t.optimizer = opt;
+    t.staleness = staleness;
+    out.push_back(std::move(t));
+    ++id;
+  }
+  return out;
+}
+
+Result<std::uint32_t> ParseStaleness(std::string_view text) {
+  if (text == "bsp") return kBsp;
+  if (text == "asp") return kAsp;
+  std::uint32_t s = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), s);
+  if (ec != std::errc() || end != text.data() + text.size() || s == kAsp) {
+    return InvalidArgumentError("--staleness=" + std::string(text) +
+                                " is not bsp, asp or a staleness bound like 3");
+  }
+  return s;
+}
+
+Result<std::unique_ptr<PsStore>> PsStore::Connect(const ClientOptions& options,
+                                                  const ModelSpec& spec) {
+  RDMAPS_ASSIGN_OR_RETURN(std::unique_ptr<Client> client, Client::Connect(options));
+  std::vector<TableInfo> tables;
+  for (const TableShape& shape : ParameterTables(spec)) {
+    Result<TableInfo> info = client->FindTable(shape.name);
+    if (!info.ok()) {
+      return FailedPreconditionError(
+          "the parameter servers have no table '" + shape.name +
+          "' that this model needs; start the servers with the same --model and --hidden "
+          "as the workers (" + info.status().ToString() + ")");
+    }
+    if (info->rows != shape.rows || info->dim != shape.dim) {
+      return FailedPreconditionError(
+          "the servers' table '" + shape.name + "' is " + std::to_string(info->rows) + "x" +
+          std::to_string(info->dim) + " but this model needs " + std::to_string(shape.rows) +
+          "x" + std::to_string(shape.dim) + "; start servers and workers with the same model");
+    }
+    tables.push_back(*info);
+  }
+  return std::unique_ptr<PsStore>(new PsStore(std::move(client), std::move(tables)));
+}
+
+PsStore::~PsStore() { (void)Close(); }
+
+Status PsStore::Pull(Params<float>& params) {
+  params.resize(tables_.size());
+  for (std::size_t t = 0; t < tables_.size(); ++t) {
+    const TableInfo& info = tables_[t];
+    params[t].resize(info.rows * info.dim);
+    RDMAPS_RETURN_IF_ERROR(client_->Pull(info.id, RowRange{0, info.rows}, params[t]));
+  }
+  return Status::OK();
+}
+
+Status PsStore::Push(const Params<float>& grads) {
+  if (grads.size() != tables_.size()) {
+    return InvalidArgumentError("PsStore::Push: " + std::to_string(grads.size()) +
+                                " gradient tables for " + std::to_string(tables_.size()) +
+                                " parameter tables");
+  }
+  for (std::size_t t = 0; t < tables_.size(); ++t) {
+    const TableInfo& info = tables_[t];
+    RDMAPS_RETURN_IF_ERROR(client_->Push(info.id, RowRange{0, info.rows}, grads[t]));
+  }
+  return Status::OK();
+}
+
+Status PsStore::Clock() { return client_->Clock().status(); }
+
+Status PsStore::Barrier() { return client_->Barrier(); }
+
+StoreStats PsStore::stats() const {
+  const ClientStats c = client_->stats();
+  StoreStats s;
+  s.pulls = c.pulls;
+  s.pushes = c.pushes;
+  s.bytes_pulled = c.bytes_read;
+  s.bytes_pushed = c.bytes_written;
+  s.staleness_mean = c.staleness_samples == 0 ? 0.0
+                                              : static_cast<double>(c.staleness_sum) /
+                                                    static_cast<double>(c.staleness_samples);
+  s.staleness_max = c.staleness_max;
+  s.blocked_seconds = std::chrono::duration<double>(c.blocked_time).count();
+  return s;
+}
+
+Status PsStore::Close() { return client_->Close(); }
+
+}  // namespace rdmaps::train
