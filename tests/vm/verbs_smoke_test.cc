@@ -107,6 +107,8 @@ TEST_F(VerbsSmokeTest, ReadFetchAddCompareSwapAndImm) {
   std::vector<std::uint64_t> target(64);
   std::iota(target.begin(), target.end(), 100);
   std::vector<std::uint64_t> local(64, 0);
+  local[30] = 7000;
+  local[31] = 7001;
   auto tmr = server_->Register(target.data(), 512, kRemoteAll);
   auto lmr = client_->Register(local.data(), 512, kAccessNone);
   ASSERT_TRUE(tmr.ok() && lmr.ok());
@@ -118,7 +120,7 @@ TEST_F(VerbsSmokeTest, ReadFetchAddCompareSwapAndImm) {
       Op::FetchAdd(&local[10], lmr->get(), r.addr + 8 * 20, r.rkey, 5, 2),
       Op::CompareSwap(&local[11], lmr->get(), r.addr + 8 * 21, r.rkey, 121, 7, 3),
       Op::CompareSwap(&local[12], lmr->get(), r.addr + 8 * 22, r.rkey, 999, 7, 4),
-      Op::WriteWithImm(&local[0], lmr->get(), 16, r.addr + 8 * 40, r.rkey, 0xabcd1234, 5)
+      Op::WriteWithImm(&local[30], lmr->get(), 16, r.addr + 8 * 40, r.rkey, 0xabcd1234, 5)
           .WithFence(),
   };
   ASSERT_TRUE(conn->Post(ops).ok());
@@ -143,8 +145,8 @@ TEST_F(VerbsSmokeTest, ReadFetchAddCompareSwapAndImm) {
   EXPECT_EQ(n[0].imm, 0xabcd1234u);
   EXPECT_EQ(n[0].peer_id, 2u);
   EXPECT_EQ(n[0].length, 16u);
-  EXPECT_EQ(target[40], 100u);
-  EXPECT_EQ(target[41], 101u);
+  EXPECT_EQ(target[40], 7000u);
+  EXPECT_EQ(target[41], 7001u);
 }
 
 TEST_F(VerbsSmokeTest, WrongTokenIsPermissionDenied) {

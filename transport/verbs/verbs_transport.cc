@@ -234,6 +234,13 @@ Status VerbsConnection::Init(CmIdPtr id) {
                       err);
   }
   qp_num_ = id_->qp->qp_num;
+  {
+    // Known by QP number from now on: a peer's WRITE_WITH_IMM can arrive
+    // before the progress thread has seen ESTABLISHED.
+    std::lock_guard<std::mutex> lock(shared_->mu);
+    shared_->by_qp[qp_num_] = this;
+    registered_ = true;
+  }
   max_outstanding_ = depth;
   signal_every_ = static_cast<std::uint32_t>(std::clamp<std::size_t>(depth / 2, 1, 16));
   return Status::OK();
@@ -241,9 +248,7 @@ Status VerbsConnection::Init(CmIdPtr id) {
 
 void VerbsConnection::Register() {
   std::lock_guard<std::mutex> lock(shared_->mu);
-  shared_->by_qp[qp_num_] = this;
   shared_->by_id[id_.get()] = this;
-  registered_ = true;
 }
 
 Status VerbsConnection::health() const {
