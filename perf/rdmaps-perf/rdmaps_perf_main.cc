@@ -15,10 +15,10 @@
 
 #include <cstdio>
 #include <cstring>
-#include <map>
 #include <string>
 #include <vector>
 
+#include "perf/rdmaps-perf/perf_cli.h"
 #include "perf/rdmaps-perf/perf_report.h"
 #include "perf/rdmaps-perf/perf_runner.h"
 
@@ -47,76 +47,17 @@ DEFINE_int32(gid_index, -1, "-x: verbs GID index (-1: rdma_cm chooses)");
 
 namespace {
 
+using rdmaps::perf::Bracketed;
 using rdmaps::perf::PerfOptions;
+using rdmaps::perf::TranslateArgs;
+using rdmaps::perf::WithPort;
 
 constexpr int kExitError = 1;
 constexpr int kExitUsage = 2;
 
-// gflags has no one-letter aliases and no dashes in names: rewrite
-// perftest-style "-s 65536" and "--tx-depth=4" to "--size 65536" and
-// "--tx_depth=4" before it parses.
-std::vector<std::string> TranslateArgs(int argc, char** argv) {
-  static const std::map<std::string, std::string> kShort = {
-      {"-s", "--size"},      {"-n", "--iters"},    {"-a", "--all"},     {"-D", "--duration"},
-      {"-t", "--tx_depth"},  {"-l", "--post_list"}, {"-p", "--port"},   {"-d", "--ib_dev"},
-      {"-i", "--ib_port"},   {"-x", "--gid_index"}, {"-h", "--help"},
-  };
-  std::vector<std::string> out;
-  bool positional_only = false;
-  for (int i = 0; i < argc; ++i) {
-    std::string arg = argv[i];
-    if (i == 0 || positional_only || arg.size() < 2 || arg[0] != '-') {
-      out.push_back(arg);
-      continue;
-    }
-    if (arg == "--") {
-      positional_only = true;
-      out.push_back(arg);
-      continue;
-    }
-    const std::size_t eq = arg.find('=');
-    std::string name = arg.substr(0, eq);
-    const std::string rest = eq == std::string::npos ? "" : arg.substr(eq);
-    if (auto it = kShort.find(name); it != kShort.end()) {
-      out.push_back(it->second + rest);
-      continue;
-    }
-    if (name.rfind("--", 0) == 0) {
-      for (std::size_t k = 2; k < name.size(); ++k) {
-        if (name[k] == '-') name[k] = '_';
-      }
-    }
-    out.push_back(name + rest);
-  }
-  return out;
-}
-
 int Usage(const std::string& message) {
   std::fprintf(stderr, "rdmaps-perf: %s (see --help)\n", message.c_str());
   return kExitUsage;
-}
-
-// An IPv6 literal in brackets, anything else as is.
-std::string Bracketed(const std::string& host) {
-  if (host.find(':') != std::string::npos && host[0] != '[') return "[" + host + "]";
-  return host;
-}
-
-// "host" -> "host:port"; keeps an explicit port ("host:1234", "[::1]:1234").
-bool WithPort(const std::string& address, int port, std::string* out) {
-  const std::size_t close = address.rfind(']');
-  const std::size_t colon = address.rfind(':');
-  const bool bracketed = !address.empty() && address[0] == '[';
-  const bool has_port = colon != std::string::npos &&
-                        (bracketed ? (close != std::string::npos && colon > close)
-                                   : address.find(':') == colon);
-  if (has_port) {
-    *out = address;
-    return true;
-  }
-  if (port <= 0) return false;
-  *out = Bracketed(address) + ":" + std::to_string(port);
-  return true;
 }
 
 }  // namespace

@@ -1,0 +1,29 @@
+// Command-line helpers shared by rdmaps-perf and socket-baseline: perftest's
+// one-letter flags on top of gflags, and HOST[:PORT] handling.
+//
+// Thread safety: pure functions.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace rdmaps::perf {
+
+// gflags has no one-letter aliases and no dashes in flag names: rewrites
+// perftest-style "-s 65536", "-a", "--tx-depth=4" to "--size 65536",
+// "--all", "--tx_depth=4". Short flags: -s size, -n iters, -a all, -D
+// duration, -t tx_depth, -l post_list, -p port, -d ib_dev, -i ib_port,
+// -x gid_index, -h help. Arguments after "--" stay as they are.
+std::vector<std::string> TranslateArgs(int argc, char** argv);
+
+// An IPv6 literal in brackets ("[::1]"), anything else as is.
+std::string Bracketed(const std::string& host);
+
+// Gives `address` a port: keeps an explicit one ("h:1", "[::1]:1"), else
+// appends `port`. False when there is none and `port` <= 0.
+bool WithPort(const std::string& address, int port, std::string* out);
+
+// Splits "host:port" / "[v6]:port"; false when malformed.
+bool SplitHostPort(const std::string& address, std::string* host, int* port);
+
+}  // namespace rdmaps::perf
