@@ -136,6 +136,7 @@ class ServerImpl final : public Server {
   bool stopped_ = false;
 
   std::atomic<bool> stop_{false};
+  std::atomic<int> running_{0};  // background threads still in their loops
   std::thread accept_thread_;
   std::thread apply_thread_;
 };
@@ -180,8 +181,15 @@ Status ServerImpl::Init() {
   RDMAPS_RETURN_IF_ERROR(RegisterAll());
   PublishControl();
   RDMAPS_ASSIGN_OR_RETURN(address_, endpoint_->Listen(options_.listen_address));
-  accept_thread_ = std::thread([this] { AcceptLoop(); });
-  apply_thread_ = std::thread([this] { ApplyLoop(); });
+  running_.store(2);
+  accept_thread_ = std::thread([this] {
+    AcceptLoop();
+    --running_;
+  });
+  apply_thread_ = std::thread([this] {
+    ApplyLoop();
+    --running_;
+  });
   LOG(INFO) << "ps server " << options_.server_index << "/" << options_.num_servers
             << " listening on " << address_ << " (" << endpoint_->kind() << "), "
             << options_.tables.size() << " tables, " << options_.num_workers << " workers, "
@@ -541,7 +549,12 @@ void ServerImpl::Stop() {
   }
   cv_.notify_all();
   stop_.store(true);
-  if (endpoint_) endpoint_->Interrupt();
+  // Interrupt() wakes one blocked waiter at a time: repeat until both
+  // background threads have left their loops.
+  while (endpoint_ && running_.load() > 0) {
+    endpoint_->Interrupt();
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
   if (accept_thread_.joinable()) accept_thread_.join();
   if (apply_thread_.joinable()) apply_thread_.join();
 }

@@ -1,0 +1,307 @@
+// Server + clients on the fake transport: pull, push, clocks, barrier, async
+// calls, argument checks, torn reads, flow control and exactly-once apply,
+// dead-worker detection.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <future>
+#include <thread>
+
+#include "src/ps/initializer.h"
+#include "src/ps/layout.h"
+#include "src/ps/test_hooks.h"
+#include "tests/ps/ps_test_util.h"
+#include "transport/fake/fake_transport.h"
+
+namespace rdmaps {
+namespace {
+
+using testing::MakeTable;
+using testing::StartCluster;
+
+TEST(PsFakeTest, PullReturnsInitialValuesAcrossShards) {
+  const auto init = Initializer::Uniform(-1.0f, 1.0f, 77);
+  auto c = StartCluster("fake", 3, 1, {MakeTable(4, "emb", 10, 5, kAsp, init)});
+  ASSERT_EQ(c.clients.size(), 1u);
+  std::vector<float> out(10 * 5);
+  ASSERT_TRUE(c.clients[0]->Pull(4, RowRange{0, 10}, out).ok());
+  std::vector<float> want(5);
+  for (std::uint64_t r = 0; r < 10; ++r) {
+    internal::InitRow(init, 4, r, want.data(), 5);
+    for (int k = 0; k < 5; ++k) ASSERT_EQ(out[r * 5 + k], want[k]) << "row " << r;
+  }
+  // Each server holds exactly its range partition.
+  for (std::uint32_t s = 0; s < 3; ++s) {
+    const auto shard = internal::PartitionOf(10, 3, s);
+    std::vector<float> local;
+    ASSERT_TRUE(c.servers[s]->ReadLocal(4, RowRange{shard.begin, shard.count}, &local).ok());
+    for (std::uint64_t i = 0; i < shard.count * 5; ++i) {
+      ASSERT_EQ(local[i], out[shard.begin * 5 + i]);
+    }
+  }
+  // A sub-range crossing a shard boundary, and scattered rows with repeats.
+  std::vector<float> sub(3 * 5);
+  ASSERT_TRUE(c.clients[0]->Pull(4, RowRange{3, 3}, sub).ok());
+  for (int i = 0; i < 15; ++i) EXPECT_EQ(sub[i], out[15 + i]);
+  std::vector<std::uint64_t> ids = {9, 0, 4, 4, 3};
+  std::vector<float> sc(ids.size() * 5);
+  ASSERT_TRUE(c.clients[0]->Pull(4, ids, sc).ok());
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    for (int k = 0; k < 5; ++k) EXPECT_EQ(sc[i * 5 + k], out[ids[i] * 5 + k]);
+  }
+}
+
+TEST(PsFakeTest, MoreServersThanRows) {
+  auto c = StartCluster("fake", 4, 1,
+                        {MakeTable(1, "tiny", 2, 3, kAsp, Initializer::Constant(2.0f))});
+  ASSERT_EQ(c.clients.size(), 1u);
+  std::vector<float> g(2 * 3, 1.0f), out(2 * 3);
+  ASSERT_TRUE(c.clients[0]->Push(1, RowRange{0, 2}, g).ok());
+  ASSERT_TRUE(c.clients[0]->Pull(1, RowRange{0, 2}, out).ok());
+  for (float v : out) EXPECT_EQ(v, 1.0f);
+}
+
+TEST(PsFakeTest, PushIsAppliedAndReadMyWrites) {
+  auto c = StartCluster("fake", 2, 1, {MakeTable(1, "w", 7, 4)});
+  ASSERT_EQ(c.clients.size(), 1u);
+  Client& cl = *c.clients[0];
+  std::vector<float> g(7 * 4), out(7 * 4);
+  // 100 rounds of push then pull: every pull must see every earlier push, which
+  // it only does because it waits for the servers' applied_seq.
+  for (int round = 1; round <= 100; ++round) {
+    for (std::size_t i = 0; i < g.size(); ++i) g[i] = -static_cast<float>(i % 3 + 1);
+    ASSERT_TRUE(cl.Push(1, RowRange{0, 7}, g).ok());
+    ASSERT_TRUE(cl.Pull(1, RowRange{0, 7}, out).ok());
+    for (std::size_t i = 0; i < out.size(); ++i) {
+      ASSERT_EQ(out[i], static_cast<float>(round * static_cast<int>(i % 3 + 1))) << i;
+    }
+  }
+  EXPECT_EQ(cl.stats().pushes, 100u);
+}
+
+TEST(PsFakeTest, ScatteredPushAppliesDuplicatesEachTime) {
+  auto c = StartCluster("fake", 3, 1, {MakeTable(2, "emb", 11, 2)});
+  ASSERT_EQ(c.clients.size(), 1u);
+  std::vector<std::uint64_t> ids = {5, 0, 5, 10, 7};
+  std::vector<float> g(ids.size() * 2, -1.0f), out(11 * 2);
+  ASSERT_TRUE(c.clients[0]->Push(2, ids, g).ok());
+  ASSERT_TRUE(c.clients[0]->Pull(2, RowRange{0, 11}, out).ok());
+  std::vector<float> want(11, 0.0f);
+  for (auto id : ids) want[id] += 1.0f;
+  for (int r = 0; r < 11; ++r) {
+    EXPECT_EQ(out[r * 2], want[r]) << r;
+    EXPECT_EQ(out[r * 2 + 1], want[r]) << r;
+  }
+}
+
+TEST(PsFakeTest, BadArgumentsFailBeforeAnythingIsSent) {
+  auto c = StartCluster("fake", 2, 1, {MakeTable(1, "w", 8, 4)});
+  ASSERT_EQ(c.clients.size(), 1u);
+  Client& cl = *c.clients[0];
+  std::vector<float> buf(8 * 4);
+  Status s = cl.Pull(99, RowRange{0, 1}, std::span<float>(buf.data(), 4));
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("99"), std::string::npos) << s;
+  s = cl.Pull(1, RowRange{5, 4}, std::span<float>(buf.data(), 16));
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("8 rows"), std::string::npos) << s;
+  s = cl.Push(1, RowRange{0, 2}, std::span<const float>(buf.data(), 7));
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("need 8"), std::string::npos) << s;
+  std::vector<std::uint64_t> ids = {1, 8};
+  s = cl.Push(1, ids, std::span<const float>(buf.data(), 8));
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  s = cl.Pull(1, ids, std::span<float>(buf.data(), 8));
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(cl.FindTable("nope").status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(cl.FindTable("w")->rows, 8u);
+  const ClientStats st = cl.stats();
+  EXPECT_EQ(st.bytes_written, 0u);
+  EXPECT_EQ(st.bytes_read, 0u);
+  EXPECT_EQ(st.pushes + st.pulls, 0u);
+}
+
+TEST(PsFakeTest, ServerRejectsBadOptions) {
+  ServerOptions o = testing::MakeServerOptions("fake", 2, 2, 1, {MakeTable(1, "w", 8, 4)});
+  EXPECT_EQ(Server::Start(o).status().code(), StatusCode::kInvalidArgument);
+  o = testing::MakeServerOptions("fake", 0, 1, 1, {MakeTable(1, "w", 8, 4), MakeTable(1, "v", 8, 4)});
+  EXPECT_EQ(Server::Start(o).status().code(), StatusCode::kInvalidArgument);
+  o = testing::MakeServerOptions("fake", 0, 1, 1, {MakeTable(1, "w", 8, 100000)});
+  EXPECT_EQ(Server::Start(o).status().code(), StatusCode::kInvalidArgument);  // slot too small
+}
+
+TEST(PsFakeTest, TornReadIsDetectedAndRetried) {
+  auto c = StartCluster("fake", 1, 1, {MakeTable(1, "w", 4, 40, kAsp, Initializer::Constant(1.0f))});
+  ASSERT_EQ(c.clients.size(), 1u);
+  Server& server = *c.servers[0];
+  const std::size_t stride = internal::RowStride(40);
+  // Split every row-sized READ in 4 pieces; after the first piece, the
+  // "server" rewrites row 2 (data then header, as the apply thread does).
+  // Split READs in 8 pieces; when row 2 is half copied, the "server" rewrites
+  // it (data then header, as the apply thread does). Three times in a row.
+  int rewrites = 0;
+  transport::fake::Faults f;
+  f.inbound = true;
+  f.read_pieces = 8;
+  f.read_split_min_bytes = stride;
+  f.between_read_pieces = [&](const transport::fake::ReadPiece& p) {
+    const bool mid_row2 = (p.length == 4 * stride && p.bytes_copied == 2 * stride + stride / 2) ||
+                          (p.length == stride && p.bytes_copied == stride / 2);
+    if (mid_row2 && rewrites < 3) {
+      ++rewrites;
+      ASSERT_TRUE(internal::TEST_SetRow(server, 1, 2, 1.0f + rewrites).ok());
+    }
+  };
+  ASSERT_TRUE(transport::fake::SetFaults(*internal::TEST_ServerEndpoint(server), f).ok());
+  std::vector<float> out(4 * 40);
+  ASSERT_TRUE(c.clients[0]->Pull(1, RowRange{0, 4}, out).ok());
+  // The first READ saw row 2 half old, half new; the client re-read it until
+  // it verified, and what it returns is one whole version of the row.
+  EXPECT_EQ(rewrites, 3);
+  EXPECT_EQ(c.clients[0]->stats().torn_retries, 3u);
+  for (int r = 0; r < 4; ++r) {
+    for (int k = 1; k < 40; ++k) ASSERT_EQ(out[r * 40 + k], out[r * 40]) << "torn row " << r;
+  }
+  EXPECT_EQ(out[0], 1.0f);
+  EXPECT_EQ(out[2 * 40], 4.0f);
+}
+
+TEST(PsFakeTest, FastPushersAreFlowControlledAndEveryPushAppliesOnce) {
+  constexpr int kWorkers = 3, kPushes = 400;
+  auto c = StartCluster("fake", 2, kWorkers, {MakeTable(1, "ctr", 5, 3)}, /*push_slots=*/2);
+  ASSERT_EQ(c.clients.size(), static_cast<std::size_t>(kWorkers));
+  std::vector<std::thread> threads;
+  std::atomic<int> failures{0};
+  for (int w = 0; w < kWorkers; ++w) {
+    threads.emplace_back([&, w] {
+      std::vector<float> g(5 * 3, -1.0f);
+      std::vector<std::uint64_t> ids = {0, 4};
+      std::vector<float> g2(2 * 3, -1.0f);
+      for (int i = 0; i < kPushes; ++i) {
+        Status s = (i % 2 == 0) ? c.clients[w]->Push(1, RowRange{0, 5}, g)
+                                : c.clients[w]->Push(1, ids, g2);
+        if (!s.ok()) {
+          ADD_FAILURE() << s;
+          ++failures;
+          return;
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  ASSERT_EQ(failures.load(), 0);
+  // Each client's own pull waits for its pushes; pull from every client.
+  std::vector<float> out(5 * 3);
+  for (int w = 0; w < kWorkers; ++w) ASSERT_TRUE(c.clients[w]->Pull(1, RowRange{0, 5}, out).ok());
+  const float range_pushes = kWorkers * kPushes / 2.0f;
+  for (int r = 0; r < 5; ++r) {
+    const float want = range_pushes + ((r == 0 || r == 4) ? range_pushes : 0.0f);
+    for (int k = 0; k < 3; ++k) EXPECT_EQ(out[r * 3 + k], want) << "row " << r;
+  }
+  std::uint64_t applied = 0, errors = 0, credit_waits = 0;
+  for (auto& s : c.servers) {
+    applied += s->stats().pushes_applied;
+    errors += s->stats().protocol_errors;
+  }
+  for (auto& cl : c.clients) credit_waits += cl->stats().credit_waits;
+  EXPECT_EQ(applied, static_cast<std::uint64_t>(kWorkers) * kPushes * 2);  // 2 servers each
+  EXPECT_EQ(errors, 0u);
+  EXPECT_GT(credit_waits, 0u) << "a 2-slot ring never ran out of credits";
+}
+
+TEST(PsFakeTest, ClockBarrierAndStats) {
+  constexpr int kWorkers = 3;
+  auto c = StartCluster("fake", 2, kWorkers, {MakeTable(1, "w", 6, 2, 0)});
+  ASSERT_EQ(c.clients.size(), static_cast<std::size_t>(kWorkers));
+  std::vector<std::thread> threads;
+  for (int w = 0; w < kWorkers; ++w) {
+    threads.emplace_back([&, w] {
+      std::vector<float> g(6 * 2, -1.0f), out(6 * 2);
+      for (int it = 0; it < 5; ++it) {
+        ASSERT_TRUE(c.clients[w]->Pull(1, RowRange{0, 6}, out).ok());
+        // BSP: at clock it, every worker's pushes of iterations < it are in.
+        ASSERT_GE(out[0], static_cast<float>(kWorkers * it));
+        ASSERT_TRUE(c.clients[w]->Push(1, RowRange{0, 6}, g).ok());
+        auto clk = c.clients[w]->Clock();
+        ASSERT_TRUE(clk.ok()) << clk.status();
+        ASSERT_EQ(*clk, static_cast<std::uint64_t>(it + 1));
+        ASSERT_TRUE(c.clients[w]->Barrier().ok());
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (auto& cl : c.clients) {
+    EXPECT_EQ(cl->clock(), 5u);
+    EXPECT_LE(cl->stats().staleness_max, 0u);  // BSP: never stale
+    EXPECT_EQ(cl->stats().staleness_samples, 5u);
+  }
+  for (auto& cl : c.clients) ASSERT_TRUE(cl->Close().ok());
+  for (auto& s : c.servers) {
+    EXPECT_TRUE(s->RunUntil(std::chrono::steady_clock::now() + std::chrono::seconds(10)).ok());
+    EXPECT_EQ(s->stats().clocks_applied, 15u);
+    EXPECT_EQ(s->stats().workers_done, 3u);
+    EXPECT_TRUE(s->stats().dead_workers.empty());
+  }
+}
+
+TEST(PsFakeTest, BspPullTimesOutNamingTheLaggingWorker) {
+  auto c = StartCluster("fake", 1, 2, {MakeTable(1, "w", 4, 1, 0)}, 8, [](ClientOptions& o) {
+    o.wait_timeout = std::chrono::milliseconds(300);
+  });
+  ASSERT_EQ(c.clients.size(), 2u);
+  Client& w0 = *c.clients[0];
+  ASSERT_TRUE(w0.Clock().ok());
+  // Worker 1 never clocks: worker 0's pull at clock 1 must wait for it.
+  std::vector<float> out(4);
+  Status s = w0.Pull(1, RowRange{0, 4}, out);
+  EXPECT_EQ(s.code(), StatusCode::kTimedOut) << s;
+  EXPECT_NE(s.message().find("worker 1 (clock 0)"), std::string::npos) << s;
+  EXPECT_EQ(s.message().find("worker 0 ("), std::string::npos) << s;
+  EXPECT_GT(w0.stats().blocked_time.count(), 0);
+  EXPECT_EQ(w0.stats().pull_waits, 1u);
+  // Once worker 1 clocks, the pull goes through.
+  ASSERT_TRUE(c.clients[1]->Clock().ok());
+  EXPECT_TRUE(w0.Pull(1, RowRange{0, 4}, out).ok());
+}
+
+TEST(PsFakeTest, AsyncHandlesAndCallbacks) {
+  auto c = StartCluster("fake", 2, 1, {MakeTable(1, "w", 9, 3)});
+  ASSERT_EQ(c.clients.size(), 1u);
+  Client& cl = *c.clients[0];
+  std::vector<float> g(9 * 3, -2.0f), out(9 * 3);
+  Handle h = cl.PushAsync(1, RowRange{0, 9}, g);
+  Handle p = cl.PullAsync(1, RowRange{0, 9}, out);  // runs after the push
+  ASSERT_TRUE(h.WaitFor(std::chrono::seconds(10)).ok());
+  ASSERT_TRUE(p.WaitFor(std::chrono::seconds(10)).ok());
+  EXPECT_TRUE(p.done());
+  for (float v : out) EXPECT_EQ(v, 2.0f);
+  std::promise<Status> done;
+  cl.PullAsync(1, RowRange{0, 9}, out, [&](const Status& s) { done.set_value(s); });
+  auto fut = done.get_future();
+  ASSERT_EQ(fut.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  EXPECT_TRUE(fut.get().ok());
+  // Argument errors arrive through the handle too.
+  Handle bad = cl.PullAsync(7, RowRange{0, 1}, out);
+  EXPECT_EQ(bad.WaitFor(std::chrono::seconds(10)).code(), StatusCode::kInvalidArgument);
+}
+
+TEST(PsFakeTest, DeadWorkerIsReported) {
+  auto c = StartCluster("fake", 1, 2, {MakeTable(1, "w", 4, 1)});
+  ASSERT_EQ(c.clients.size(), 2u);
+  ASSERT_TRUE(c.clients[0]->Close().ok());
+  // Worker 1's cable is pulled.
+  ASSERT_TRUE(transport::fake::DropConnection(*internal::TEST_ServerEndpoint(*c.servers[0]), 1).ok());
+  Status s = c.servers[0]->RunUntil(std::chrono::steady_clock::now() + std::chrono::seconds(10));
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s;
+  EXPECT_NE(s.message().find("[1]"), std::string::npos) << s;
+  const ServerStats st = c.servers[0]->stats();
+  ASSERT_EQ(st.dead_workers.size(), 1u);
+  EXPECT_EQ(st.dead_workers[0], 1u);
+  EXPECT_EQ(st.workers_done, 1u);
+  // Worker 1 finds out on its next call.
+  std::vector<float> out(4);
+  EXPECT_FALSE(c.clients[1]->Pull(1, RowRange{0, 4}, out).ok());
+}
+
+}  // namespace
+}  // namespace rdmaps
