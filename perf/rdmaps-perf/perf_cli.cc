@@ -76,4 +76,34 @@ bool WithPort(const std::string& address, int port, std::string* out) {
   return true;
 }
 
+Result<std::vector<std::uint64_t>> ParseSizes(std::string_view text) {
+  std::vector<std::uint64_t> sizes;
+  std::size_t pos = 0;
+  while (pos <= text.size()) {
+    std::size_t comma = text.find(',', pos);
+    if (comma == std::string_view::npos) comma = text.size();
+    std::string item(text.substr(pos, comma - pos));
+    std::uint64_t scale = 1;
+    if (!item.empty()) {
+      switch (item.back()) {
+        case 'k': case 'K': scale = 1ull << 10; break;
+        case 'm': case 'M': scale = 1ull << 20; break;
+        case 'g': case 'G': scale = 1ull << 30; break;
+        default: break;
+      }
+      if (scale != 1) item.pop_back();
+    }
+    char* end = nullptr;
+    const unsigned long long v = item.empty() ? 0 : std::strtoull(item.c_str(), &end, 10);
+    if (item.empty() || *end != '\0' || item[0] == '-' || v == 0 || v > (1ull << 30) / scale) {
+      return InvalidArgumentError("bad size '" + std::string(text.substr(pos, comma - pos)) +
+                                  "' in -s " + std::string(text) +
+                                  "; give sizes of 1 byte to 1G, e.g. -s 64,4K,1M");
+    }
+    sizes.push_back(v * scale);
+    pos = comma + 1;
+  }
+  return sizes;
+}
+
 }  // namespace rdmaps::perf

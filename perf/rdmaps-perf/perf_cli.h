@@ -4,8 +4,12 @@
 // Thread safety: pure functions.
 #pragma once
 
+#include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
+
+#include "rdmaps/status.h"
 
 namespace rdmaps::perf {
 
@@ -25,5 +29,9 @@ bool WithPort(const std::string& address, int port, std::string* out);
 
 // Splits "host:port" / "[v6]:port"; false when malformed.
 bool SplitHostPort(const std::string& address, std::string* host, int* port);
+
+// Parses "-s": one size or a comma list, each with an optional binary
+// suffix K, M or G ("64,4K,1M"). Sizes must be 1..1 GiB.
+Result<std::vector<std::uint64_t>> ParseSizes(std::string_view text);
 
 }  // namespace rdmaps::perf

@@ -53,5 +53,15 @@ TEST(HostPortTest, SplitsAndAddsPorts) {
   EXPECT_FALSE(WithPort("node1", 0, &out));
 }
 
+TEST(ParseSizesTest, ListsAndSuffixes) {
+  auto sizes = ParseSizes("64,4K,1m,2");
+  ASSERT_TRUE(sizes.ok()) << sizes.status();
+  EXPECT_EQ(*sizes, (std::vector<std::uint64_t>{64, 4096, 1 << 20, 2}));
+  EXPECT_EQ(ParseSizes("1G")->front(), 1ull << 30);
+  for (const char* bad : {"", "0", "4X", "2G", "-1", "64,", ",64", "1.5K"}) {
+    EXPECT_EQ(ParseSizes(bad).status().code(), StatusCode::kInvalidArgument) << bad;
+  }
+}
+
 }  // namespace
 }  // namespace rdmaps::perf

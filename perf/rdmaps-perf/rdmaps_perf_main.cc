@@ -26,7 +26,9 @@ DEFINE_string(transport, "tcp", "Transport backend: tcp, fake, verbs or auto");
 DEFINE_string(op, "read", "Operation: read, write, write_imm or atomic");
 DEFINE_string(atomic, "fetch_add", "With --op=atomic: fetch_add or cmp_swap");
 DEFINE_string(mode, "both", "lat (one op in flight), bw (-t in flight) or both");
-DEFINE_uint64(size, 0, "-s: message size in bytes (default: 2 for lat, 65536 for bw)");
+DEFINE_string(size, "",
+              "-s: message size in bytes, or a list: -s 64,4K,1M (default: 2 for lat, 65536 "
+              "for bw)");
 DEFINE_bool(all, false, "-a: run every size 2, 4, ..., 2^23");
 DEFINE_uint64(iters, 0, "-n: timed iterations per size (default: 1000 lat, 5000 bw)");
 DEFINE_double(duration, 0, "-D: run each size this many seconds instead of -n iterations");
@@ -110,15 +112,16 @@ int main(int argc, char** argv) {
   const bool atomic = o.op == rdmaps::perf::PerfOp::kFetchAdd ||
                       o.op == rdmaps::perf::PerfOp::kCompareSwap;
   if (atomic) {
-    if (FLAGS_all || (FLAGS_size != 0 && FLAGS_size != 8)) {
+    if (FLAGS_all || (!FLAGS_size.empty() && FLAGS_size != "8")) {
       std::fprintf(stderr, "rdmaps-perf: atomics are always 8 bytes; ignoring -s/-a\n");
     }
     o.sizes = {8};
   } else if (FLAGS_all) {
     for (std::uint64_t s = 2; s <= (1u << 23); s *= 2) o.sizes.push_back(s);
-  } else if (FLAGS_size != 0) {
-    if (FLAGS_size > (1ull << 30)) return Usage("-s is limited to 1 GiB");
-    o.sizes = {FLAGS_size};
+  } else if (!FLAGS_size.empty()) {
+    auto sizes = rdmaps::perf::ParseSizes(FLAGS_size);
+    if (!sizes.ok()) return Usage(sizes.status().message());
+    o.sizes = *sizes;
   } else {
     // perftest's defaults: 2 bytes for latency, 64 KiB for bandwidth; with
     // --mode=both both sizes run in both modes.

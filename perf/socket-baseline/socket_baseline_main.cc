@@ -46,7 +46,9 @@
 #include "perf/rdmaps-perf/perf_report.h"
 
 DEFINE_string(mode, "both", "lat (ping-pong), bw (stream) or both");
-DEFINE_uint64(size, 0, "-s: message size in bytes (default: 2 for lat, 65536 for bw)");
+DEFINE_string(size, "",
+              "-s: message size in bytes, or a list: -s 64,4K,1M (default: 2 for lat, 65536 "
+              "for bw)");
 DEFINE_bool(all, false, "-a: run every size 2, 4, ..., 2^23");
 DEFINE_uint64(iters, 0, "-n: timed iterations per size (default: 1000 lat, 5000 bw)");
 DEFINE_double(duration, 0, "-D: run each size this many seconds instead of -n iterations");
@@ -457,9 +459,10 @@ int Main(int argc, char** argv) {
   }
   if (FLAGS_all) {
     for (std::uint64_t s = 2; s <= (1u << 23); s *= 2) c.sizes.push_back(s);
-  } else if (FLAGS_size != 0) {
-    if (FLAGS_size > kMaxServerBuffer) return Usage("-s is limited to 1 GiB");
-    c.sizes = {FLAGS_size};
+  } else if (!FLAGS_size.empty()) {
+    auto sizes = ParseSizes(FLAGS_size);
+    if (!sizes.ok()) return Usage(sizes.status().message());
+    c.sizes = *sizes;
   } else {
     if (c.latency) c.sizes.push_back(2);
     if (c.bandwidth) c.sizes.push_back(65536);
