@@ -1,0 +1,270 @@
+// The job's table list as JSON (see include/rdmaps/layout.h for the format).
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+#include "rdmaps/layout.h"
+
+namespace rdmaps {
+
+namespace {
+
+using nlohmann::json;
+
+std::string Quote(const json& j) {
+  std::string s = j.dump();
+  if (s.size() > 200) s = s.substr(0, 200) + "...";
+  return "'" + s + "'";
+}
+
+Status CheckKeys(const json& obj, const std::set<std::string>& allowed, const std::string& where) {
+  for (auto it = obj.begin(); it != obj.end(); ++it) {
+    if (!allowed.count(it.key())) {
+      std::string list;
+      for (const auto& a : allowed) list += (list.empty() ? "" : ", ") + a;
+      return InvalidArgumentError("tables: unknown key \"" + it.key() + "\" in " + where +
+                                  " (allowed: " + list + ")");
+    }
+  }
+  return Status::OK();
+}
+
+template <typename T>
+Status Get(const json& obj, const char* key, const std::string& where, T* out) {
+  if (!obj.contains(key)) return Status::OK();
+  const json& v = obj.at(key);
+  if constexpr (std::is_same_v<T, std::string>) {
+    if (!v.is_string()) {
+      return InvalidArgumentError("tables: " + where + " \"" + key + "\" must be a string, got " +
+                                  Quote(v));
+    }
+    *out = v.get<std::string>();
+  } else if constexpr (std::is_floating_point_v<T>) {
+    if (!v.is_number()) {
+      return InvalidArgumentError("tables: " + where + " \"" + key + "\" must be a number, got " +
+                                  Quote(v));
+    }
+    *out = v.get<T>();
+  } else {
+    if (!v.is_number_unsigned() && !(v.is_number_integer() && v.get<long long>() >= 0)) {
+      return InvalidArgumentError("tables: " + where + " \"" + key +
+                                  "\" must be a non-negative integer, got " + Quote(v));
+    }
+    *out = v.get<T>();
+  }
+  return Status::OK();
+}
+
+Status ParseInit(const json& j, const std::string& where, Initializer* init) {
+  if (!j.is_object()) return InvalidArgumentError("tables: " + where + " must be an object");
+  RDMAPS_RETURN_IF_ERROR(
+      CheckKeys(j, {"kind", "value", "low", "high", "mean", "stddev", "seed"}, where));
+  std::string kind = "zeros";
+  RDMAPS_RETURN_IF_ERROR(Get(j, "kind", where, &kind));
+  if (kind == "zeros") {
+    init->kind = Initializer::Kind::kZeros;
+  } else if (kind == "constant") {
+    init->kind = Initializer::Kind::kConstant;
+  } else if (kind == "uniform") {
+    init->kind = Initializer::Kind::kUniform;
+  } else if (kind == "normal") {
+    init->kind = Initializer::Kind::kNormal;
+  } else {
+    return InvalidArgumentError("tables: " + where + " kind '" + kind +
+                                "' is not zeros, constant, uniform or normal");
+  }
+  RDMAPS_RETURN_IF_ERROR(Get(j, "value", where, &init->value));
+  RDMAPS_RETURN_IF_ERROR(Get(j, "low", where, &init->low));
+  RDMAPS_RETURN_IF_ERROR(Get(j, "high", where, &init->high));
+  RDMAPS_RETURN_IF_ERROR(Get(j, "mean", where, &init->mean));
+  RDMAPS_RETURN_IF_ERROR(Get(j, "stddev", where, &init->stddev));
+  RDMAPS_RETURN_IF_ERROR(Get(j, "seed", where, &init->seed));
+  return Status::OK();
+}
+
+Status ParseOptimizer(const json& j, const std::string& where, OptimizerOptions* opt) {
+  if (!j.is_object()) return InvalidArgumentError("tables: " + where + " must be an object");
+  RDMAPS_RETURN_IF_ERROR(CheckKeys(j,
+                                   {"kind", "learning_rate", "momentum", "initial_accumulator",
+                                    "beta1", "beta2", "epsilon"},
+                                   where));
+  std::string kind = "sgd";
+  RDMAPS_RETURN_IF_ERROR(Get(j, "kind", where, &kind));
+  if (kind == "sgd") {
+    opt->kind = OptimizerOptions::Kind::kSgd;
+  } else if (kind == "momentum") {
+    opt->kind = OptimizerOptions::Kind::kMomentum;
+  } else if (kind == "adagrad") {
+    opt->kind = OptimizerOptions::Kind::kAdagrad;
+  } else if (kind == "adam") {
+    opt->kind = OptimizerOptions::Kind::kAdam;
+  } else {
+    return InvalidArgumentError("tables: " + where + " kind '" + kind +
+                                "' is not sgd, momentum, adagrad or adam");
+  }
+  RDMAPS_RETURN_IF_ERROR(Get(j, "learning_rate", where, &opt->learning_rate));
+  RDMAPS_RETURN_IF_ERROR(Get(j, "momentum", where, &opt->momentum));
+  RDMAPS_RETURN_IF_ERROR(Get(j, "initial_accumulator", where, &opt->initial_accumulator));
+  RDMAPS_RETURN_IF_ERROR(Get(j, "beta1", where, &opt->beta1));
+  RDMAPS_RETURN_IF_ERROR(Get(j, "beta2", where, &opt->beta2));
+  RDMAPS_RETURN_IF_ERROR(Get(j, "epsilon", where, &opt->epsilon));
+  return Status::OK();
+}
+
+const char* InitKindName(Initializer::Kind k) {
+  switch (k) {
+    case Initializer::Kind::kZeros:
+      return "zeros";
+    case Initializer::Kind::kConstant:
+      return "constant";
+    case Initializer::Kind::kUniform:
+      return "uniform";
+    case Initializer::Kind::kNormal:
+      return "normal";
+  }
+  return "zeros";
+}
+
+const char* OptimizerName(OptimizerOptions::Kind k) {
+  switch (k) {
+    case OptimizerOptions::Kind::kSgd:
+      return "sgd";
+    case OptimizerOptions::Kind::kMomentum:
+      return "momentum";
+    case OptimizerOptions::Kind::kAdagrad:
+      return "adagrad";
+    case OptimizerOptions::Kind::kAdam:
+      return "adam";
+  }
+  return "sgd";
+}
+
+}  // namespace
+
+Result<std::vector<TableOptions>> ParseTablesJson(std::string_view text) {
+  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) {
+    std::string s(text.substr(0, 200));
+    return InvalidArgumentError("tables: not valid JSON: '" + s + "'");
+  }
+  if (j.is_object()) {
+    RDMAPS_RETURN_IF_ERROR(CheckKeys(j, {"tables"}, "the top level"));
+    if (!j.contains("tables")) {
+      return InvalidArgumentError("tables: expected {\"tables\": [...]}, got " + Quote(j));
+    }
+    j = j.at("tables");
+  }
+  if (!j.is_array()) return InvalidArgumentError("tables: expected a list, got " + Quote(j));
+  std::vector<TableOptions> out;
+  std::set<std::uint32_t> ids;
+  std::set<std::string> names;
+  for (std::size_t i = 0; i < j.size(); ++i) {
+    const json& t = j[i];
+    std::string where = "table #" + std::to_string(i);
+    if (!t.is_object()) return InvalidArgumentError("tables: " + where + " is " + Quote(t));
+    RDMAPS_RETURN_IF_ERROR(CheckKeys(
+        t, {"id", "name", "rows", "dim", "init", "optimizer", "staleness"}, where));
+    TableOptions o;
+    o.id = static_cast<std::uint32_t>(i);
+    RDMAPS_RETURN_IF_ERROR(Get(t, "id", where, &o.id));
+    RDMAPS_RETURN_IF_ERROR(Get(t, "name", where, &o.name));
+    if (o.name.empty()) o.name = "t" + std::to_string(o.id);
+    where += " ('" + o.name + "')";
+    RDMAPS_RETURN_IF_ERROR(Get(t, "rows", where, &o.rows));
+    RDMAPS_RETURN_IF_ERROR(Get(t, "dim", where, &o.dim));
+    if (o.rows < 1 || o.dim < 1) {
+      return InvalidArgumentError("tables: " + where + " needs rows >= 1 and dim >= 1");
+    }
+    if (t.contains("init")) RDMAPS_RETURN_IF_ERROR(ParseInit(t.at("init"), where + " init", &o.init));
+    if (t.contains("optimizer")) {
+      RDMAPS_RETURN_IF_ERROR(ParseOptimizer(t.at("optimizer"), where + " optimizer", &o.optimizer));
+    }
+    if (t.contains("staleness")) {
+      const json& s = t.at("staleness");
+      if (s.is_string() && s.get<std::string>() == "asp") {
+        o.staleness = kAsp;
+      } else if (s.is_string() && s.get<std::string>() == "bsp") {
+        o.staleness = kBsp;
+      } else if (s.is_number_unsigned()) {
+        o.staleness = s.get<std::uint32_t>();
+      } else {
+        return InvalidArgumentError("tables: " + where + " staleness " + Quote(s) +
+                                    " is not \"bsp\", \"asp\" or a non-negative integer");
+      }
+    }
+    if (!ids.insert(o.id).second) {
+      return InvalidArgumentError("tables: " + where + " repeats id " + std::to_string(o.id));
+    }
+    if (!names.insert(o.name).second) {
+      return InvalidArgumentError("tables: " + where + " repeats name '" + o.name + "'");
+    }
+    out.push_back(std::move(o));
+  }
+  return out;
+}
+
+std::string TablesToJson(const std::vector<TableOptions>& tables) {
+  json list = json::array();
+  for (const auto& t : tables) {
+    json init = {{"kind", InitKindName(t.init.kind)}, {"seed", t.init.seed}};
+    switch (t.init.kind) {
+      case Initializer::Kind::kZeros:
+        break;
+      case Initializer::Kind::kConstant:
+        init["value"] = t.init.value;
+        break;
+      case Initializer::Kind::kUniform:
+        init["low"] = t.init.low;
+        init["high"] = t.init.high;
+        break;
+      case Initializer::Kind::kNormal:
+        init["mean"] = t.init.mean;
+        init["stddev"] = t.init.stddev;
+        break;
+    }
+    const auto& o = t.optimizer;
+    json opt = {{"kind", OptimizerName(o.kind)},
+                {"learning_rate", o.learning_rate},
+                {"momentum", o.momentum},
+                {"initial_accumulator", o.initial_accumulator},
+                {"beta1", o.beta1},
+                {"beta2", o.beta2},
+                {"epsilon", o.epsilon}};
+    json staleness = t.staleness == kAsp ? json("asp") : json(t.staleness);
+    list.push_back({{"id", t.id},
+                    {"name", t.name},
+                    {"rows", t.rows},
+                    {"dim", t.dim},
+                    {"init", init},
+                    {"optimizer", opt},
+                    {"staleness", staleness}});
+  }
+  return json({{"tables", list}}).dump(2) + "\n";
+}
+
+Result<std::vector<TableOptions>> ReadTablesFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return NotFoundError("tables: cannot open '" + path + "'; check --tables");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  auto r = ParseTablesJson(ss.str());
+  if (!r.ok()) return r.status().WithContext(path);
+  return r;
+}
+
+Result<bool> DescribeTablesIfAsked(const std::vector<TableOptions>& tables,
+                                   const Environment& env) {
+  auto it = env.find(kDescribeTablesEnv);
+  if (it == env.end() || it->second.empty()) return false;
+  std::ofstream out(it->second, std::ios::trunc);
+  out << TablesToJson(tables);
+  out.close();
+  if (!out) {
+    return Status(StatusCode::kIOError, std::string("cannot write the table list to ") +
+                                            kDescribeTablesEnv + "=" + it->second);
+  }
+  return true;
+}
+
+}  // namespace rdmaps

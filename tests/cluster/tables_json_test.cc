@@ -1,0 +1,94 @@
+// The job's table list as JSON: round trip and malformed input.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "rdmaps/layout.h"
+
+namespace rdmaps {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(TablesJsonTest, RoundTrips) {
+  TableOptions a;
+  a.id = 3;
+  a.name = "emb";
+  a.rows = 1000;
+  a.dim = 16;
+  a.init = Initializer::Uniform(-0.5f, 0.5f, 7);
+  a.optimizer = OptimizerOptions::Adam(0.01f);
+  a.staleness = 2;
+  TableOptions b;
+  b.id = 4;
+  b.name = "bias";
+  b.init = Initializer::Constant(1.5f);
+  b.staleness = kAsp;
+  auto r = ParseTablesJson(TablesToJson({a, b}));
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->size(), 2u);
+  const TableOptions& x = (*r)[0];
+  EXPECT_EQ(x.id, 3u);
+  EXPECT_EQ(x.name, "emb");
+  EXPECT_EQ(x.rows, 1000u);
+  EXPECT_EQ(x.dim, 16u);
+  EXPECT_EQ(x.init.kind, Initializer::Kind::kUniform);
+  EXPECT_FLOAT_EQ(x.init.low, -0.5f);
+  EXPECT_EQ(x.init.seed, 7u);
+  EXPECT_EQ(x.optimizer.kind, OptimizerOptions::Kind::kAdam);
+  EXPECT_FLOAT_EQ(x.optimizer.learning_rate, 0.01f);
+  EXPECT_EQ(x.staleness, 2u);
+  EXPECT_EQ((*r)[1].staleness, kAsp);
+  EXPECT_FLOAT_EQ((*r)[1].init.value, 1.5f);
+}
+
+TEST(TablesJsonTest, MinimalFormTakesDefaults) {
+  auto r = ParseTablesJson(R"([{"name": "w", "rows": 4, "dim": 2, "staleness": "bsp"}])");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ((*r)[0].id, 0u);
+  EXPECT_EQ((*r)[0].staleness, kBsp);
+  EXPECT_EQ((*r)[0].optimizer.kind, OptimizerOptions::Kind::kSgd);
+}
+
+TEST(TablesJsonTest, MalformedIsInvalidArgumentNamingThePart) {
+  struct Case {
+    const char* json;
+    const char* message;
+  } cases[] = {
+      {"[{", "not valid JSON"},
+      {R"({"tabels": []})", "unknown key \"tabels\""},
+      {R"([{"name": "w", "rows": 0}])", "rows >= 1"},
+      {R"([{"name": "w", "rows": -3}])", "\"rows\" must be a non-negative integer, got '-3'"},
+      {R"([{"name": "w", "dims": 3}])", "unknown key \"dims\""},
+      {R"([{"name": "w", "optimizer": {"kind": "lamb"}}])", "kind 'lamb'"},
+      {R"([{"name": "w", "init": {"kind": "xavier"}}])", "kind 'xavier'"},
+      {R"([{"name": "w", "staleness": "ssp"}])", "staleness '\"ssp\"'"},
+      {R"([{"name": "w"}, {"name": "w", "id": 1}])", "repeats name 'w'"},
+      {R"([{"name": "a", "id": 1}, {"name": "b", "id": 1}])", "repeats id 1"},
+  };
+  for (const auto& c : cases) {
+    auto r = ParseTablesJson(c.json);
+    ASSERT_FALSE(r.ok()) << c.json;
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << c.json;
+    EXPECT_THAT(r.status().message(), HasSubstr(c.message)) << c.json;
+  }
+}
+
+TEST(TablesJsonTest, DescribeTablesOnlyWhenAsked) {
+  TableOptions t;
+  t.name = "w";
+  auto no = DescribeTablesIfAsked({t}, {});
+  ASSERT_TRUE(no.ok());
+  EXPECT_FALSE(*no);
+  std::string path = ::testing::TempDir() + "rdmaps_describe_tables.json";
+  auto yes = DescribeTablesIfAsked({t}, {{kDescribeTablesEnv, path}});
+  ASSERT_TRUE(yes.ok()) << yes.status();
+  EXPECT_TRUE(*yes);
+  auto back = ReadTablesFile(path);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ((*back)[0].name, "w");
+  auto missing = ReadTablesFile("/nonexistent/tables.json");
+  EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace rdmaps
