@@ -158,7 +158,7 @@ struct Shared {
   std::map<rdma_cm_id*, VerbsConnection*> by_id;    // established conns
   std::deque<Notification> notifications;
   std::deque<std::unique_ptr<VerbsConnection>> accepted;
-  std::uint64_t interrupts = 0;
+  bool interrupted = false;  // set by Interrupt, cleared by the waiter it wakes
   bool stopping = false;
 };
 

@@ -2,6 +2,7 @@
 // includes no verbs header, so the registry can include it.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -13,5 +14,9 @@ Result<std::unique_ptr<Endpoint>> CreateEndpoint(const EndpointOptions& options)
 
 // True when a device with an ACTIVE port exists; otherwise `why` says why.
 bool DeviceUsable(std::string* why);
+
+// Test hook: makes a verbs `endpoint` announce (and expect) `version` in its
+// handshakes. InvalidArgument when `endpoint` is not a verbs endpoint.
+Status TEST_SetProtocolVersion(Endpoint& endpoint, std::uint16_t version);
 
 }  // namespace rdmaps::transport::verbs
