@@ -1,0 +1,391 @@
+// rdmaps-server: runs one parameter-server node.
+//
+//   rdmaps-server --tables=tables.json --role=ps --task_index=0
+//       --ps_hosts=10.0.0.1:7470,10.0.0.2:7470 --num_workers=4   (one line)
+//   rdmaps-server --flagfile=/etc/rdmaps/server.flags
+//   mpirun -np 6 rdmaps-server --num_servers=2 --tables=t.json -- ./my_worker
+//
+// The layout comes from the resolver (include/rdmaps/layout.h): flags, a
+// ClusterSpec file, RDMAPS_*, TF_CONFIG, DMLC_*, or a rank-based launcher.
+// Under a rank-based launcher every rank runs the same command; the ranks
+// that the layout makes workers exec the command given after `--`.
+//
+// Lifecycle: start-up (listen, rendezvous if any) -> ready (a log line,
+// sd_notify READY=1 under systemd, "host:port\n" on --ready_fd) -> wait for
+// every worker to connect by --startup_timeout_s (else exit 3 naming the
+// missing workers) -> serve until every worker has closed (exit 0) or some
+// died (exit 4 naming them). SIGTERM/SIGINT: stop accepting, finish the
+// batch of pushes being applied, exit 0.
+//
+// Exit codes: 0 done, 1 runtime error, 2 bad configuration, 3 start-up
+// deadline passed, 4 workers died.
+#include <errno.h>
+#include <gflags/gflags.h>
+#include <glog/logging.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "rdmaps/layout.h"
+#include "rdmaps/server.h"
+
+// Layout (see include/rdmaps/layout.h).
+DEFINE_string(role, "", "explicit layout: ps (or server) or worker");
+DEFINE_int32(task_index, -1, "explicit layout: index of this task within its role");
+DEFINE_string(ps_hosts, "", "explicit layout: comma-separated host:port of every server");
+DEFINE_string(worker_hosts, "", "explicit layout: comma-separated host:port of every worker");
+DEFINE_int32(num_workers, 0, "number of workers (instead of --worker_hosts)");
+DEFINE_int32(num_servers, 0, "rank-based launchers: the first N ranks serve (default 1)");
+DEFINE_string(cluster_spec, "", "TensorFlow ClusterSpec JSON file (with --role, --task_index)");
+DEFINE_string(rendezvous, "", "rank-based launchers: HOST:PORT or file:PATH of the rendezvous");
+DEFINE_string(advertise_host, "", "host other processes reach this one at (rank-based)");
+DEFINE_string(job_token, "", "shared secret of the job (default: $RDMAPS_JOB_TOKEN)");
+DEFINE_int32(startup_timeout_s, 120,
+             "start-up deadline: rendezvous and every worker connected, else exit 3");
+DEFINE_bool(print_layout, false, "print the resolved layout and exit");
+
+// Server.
+DEFINE_string(tables, "", "the job's tables as JSON (see docs/deploying.md); without it, "
+              "the worker command after -- is asked for them");
+DEFINE_string(listen, "", "host:port to listen on (default: this server's layout address)");
+DEFINE_string(transport, "", "tcp, verbs or auto (default: $RDMAPS_TRANSPORT, else auto)");
+DEFINE_int32(op_timeout_ms, 30000, "an operation without an answer for this long fails");
+DEFINE_string(ib_dev, "", "verbs: device (default: the one owning the listen address)");
+DEFINE_int32(ib_port, 1, "verbs: port");
+DEFINE_int32(gid_index, -1, "verbs: GID index (-1: rdma_cm chooses)");
+DEFINE_uint32(push_slots, 32, "push ring slots per worker");
+DEFINE_uint32(push_slot_bytes, 64 * 1024, "bytes per push ring slot");
+DEFINE_uint32(apply_threads, 0, "threads applying one large push (0: all cores)");
+DEFINE_int32(ready_fd, -1, "write \"host:port\\n\" to this fd when ready (used by rdmaps-local)");
+DEFINE_int32(run_timeout_s, 0, "give up (exit 1) after this long serving; 0: no limit");
+
+namespace {
+
+using rdmaps::Environment;
+using rdmaps::Layout;
+using rdmaps::Result;
+using rdmaps::Role;
+using rdmaps::Status;
+
+constexpr int kExitRuntime = 1;
+constexpr int kExitConfig = 2;
+constexpr int kExitStartup = 3;
+constexpr int kExitWorkersDied = 4;
+
+// Sends one datagram to $NOTIFY_SOCKET (systemd's sd_notify protocol, no
+// libsystemd needed). OK when NOTIFY_SOCKET is unset.
+Status SdNotify(const Environment& env, const std::string& state) {
+  auto it = env.find("NOTIFY_SOCKET");
+  if (it == env.end() || it->second.empty()) return Status::OK();
+  const std::string& path = it->second;
+  sockaddr_un sa{};
+  sa.sun_family = AF_UNIX;
+  if (path.size() >= sizeof(sa.sun_path)) {
+    return rdmaps::InvalidArgumentError("NOTIFY_SOCKET path is too long: " + path);
+  }
+  std::memcpy(sa.sun_path, path.data(), path.size());
+  if (path[0] == '@') sa.sun_path[0] = '\0';  // abstract namespace
+  socklen_t len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + path.size());
+  int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return rdmaps::ErrnoError("sd_notify: socket", errno);
+  ssize_t n = sendto(fd, state.data(), state.size(), MSG_NOSIGNAL,
+                     reinterpret_cast<sockaddr*>(&sa), len);
+  int err = errno;
+  close(fd);
+  if (n < 0) return rdmaps::ErrnoError("sd_notify to " + path, err);
+  return Status::OK();
+}
+
+// Blocks SIGTERM/SIGINT in every thread (call before starting any) and
+// waits for them on a thread of its own, so that glog's failure handler
+// never sees SIGTERM and shutdown runs as ordinary code.
+class SignalThread {
+ public:
+  SignalThread() {
+    sigemptyset(&set_);
+    sigaddset(&set_, SIGTERM);
+    sigaddset(&set_, SIGINT);
+    sigaddset(&set_, SIGUSR2);  // internal: wakes the thread at exit
+    pthread_sigmask(SIG_BLOCK, &set_, nullptr);
+  }
+  ~SignalThread() {
+    if (thread_.joinable()) {
+      pthread_kill(thread_.native_handle(), SIGUSR2);
+      thread_.join();
+    }
+  }
+  template <typename Fn>
+  void Start(Fn on_signal) {
+    thread_ = std::thread([this, on_signal] {
+      int sig = 0;
+      while (sigwait(&set_, &sig) == 0) {
+        if (sig == SIGUSR2) return;
+        received_.store(sig);
+        on_signal(sig);
+      }
+    });
+  }
+  int received() const { return received_.load(); }
+
+ private:
+  sigset_t set_;
+  std::atomic<int> received_{0};
+  std::thread thread_;
+};
+
+// The command after `--` (the worker program for worker ranks).
+std::vector<std::string> g_worker_command;
+
+[[noreturn]] void ExecWorker(const Layout& layout) {
+  if (g_worker_command.empty()) {
+    LOG(ERROR) << "this process is " << layout.name() << " in the " << layout.source
+               << " layout, but rdmaps-server runs servers only; give the worker command "
+                  "after `--` (rdmaps-server ... -- ./my_worker args) or start workers "
+                  "separately";
+    std::exit(kExitConfig);
+  }
+  LOG(INFO) << layout.name() << ": exec " << g_worker_command[0];
+  google::FlushLogFiles(google::GLOG_INFO);
+  std::vector<char*> argv;
+  for (auto& a : g_worker_command) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  // The worker inherits this environment and resolves the same layout.
+  sigset_t none;
+  sigemptyset(&none);
+  pthread_sigmask(SIG_SETMASK, &none, nullptr);
+  execvp(argv[0], argv.data());
+  LOG(ERROR) << "cannot exec the worker command " << g_worker_command[0] << ": "
+             << std::strerror(errno) << "; check the path after `--`";
+  std::exit(127);
+}
+
+// Runs the worker command once with RDMAPS_DESCRIBE_TABLES set and reads the
+// tables it writes.
+Result<std::vector<rdmaps::TableOptions>> AskWorkerForTables() {
+  if (g_worker_command.empty()) {
+    return rdmaps::InvalidArgumentError(
+        "no tables: pass --tables=FILE (see docs/deploying.md for the format), or a worker "
+        "command after `--` that describes its tables");
+  }
+  char tmpl[] = "/tmp/rdmaps-tables-XXXXXX";
+  int fd = mkstemp(tmpl);
+  if (fd < 0) return rdmaps::ErrnoError("mkstemp", errno);
+  close(fd);
+  std::string cmd = std::string(rdmaps::kDescribeTablesEnv) + "=" + tmpl;
+  for (const auto& a : g_worker_command) cmd += " '" + a + "'";
+  int rc = std::system(cmd.c_str());
+  auto tables = rdmaps::ReadTablesFile(tmpl);
+  std::remove(tmpl);
+  if (rc != 0 || !tables.ok() || tables->empty()) {
+    return rdmaps::InvalidArgumentError(
+        "no tables: the worker command did not describe its tables (exit " + std::to_string(rc) +
+        ", " + tables.status().ToString() + "); pass --tables=FILE");
+  }
+  return tables;
+}
+
+int RealMain(SignalThread& signals) {
+  Environment env = rdmaps::CurrentEnvironment();
+  rdmaps::LayoutOptions lo;
+  lo.role = FLAGS_role;
+  lo.task_index = FLAGS_task_index;
+  lo.ps_hosts = FLAGS_ps_hosts;
+  lo.worker_hosts = FLAGS_worker_hosts;
+  lo.num_workers = FLAGS_num_workers;
+  lo.num_servers = FLAGS_num_servers;
+  lo.cluster_spec = FLAGS_cluster_spec;
+  lo.rendezvous = FLAGS_rendezvous;
+  lo.advertise_host = FLAGS_advertise_host;
+  lo.job_token = FLAGS_job_token;
+  lo.default_role = Role::kServer;
+  lo.startup_timeout = std::chrono::seconds(FLAGS_startup_timeout_s);
+  const auto startup_deadline = std::chrono::steady_clock::now() + lo.startup_timeout;
+
+  auto resolved = rdmaps::ResolveLayout(lo, env);
+  if (!resolved.ok()) {
+    LOG(ERROR) << "layout: " << resolved.status();
+    return kExitConfig;
+  }
+  Layout layout = std::move(*resolved);
+  if (FLAGS_print_layout) {
+    std::cout << layout.ToString() << std::endl;
+    return 0;
+  }
+  if (layout.role == Role::kWorker) ExecWorker(layout);
+  if (layout.role == Role::kScheduler) {
+    auto done = rdmaps::CompleteLayout(layout, "", lo);
+    if (!done.ok()) {
+      LOG(ERROR) << "scheduler: " << done.status();
+      return kExitStartup;
+    }
+    LOG(INFO) << "scheduler: rendezvous complete; exiting";
+    return 0;
+  }
+
+  std::vector<rdmaps::TableOptions> tables;
+  if (!FLAGS_tables.empty()) {
+    auto t = rdmaps::ReadTablesFile(FLAGS_tables);
+    if (!t.ok()) {
+      LOG(ERROR) << t.status();
+      return kExitConfig;
+    }
+    tables = std::move(*t);
+  } else {
+    auto t = AskWorkerForTables();
+    if (!t.ok()) {
+      LOG(ERROR) << t.status();
+      return kExitConfig;
+    }
+    tables = std::move(*t);
+  }
+
+  rdmaps::ServerOptions so;
+  so.transport.transport = !FLAGS_transport.empty()  ? FLAGS_transport
+                           : !layout.transport.empty() ? layout.transport
+                                                       : "auto";
+  so.transport.job_token = layout.job_token;
+  so.transport.op_timeout = std::chrono::milliseconds(FLAGS_op_timeout_ms);
+  so.transport.ib_dev = FLAGS_ib_dev;
+  so.transport.ib_port = FLAGS_ib_port;
+  so.transport.gid_index = FLAGS_gid_index;
+  so.tables = std::move(tables);
+  so.push_slots = FLAGS_push_slots;
+  so.push_slot_bytes = FLAGS_push_slot_bytes;
+  so.apply_threads = FLAGS_apply_threads;
+  so.num_servers = static_cast<std::uint32_t>(layout.num_servers);
+  so.num_workers = static_cast<std::uint32_t>(layout.num_workers);
+  so.listen_address = FLAGS_listen.empty() ? layout.listen_address : FLAGS_listen;
+
+  std::unique_ptr<rdmaps::Server> server;
+  if (layout.needs_rendezvous && layout.index < 0) {
+    // ps-lite: the scheduler assigns our index, and Server::Start needs it,
+    // so the rendezvous comes first with the address we will listen on. A
+    // port-0 listen address is not knowable in advance: ask for a port.
+    if (so.listen_address.ends_with(":0")) {
+      LOG(ERROR) << "under ps-lite (DMLC_*) the server's port must be known before its index "
+                    "is: pass --listen=HOST:PORT";
+      return kExitConfig;
+    }
+    auto done = rdmaps::CompleteLayout(layout, so.listen_address, lo);
+    if (!done.ok()) {
+      LOG(ERROR) << done.status();
+      return kExitStartup;
+    }
+    layout = std::move(*done);
+  }
+  so.server_index = static_cast<std::uint32_t>(layout.index);
+  auto started = rdmaps::Server::Start(so);
+  if (!started.ok()) {
+    LOG(ERROR) << layout.name() << ": cannot start: " << started.status();
+    return started.status().code() == rdmaps::StatusCode::kInvalidArgument ? kExitConfig
+                                                                            : kExitRuntime;
+  }
+  server = std::move(*started);
+  rdmaps::Server* raw = server.get();
+  signals.Start([raw](int sig) {
+    LOG(INFO) << "received " << (sig == SIGTERM ? "SIGTERM" : "SIGINT")
+              << ": draining and stopping";
+    raw->Stop();
+  });
+  if (layout.needs_rendezvous) {
+    auto done = rdmaps::CompleteLayout(layout, server->address(), lo);
+    if (!done.ok()) {
+      LOG(ERROR) << done.status();
+      return kExitStartup;
+    }
+    layout = std::move(*done);
+  }
+
+  const std::string address = server->address();
+  LOG(INFO) << "rdmaps-server " << layout.name() << " ready: listening on " << address
+            << " (layout from " << layout.source << ", " << layout.num_servers << " ps, "
+            << layout.num_workers << " workers, " << so.tables.size() << " tables, transport "
+            << so.transport.transport << ")";
+  Status notified = SdNotify(env, "READY=1\nSTATUS=serving " + layout.name() + " on " + address);
+  if (!notified.ok()) LOG(WARNING) << notified;
+  if (FLAGS_ready_fd >= 0) {
+    std::string line = address + "\n";
+    if (write(FLAGS_ready_fd, line.data(), line.size()) != static_cast<ssize_t>(line.size())) {
+      LOG(WARNING) << "cannot write the ready line to fd " << FLAGS_ready_fd << ": "
+                   << std::strerror(errno);
+    }
+    close(FLAGS_ready_fd);
+  }
+
+  // Start-up deadline: every worker must connect in time.
+  while (signals.received() == 0) {
+    auto st = server->stats();
+    if (st.workers_connected >= so.num_workers) break;
+    if (std::chrono::steady_clock::now() >= startup_deadline) {
+      Status why = server->RunUntil(std::chrono::steady_clock::now());
+      LOG(ERROR) << layout.name() << ": start-up deadline (" << FLAGS_startup_timeout_s
+                 << " s) passed with " << st.workers_connected << " of " << so.num_workers
+                 << " workers connected: " << why;
+      server->Stop();
+      return kExitStartup;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  if (signals.received() == 0) {
+    LOG(INFO) << layout.name() << ": all " << so.num_workers << " workers connected";
+  }
+
+  Status run = FLAGS_run_timeout_s > 0
+                   ? server->RunUntil(std::chrono::steady_clock::now() +
+                                      std::chrono::seconds(FLAGS_run_timeout_s))
+                   : server->Run();
+  auto st = server->stats();
+  server->Stop();
+  (void)SdNotify(env, "STOPPING=1");
+  LOG(INFO) << layout.name() << ": applied " << st.pushes_applied << " pushes (" << st.rows_applied
+            << " rows), " << st.clocks_applied << " clocks; min clock " << st.min_clock;
+  if (signals.received() != 0) {
+    LOG(INFO) << layout.name() << ": stopped by signal; exiting cleanly";
+    return 0;
+  }
+  if (!run.ok()) {
+    LOG(ERROR) << run;
+    return run.code() == rdmaps::StatusCode::kUnavailable ? kExitWorkersDied : kExitRuntime;
+  }
+  LOG(INFO) << layout.name() << ": every worker finished; exiting";
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // Everything after `--` is the worker command (rank-based launches).
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--") == 0) {
+      for (int j = i + 1; j < argc; ++j) g_worker_command.emplace_back(argv[j]);
+      argc = i;
+      break;
+    }
+  }
+  gflags::SetUsageMessage(
+      "runs one rdmaps parameter server node\n"
+      "  rdmaps-server --tables=FILE [layout flags] [-- worker command for worker ranks]");
+  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  FLAGS_logtostderr = FLAGS_logtostderr || std::getenv("GLOG_log_dir") == nullptr;
+  google::InitGoogleLogging(argv[0]);
+  SignalThread signals;  // before any thread starts
+  google::InstallFailureSignalHandler();
+  // glog installs a SIGTERM handler too; SIGTERM is blocked and taken by
+  // sigwait, but restore the default so nothing can turn it into a "crash".
+  signal(SIGTERM, SIG_DFL);
+  int rc = RealMain(signals);
+  google::ShutdownGoogleLogging();
+  return rc;
+}
