@@ -1,12 +1,18 @@
 // rdmaps-train: data-parallel training on Fashion-MNIST through the parameter
-// server, or locally without one (--local).
+// server.
 //
 //   rdmaps-local --servers 2 --workers 4 -- rdmaps-train --model=mlp
-//   rdmaps-train --local --model=softmax --epochs=5
+//   rdmaps-train --inproc_servers=2 --inproc_workers=4 --model=mlp
+//   rdmaps-train --local --model=softmax --epochs=20 --lr=2e-4
 //
-// Each worker trains on its own partition, pulls, computes a mini-batch
-// gradient, pushes, and calls Clock(); progress goes to stderr, the final
-// figures to stdout (text, or one JSON object with --output=json).
+// Under a launcher, each process finds its role in the cluster layout (see
+// include/rdmaps/layout.h): a worker trains on its own partition, pulls,
+// computes a mini-batch gradient, pushes, and calls Clock(); a process whose
+// role is "ps" serves the model's tables (so a launcher may start
+// rdmaps-train for every role). --inproc_* runs the servers and workers as
+// threads of this process over --transport; --local trains without any
+// server. Progress goes to stderr, the final figures to stdout (text, or
+// JSON with --output=json).
 #include <gflags/gflags.h>
 #include <glog/logging.h>
 #include <unistd.h>
@@ -18,17 +24,23 @@
 #include <sstream>
 #include <string>
 
+#include "rdmaps/layout.h"
+#include "rdmaps/server.h"
 #include "tools/train/idx.h"
+#include "tools/train/inproc_job.h"
 #include "tools/train/model.h"
 #include "tools/train/optimizer.h"
+#include "tools/train/ps_store.h"
 #include "tools/train/trainer.h"
 
 DEFINE_string(model, "mlp", "softmax (regression) or mlp");
 DEFINE_string(hidden, "128", "MLP hidden layer widths, comma-separated (1 or 2 layers)");
 DEFINE_string(optimizer, "adam", "sgd, momentum or adam");
-DEFINE_double(lr, 1e-3, "learning rate");
+DEFINE_double(lr, 0, "learning rate (0: 1e-3 for mlp, 2e-4 for softmax with adam; 0.05 sgd; "
+              "0.01 momentum)");
 DEFINE_int32(batch_size, 64, "mini-batch size per worker");
-DEFINE_int32(epochs, 5, "passes over each worker's partition");
+DEFINE_int32(epochs, 0, "passes over the training set (each worker over its partition; "
+             "0: 8 for mlp, 20 for softmax)");
 DEFINE_string(staleness, "bsp", "consistency: bsp (= 0), asp, or a staleness bound s");
 DEFINE_uint64(seed, 1, "seed for initialisation, partitioning and shuffling");
 DEFINE_int32(slow_worker, -1, "index of a worker to slow down (-1: none)");
@@ -44,6 +56,12 @@ DEFINE_int32(eval_every, 0, "record test accuracy every N steps (0: every epoch)
 DEFINE_uint64(eval_limit, 2000, "test samples used for the accuracy curve");
 DEFINE_double(target_accuracy, 0, "report the time to reach this curve accuracy (0: none)");
 DEFINE_bool(progress, true, "print a progress line to stderr");
+DEFINE_string(transport, "", "tcp, verbs, fake or auto (empty: the layout's, else auto; "
+              "--inproc_* defaults to tcp)");
+DEFINE_int32(inproc_servers, 0, "run this many servers as threads of this process");
+DEFINE_int32(inproc_workers, 0, "run this many workers as threads of this process");
+DEFINE_int32(wait_timeout_ms, 60000, "connect, pull (staleness) and barrier deadline");
+DEFINE_bool(print_tables, false, "print the model's tables as JSON and exit");
 
 namespace rdmaps::train {
 namespace {
@@ -147,6 +165,77 @@ void PrintText(const TrainOptions& o, const TrainReport& r, const std::string& m
   (void)o;
 }
 
+std::string StalenessName(std::uint32_t s) {
+  if (s == kBsp) return "bsp";
+  if (s == kAsp) return "asp";
+  return "ssp" + std::to_string(s);
+}
+
+nlohmann::json TablesJson(const std::vector<TableOptions>& tables) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const TableOptions& t : tables) {
+    nlohmann::json j;
+    j["id"] = t.id;
+    j["name"] = t.name;
+    j["rows"] = t.rows;
+    j["dim"] = t.dim;
+    j["init"] = t.init.kind == Initializer::Kind::kNormal ? "normal" : "zeros";
+    j["init_stddev"] = t.init.stddev;
+    j["init_seed"] = t.init.seed;
+    j["optimizer"] = OptimizerKindName(t.optimizer.kind);
+    j["learning_rate"] = t.optimizer.learning_rate;
+    j["staleness"] = t.staleness == kAsp ? nlohmann::json("asp") : nlohmann::json(t.staleness);
+    out.push_back(j);
+  }
+  return out;
+}
+
+// Text: one block per worker report plus, for several, a summary line.
+// JSON: worker 0's report, with every worker's under "workers".
+void PrintReports(const TrainOptions& o, const std::vector<TrainReport>& reports,
+                  const std::string& mode) {
+  if (FLAGS_output == "json") {
+    TrainOptions first = o;
+    first.worker_index = reports.size() == 1 ? o.worker_index : 0;
+    nlohmann::json j = ReportJson(first, reports[0], mode);
+    if (reports.size() > 1) {
+      nlohmann::json all = nlohmann::json::array();
+      for (std::size_t w = 0; w < reports.size(); ++w) {
+        TrainOptions ow = o;
+        ow.worker_index = static_cast<int>(w);
+        all.push_back(ReportJson(ow, reports[w], mode));
+      }
+      j["workers"] = all;
+    }
+    std::cout << j.dump() << std::endl;
+    return;
+  }
+  for (std::size_t w = 0; w < reports.size(); ++w) {
+    const int index = reports.size() == 1 ? o.worker_index : static_cast<int>(w);
+    const std::string who = o.num_workers > 1 ? "[w" + std::to_string(index) + "] " : "";
+    PrintText(o, reports[w], mode, who);
+  }
+}
+
+// This process is a parameter server of the job: serve the model's tables
+// until every worker has said goodbye.
+Status Serve(const LayoutOptions& lo, Layout layout, const std::string& transport,
+             const std::vector<TableOptions>& tables) {
+  ServerOptions so;
+  so.transport.transport = transport;
+  so.transport.job_token = layout.job_token;
+  so.listen_address = layout.listen_address;
+  so.server_index = static_cast<std::uint32_t>(layout.index);
+  so.num_servers = static_cast<std::uint32_t>(layout.num_servers);
+  so.num_workers = static_cast<std::uint32_t>(layout.num_workers);
+  so.tables = tables;
+  RDMAPS_ASSIGN_OR_RETURN(std::unique_ptr<Server> server, Server::Start(so));
+  RDMAPS_ASSIGN_OR_RETURN(layout, CompleteLayout(std::move(layout), server->address(), lo));
+  LOG(INFO) << "ps" << so.server_index << " serving " << tables.size() << " tables at "
+            << server->address();
+  return server->Run();
+}
+
 Status Run() {
   RDMAPS_ASSIGN_OR_RETURN(ModelSpec spec, ModelFromFlags());
   RDMAPS_ASSIGN_OR_RETURN(OptimizerKind kind, ParseOptimizer(FLAGS_optimizer));
@@ -157,7 +246,22 @@ Status Run() {
     return InvalidArgumentError("--slow_mode=" + FLAGS_slow_mode +
                                 " is unknown; use compute or wait");
   }
-  if (FLAGS_batch_size <= 0 || FLAGS_epochs <= 0 || FLAGS_slow_factor <= 0) {
+  const bool softmax = spec.hidden.empty();
+  if (FLAGS_epochs == 0) FLAGS_epochs = softmax ? 20 : 8;
+  if (FLAGS_lr == 0) {
+    switch (kind) {
+      case OptimizerKind::kAdam:
+        FLAGS_lr = softmax ? 2e-4 : 1e-3;
+        break;
+      case OptimizerKind::kMomentum:
+        FLAGS_lr = 0.01;
+        break;
+      case OptimizerKind::kSgd:
+        FLAGS_lr = 0.05;
+        break;
+    }
+  }
+  if (FLAGS_batch_size <= 0 || FLAGS_epochs <= 0 || FLAGS_slow_factor <= 0 || FLAGS_lr < 0) {
     return InvalidArgumentError("--batch_size, --epochs and --slow_factor must be positive");
   }
   RDMAPS_ASSIGN_OR_RETURN(Dataset train, LoadFashionMnist(FLAGS_data_dir, Split::kTrain));
@@ -178,26 +282,84 @@ Status Run() {
   opt.kind = kind;
   opt.learning_rate = static_cast<float>(FLAGS_lr);
 
-  std::unique_ptr<ParameterStore> store;
-  std::string mode;
-  if (FLAGS_local) {
-    store = std::make_unique<LocalStore>(InitParams<float>(spec, FLAGS_seed), opt);
-    mode = "local";
-  } else {
-    return NotSupportedError(
-        "training through the parameter server is not built yet; pass --local");
+  RDMAPS_ASSIGN_OR_RETURN(const std::uint32_t staleness, ParseStaleness(FLAGS_staleness));
+  const std::vector<TableOptions> tables = PsTables(spec, opt, FLAGS_seed, staleness);
+  if (FLAGS_print_tables) {
+    std::cout << TablesJson(tables).dump(2) << std::endl;
+    return Status::OK();
   }
-  if (FLAGS_slow_worker == o.worker_index) o.slow_factor = FLAGS_slow_factor;
-  const std::string who =
-      o.num_workers > 1 ? "[w" + std::to_string(o.worker_index) + "] " : std::string();
   std::function<void(const Progress&)> progress;
-  if (FLAGS_progress) progress = [&](const Progress& p) { PrintProgress(who, p); };
-  RDMAPS_ASSIGN_OR_RETURN(TrainReport report, Train(o, train, test, *store, progress));
-  if (FLAGS_output == "json") {
-    std::cout << ReportJson(o, report, mode).dump() << std::endl;
-  } else {
-    PrintText(o, report, mode, who);
+
+  if (FLAGS_local) {
+    LocalStore store(InitParams<float>(spec, FLAGS_seed), opt);
+    if (FLAGS_slow_worker == 0) o.slow_factor = FLAGS_slow_factor;
+    if (FLAGS_progress) progress = [](const Progress& p) { PrintProgress("", p); };
+    RDMAPS_ASSIGN_OR_RETURN(TrainReport report, Train(o, train, test, store, progress));
+    PrintReports(o, {report}, "local");
+    return Status::OK();
   }
+
+  if (FLAGS_inproc_servers > 0 || FLAGS_inproc_workers > 0) {
+    InProcessJob job;
+    job.servers = std::max(1, FLAGS_inproc_servers);
+    job.workers = std::max(1, FLAGS_inproc_workers);
+    job.transport = FLAGS_transport.empty() ? "tcp" : FLAGS_transport;
+    job.train = o;
+    job.optimizer = opt;
+    job.staleness = staleness;
+    job.slow_worker = FLAGS_slow_worker;
+    job.slow_factor = FLAGS_slow_factor;
+    job.wait_timeout = std::chrono::milliseconds(FLAGS_wait_timeout_ms);
+    std::function<void(int, const Progress&)> worker_progress;
+    if (FLAGS_progress) {
+      worker_progress = [](int w, const Progress& p) {
+        if (w == 0) PrintProgress("[w0] ", p);
+      };
+    }
+    RDMAPS_ASSIGN_OR_RETURN(std::vector<TrainReport> reports,
+                            RunInProcessJob(job, train, test, worker_progress));
+    o.num_workers = job.workers;
+    PrintReports(o, reports, StalenessName(staleness));
+    return Status::OK();
+  }
+
+  // Under a launcher (or the loopback default): our role from the layout.
+  LayoutOptions lo;
+  lo.default_role = Role::kWorker;
+  lo.startup_timeout = std::chrono::milliseconds(FLAGS_wait_timeout_ms);
+  const Environment env = CurrentEnvironment();
+  RDMAPS_ASSIGN_OR_RETURN(Layout layout, ResolveLayout(lo, env));
+  std::string transport = FLAGS_transport;
+  if (transport.empty()) transport = layout.transport.empty() ? "auto" : layout.transport;
+  if (layout.role == Role::kServer) {
+    return Serve(lo, std::move(layout), transport, tables);
+  }
+  RDMAPS_ASSIGN_OR_RETURN(layout, CompleteLayout(std::move(layout), "", lo));
+  if (layout.role == Role::kScheduler) return Status::OK();  // The rendezvous is done.
+  LOG(INFO) << "worker " << layout.index << " of " << layout.num_workers << ", "
+            << layout.num_servers << " servers, layout from " << layout.source;
+  ClientOptions co;
+  co.transport.transport = transport;
+  co.transport.job_token = layout.job_token;
+  co.worker_id = static_cast<std::uint32_t>(layout.index);
+  co.num_workers = static_cast<std::uint32_t>(layout.num_workers);
+  co.servers = layout.servers;
+  co.tables = tables;
+  co.staleness_override = staleness;
+  co.connect_timeout = std::chrono::milliseconds(FLAGS_wait_timeout_ms);
+  co.wait_timeout = std::chrono::milliseconds(FLAGS_wait_timeout_ms);
+  RDMAPS_ASSIGN_OR_RETURN(std::unique_ptr<PsStore> store, PsStore::Connect(co, spec));
+  o.worker_index = layout.index;
+  o.num_workers = layout.num_workers;
+  o.evaluate = layout.index == 0;
+  if (FLAGS_slow_worker == o.worker_index) o.slow_factor = FLAGS_slow_factor;
+  const std::string who = "[w" + std::to_string(o.worker_index) + "] ";
+  if (FLAGS_progress) progress = [who](const Progress& p) { PrintProgress(who, p); };
+  Result<TrainReport> report = Train(o, train, test, *store, progress);
+  const Status closed = store->Close();
+  RDMAPS_RETURN_IF_ERROR(report.status());
+  RDMAPS_RETURN_IF_ERROR(closed);
+  PrintReports(o, {*report}, StalenessName(staleness));
   return Status::OK();
 }
 
