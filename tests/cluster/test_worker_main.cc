@@ -1,0 +1,118 @@
+// cluster_test_worker: the worker program of the launch tests. It finds its
+// layout like any rdmaps worker (rdmaps-local's RDMAPS_*, TF_CONFIG, mpirun's
+// ranks, ...), pushes +1 to every element of table "sum" in each of
+// --iterations BSP iterations, and at the end checks that every element
+// equals num_workers * iterations: no push lost or applied twice, whatever
+// launched it. Exit 0 when the sum is right, 1 when it is not or on any
+// error (printed).
+//
+// Fault knobs: --die_at=N kills itself with SIGKILL after iteration N
+// (a crashed worker); --hang_at=N stops making progress after iteration N.
+#include <gflags/gflags.h>
+#include <glog/logging.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <thread>
+#include <vector>
+
+#include "rdmaps/client.h"
+#include "rdmaps/layout.h"
+
+DEFINE_int32(iterations, 5, "BSP iterations");
+DEFINE_uint64(rows, 10, "rows of table \"sum\"");
+DEFINE_uint32(dim, 4, "floats per row");
+DEFINE_int32(die_at, -1, "SIGKILL this process after this iteration (-1: never)");
+DEFINE_int32(die_worker, 0, "which worker --die_at applies to");
+DEFINE_int32(timeout_ms, 20000, "start-up, connect and wait deadlines");
+DEFINE_int32(num_servers, 0, "rank-based launchers: the first N ranks serve");
+DEFINE_string(rendezvous, "", "rank-based launchers: HOST:PORT or file:PATH");
+
+namespace {
+
+int Fail(const rdmaps::Status& s, const char* what) {
+  std::printf("FAILED %s: %s\n", what, s.ToString().c_str());
+  std::fflush(stdout);
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  FLAGS_logtostderr = true;
+  google::InitGoogleLogging(argv[0]);
+  using namespace rdmaps;
+
+  TableOptions sum;
+  sum.id = 0;
+  sum.name = "sum";
+  sum.rows = FLAGS_rows;
+  sum.dim = FLAGS_dim;
+  sum.optimizer = OptimizerOptions::Sgd(1.0f);  // w -= 1 * (-1)
+  sum.staleness = kBsp;
+  const std::vector<TableOptions> tables = {sum};
+
+  Environment env = CurrentEnvironment();
+  auto described = DescribeTablesIfAsked(tables, env);
+  if (!described.ok()) return Fail(described.status(), "describing tables");
+  if (*described) return 0;
+
+  LayoutOptions lo;
+  lo.num_servers = FLAGS_num_servers;
+  lo.rendezvous = FLAGS_rendezvous;
+  lo.startup_timeout = std::chrono::milliseconds(FLAGS_timeout_ms);
+  auto layout = ResolveWorkerLayout(lo, env);
+  if (!layout.ok()) return Fail(layout.status(), "resolving the layout");
+  if (layout->role != Role::kWorker) {
+    return Fail(InvalidArgumentError("resolved to " + layout->name()), "layout");
+  }
+
+  ClientOptions co;
+  co.transport.transport = layout->transport.empty() ? "tcp" : layout->transport;
+  co.transport.job_token = layout->job_token;
+  co.worker_id = static_cast<std::uint32_t>(layout->index);
+  co.num_workers = static_cast<std::uint32_t>(layout->num_workers);
+  co.servers = layout->servers;
+  co.tables = tables;
+  co.connect_timeout = std::chrono::milliseconds(FLAGS_timeout_ms);
+  co.wait_timeout = std::chrono::milliseconds(FLAGS_timeout_ms);
+  auto client = Client::Connect(co);
+  if (!client.ok()) return Fail(client.status(), "connecting");
+  std::printf("%s connected to %zu servers (layout from %s)\n", layout->name().c_str(),
+              layout->servers.size(), layout->source.c_str());
+  std::fflush(stdout);
+
+  const std::size_t n = FLAGS_rows * FLAGS_dim;
+  std::vector<float> grads(n, -1.0f), out(n, 0.0f);
+  for (int it = 0; it < FLAGS_iterations; ++it) {
+    Status s = (*client)->Push(0, RowRange{0, FLAGS_rows}, grads);
+    if (!s.ok()) return Fail(s, "push");
+    auto c = (*client)->Clock();
+    if (!c.ok()) return Fail(c.status(), "clock");
+    // A BSP pull at every iteration keeps the workers in lock step.
+    s = (*client)->Pull(0, RowRange{0, FLAGS_rows}, out);
+    if (!s.ok()) return Fail(s, "pull");
+    std::printf("iteration %d done\n", it);
+    std::fflush(stdout);
+    if (it == FLAGS_die_at && layout->index == FLAGS_die_worker) {
+      std::printf("dying now (--die_at)\n");
+      std::fflush(stdout);
+      raise(SIGKILL);
+    }
+  }
+  const float want = static_cast<float>(layout->num_workers * FLAGS_iterations);
+  for (std::size_t i = 0; i < n; ++i) {
+    if (out[i] != want) {
+      std::printf("FAILED sum check: element %zu is %g, want %g\n", i, out[i], want);
+      return 1;
+    }
+  }
+  Status closed = (*client)->Close();
+  if (!closed.ok()) return Fail(closed, "close");
+  std::printf("%s: sum ok (%g = %d workers x %d iterations)\n", layout->name().c_str(), want,
+              layout->num_workers, FLAGS_iterations);
+  return 0;
+}
