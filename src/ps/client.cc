@@ -60,6 +60,9 @@ using transport::Op;
 using SteadyClock = std::chrono::steady_clock;
 
 constexpr std::size_t kMaxOpsPerPost = 128;
+// Large pulls are cut into READs of at most this size, so checking the rows of
+// one overlaps the transfer of the next.
+constexpr std::size_t kMaxReadBytes = 256 * 1024;
 
 struct ShardRemote {
   std::uint64_t begin = 0;
@@ -93,6 +96,9 @@ struct ServerLink {
   std::uint64_t applied_seq = 0;
   std::uint64_t min_clock = 0;
   std::vector<ControlWorker> clocks;
+  // PostSlot added a READ of the control block behind the push (credits ran
+  // low): refreshes applied_seq without an extra round trip.
+  bool ctrl_inflight = false;
 };
 
 // Rows [local, local + count) of one server's shard go to output rows
@@ -191,6 +197,10 @@ class ClientImpl final : public Client {
   Status Drain(ServerLink& s, std::size_t n, Deadline deadline);
   Status Exec(ServerLink& s, std::span<const Op> ops, Deadline deadline);
   Status ReadControl(const std::vector<std::uint32_t>& servers, Deadline deadline);
+  // Takes the control block in s.ctrl; false when it is torn.
+  bool ParseControl(ServerLink& s);
+  // Completes the slot PostSlot posted (and its piggybacked control READ).
+  Status FinishSlot(ServerLink& s, Deadline deadline);
   Status WaitReadable(const TableMeta& t, const std::vector<std::uint32_t>& servers,
                       Deadline deadline);
   Status ReadRuns(const TableMeta& t, std::vector<Run> runs, std::span<float> out,
@@ -207,7 +217,7 @@ class ClientImpl final : public Client {
   // connections stay in step, and returns `st`.
   Status DrainOnError(const std::vector<std::uint32_t>& posted, Status st, Deadline deadline) {
     if (st.ok()) return st;
-    for (std::uint32_t si : posted) (void)Drain(servers_[si], 1, deadline);
+    for (std::uint32_t si : posted) (void)FinishSlot(servers_[si], deadline);
     return st;
   }
   Deadline CallDeadline() const { return SteadyClock::now() + options_.wait_timeout; }
@@ -536,6 +546,31 @@ Status ClientImpl::Exec(ServerLink& s, std::span<const Op> ops, Deadline deadlin
   return Drain(s, ops.size(), deadline);
 }
 
+bool ClientImpl::ParseControl(ServerLink& s) {
+  const std::uint32_t W = s.dir.num_workers;
+  if (!internal::VerifyBlock(s.ctrl.get(), internal::ControlPayloadBytes(W))) return false;
+  const std::byte* p = s.ctrl.get() + sizeof(BlockHeader);
+  ControlHead head;
+  std::memcpy(&head, p, sizeof(head));
+  std::memcpy(s.clocks.data(), p + sizeof(head), W * sizeof(ControlWorker));
+  // The newest knowledge wins (a piggybacked read may be older than a poll).
+  s.min_clock = std::max(s.min_clock, head.min_clock);
+  s.applied_seq = std::max(s.applied_seq, s.clocks[options_.worker_id].applied_seq);
+  return true;
+}
+
+Status ClientImpl::FinishSlot(ServerLink& s, Deadline deadline) {
+  const bool ctrl = s.ctrl_inflight;
+  s.ctrl_inflight = false;
+  RDMAPS_RETURN_IF_ERROR(Drain(s, ctrl ? 2 : 1, deadline));
+  if (ctrl) {
+    (void)ParseControl(s);  // torn: ignore, a later poll will tell
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    ++stats_.clock_reads;
+  }
+  return Status::OK();
+}
+
 Status ClientImpl::ReadControl(const std::vector<std::uint32_t>& servers, Deadline deadline) {
   std::vector<std::uint32_t> todo = servers;
   while (!todo.empty()) {
@@ -549,17 +584,7 @@ Status ClientImpl::ReadControl(const std::vector<std::uint32_t>& servers, Deadli
     for (std::uint32_t i : todo) {
       ServerLink& s = servers_[i];
       RDMAPS_RETURN_IF_ERROR(Drain(s, 1, deadline));
-      const std::uint32_t W = s.dir.num_workers;
-      if (!internal::VerifyBlock(s.ctrl.get(), internal::ControlPayloadBytes(W))) {
-        torn.push_back(i);
-        continue;
-      }
-      const std::byte* p = s.ctrl.get() + sizeof(BlockHeader);
-      ControlHead head;
-      std::memcpy(&head, p, sizeof(head));
-      std::memcpy(s.clocks.data(), p + sizeof(head), W * sizeof(ControlWorker));
-      s.min_clock = head.min_clock;
-      s.applied_seq = s.clocks[options_.worker_id].applied_seq;
+      if (!ParseControl(s)) torn.push_back(i);
     }
     {
       std::lock_guard<std::mutex> lock(stats_mu_);
@@ -649,6 +674,7 @@ Status ClientImpl::ReadRuns(const TableMeta& t, std::vector<Run> runs, std::span
   std::vector<std::vector<Piece>> pieces(servers_.size());
   std::vector<Op> ops;
   std::uint64_t retries = 0, bytes = 0;
+  const std::uint64_t max_rows_per_op = std::max<std::uint64_t>(1, kMaxReadBytes / t.stride);
   while (true) {
     bool any = false;
     for (std::uint32_t si = 0; si < servers_.size(); ++si) {
@@ -663,7 +689,7 @@ Status ClientImpl::ReadRuns(const TableMeta& t, std::vector<Run> runs, std::span
       ops.clear();
       while (!q.empty() && used < cap && ops.size() < kMaxOpsPerPost) {
         Run& r = q.front();
-        const std::uint64_t n = std::min(r.count, cap - used);
+        const std::uint64_t n = std::min({r.count, cap - used, max_rows_per_op});
         pieces[si].push_back({used, r.local, n, r.out_row});
         ops.push_back(Op::Read(s.staging.get() + used * t.stride, s.staging_mr.get(),
                                n * t.stride, shard.addr + r.local * t.stride, shard.rkey));
@@ -681,10 +707,11 @@ Status ClientImpl::ReadRuns(const TableMeta& t, std::vector<Run> runs, std::span
       if (pieces[si].empty()) continue;
       ServerLink& s = servers_[si];
       const ShardRemote& shard = t.shards[si];
-      RDMAPS_RETURN_IF_ERROR(Drain(s, pieces[si].size(), deadline));
-      // Verify every row; re-READ torn ones until they verify.
+      // Verify every row as its READ completes (overlapping the check with
+      // the later READs' transfer); re-READ torn ones until they verify.
       std::vector<Piece> torn;
       for (const Piece& pc : pieces[si]) {
+        RDMAPS_RETURN_IF_ERROR(Drain(s, 1, deadline));
         for (std::uint64_t k = 0; k < pc.count; ++k) {
           const std::byte* row = s.staging.get() + (pc.staging_row + k) * t.stride;
           if (internal::VerifyBlock(row, payload)) {
@@ -855,7 +882,17 @@ Status ClientImpl::PostSlot(ServerLink& s, SlotHeader h, std::size_t bytes) {
   const Op op = Op::WriteWithImm(s.push.get(), s.push_mr.get(), bytes,
                                  s.ring.addr + slot * s.dir.slot_bytes, s.ring.rkey,
                                  internal::ImmOfSeq(h.seq));
-  RDMAPS_RETURN_IF_ERROR(PostOps(s, {&op, 1}));
+  // Half the credits used: refresh them with a READ behind the write, in the
+  // same doorbell, so a steady pusher rarely stops to poll.
+  const bool refresh = (h.seq - s.applied_seq) * 2 >= s.dir.ring_slots;
+  if (refresh) {
+    const Op ops[2] = {op, Op::Read(s.ctrl.get(), s.ctrl_mr.get(), s.ctrl_bytes,
+                                    s.dir.control.addr, s.dir.control.rkey)};
+    RDMAPS_RETURN_IF_ERROR(PostOps(s, ops));
+  } else {
+    RDMAPS_RETURN_IF_ERROR(PostOps(s, {&op, 1}));
+  }
+  s.ctrl_inflight = refresh;
   s.pushed_seq = h.seq;
   std::lock_guard<std::mutex> lock(stats_mu_);
   stats_.bytes_written += bytes;
@@ -897,7 +934,7 @@ Status ClientImpl::PushRange(const TableMeta& t, RowRange range, std::span<const
       posted.push_back(si);
     }
     if (posted.empty()) break;
-    for (std::uint32_t si : posted) RDMAPS_RETURN_IF_ERROR(Drain(servers_[si], 1, deadline));
+    for (std::uint32_t si : posted) RDMAPS_RETURN_IF_ERROR(FinishSlot(servers_[si], deadline));
   }
   return Status::OK();
 }
@@ -939,7 +976,7 @@ Status ClientImpl::PushRows(const TableMeta& t, std::span<const std::uint64_t> r
       posted.push_back(si);
     }
     if (posted.empty()) break;
-    for (std::uint32_t si : posted) RDMAPS_RETURN_IF_ERROR(Drain(servers_[si], 1, deadline));
+    for (std::uint32_t si : posted) RDMAPS_RETURN_IF_ERROR(FinishSlot(servers_[si], deadline));
   }
   return Status::OK();
 }
@@ -1021,7 +1058,7 @@ Status ClientImpl::SendControlSlot(SlotKind kind, std::uint64_t clock, Deadline 
     RDMAPS_RETURN_IF_ERROR(PostSlot(s, h, sizeof(SlotHeader)));
     posted.push_back(s.index);
   }
-  for (ServerLink& s : servers_) RDMAPS_RETURN_IF_ERROR(Drain(s, 1, deadline));
+  for (ServerLink& s : servers_) RDMAPS_RETURN_IF_ERROR(FinishSlot(s, deadline));
   return Status::OK();
 }
 
