@@ -259,6 +259,9 @@ class Job {
   }
 
   void Reap() {
+    // Children that failed together (reaped in one batch, in no particular
+    // order): a server's failure is the cause of its workers', so it wins.
+    Child* first = nullptr;
     while (true) {
       int status = 0;
       pid_t pid = waitpid(-1, &status, WNOHANG);
@@ -270,11 +273,12 @@ class Job {
         c.exit_code = ExitCodeOf(status);
         c.how = Describe(status);
         Say(c.name + " (pid " + std::to_string(pid) + ") " + c.how);
-        if (c.exit_code != 0 && !stopping_ && !first_failure_) {
-          first_failure_ = *c.exit_code;
-          failure_what_ = c.name + " " + c.how;
-        }
+        if (c.exit_code != 0 && (!first || (c.server && !first->server))) first = &c;
       }
+    }
+    if (first && !stopping_ && !first_failure_) {
+      first_failure_ = *first->exit_code;
+      failure_what_ = first->name + " " + first->how;
     }
   }
 

@@ -333,8 +333,11 @@ int RealMain(SignalThread& signals) {
       LOG(ERROR) << layout.name() << ": start-up deadline (" << FLAGS_startup_timeout_s
                  << " s) passed with " << st.workers_connected << " of " << so.num_workers
                  << " workers connected: " << why;
-      server->Stop();
-      return kExitStartup;
+      // Exit at once: the connected workers see this server vanish only as
+      // the process ends, so a launcher learns the cause (this exit) first.
+      google::FlushLogFiles(google::GLOG_INFO);
+      std::fflush(nullptr);
+      std::_Exit(kExitStartup);
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }

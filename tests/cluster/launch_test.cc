@@ -1,0 +1,260 @@
+// Real launches: rdmaps-local, mpirun and rdmaps-server as child processes
+// of this test, running cluster_test_worker (which checks that every push
+// arrived exactly once), and the fault drills: a worker killed, a server
+// killed, a worker that never starts. Every child runs under a hang guard
+// (kKill): a launch that does not end is killed and the test fails; nothing
+// here measures time.
+#include <fcntl.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace {
+
+using ::testing::HasSubstr;
+using Clock = std::chrono::steady_clock;
+
+const std::string kLocal = RDMAPS_LOCAL_BIN;
+const std::string kServer = RDMAPS_SERVER_BIN;
+const std::string kWorker = CLUSTER_TEST_WORKER_BIN;
+// Hang guard for one launch; far above what any of them needs.
+constexpr auto kKill = std::chrono::seconds(60);
+
+int CountOf(const std::string& text, const std::string& what) {
+  int n = 0;
+  for (auto p = text.find(what); p != std::string::npos; p = text.find(what, p + 1)) ++n;
+  return n;
+}
+
+// A child process with its stdout+stderr captured.
+class Proc {
+ public:
+  Proc(std::vector<std::string> argv, std::map<std::string, std::string> env = {}) {
+    int fds[2];
+    EXPECT_EQ(pipe2(fds, O_CLOEXEC), 0);
+    pid_ = fork();
+    if (pid_ == 0) {
+      setpgid(0, 0);
+      dup2(fds[1], 1);
+      dup2(fds[1], 2);
+      for (const auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);
+      std::vector<char*> args;
+      for (auto& a : argv) args.push_back(a.data());
+      args.push_back(nullptr);
+      execvp(args[0], args.data());
+      _exit(127);
+    }
+    close(fds[1]);
+    fd_ = fds[0];
+    kill_at_ = Clock::now() + kKill;
+  }
+  ~Proc() {
+    if (!status_) {
+      kill(-pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+    if (fd_ >= 0) close(fd_);
+  }
+
+  // Reads output until `pattern` appears (true) or the output ends (false).
+  bool WaitFor(const std::string& pattern) {
+    while (out_.find(pattern) == std::string::npos) {
+      if (!ReadSome()) return false;
+    }
+    return true;
+  }
+
+  // Reads to EOF and reaps; the exit code (128+N for signal N).
+  int Wait() {
+    while (ReadSome()) {
+    }
+    int status = 0;
+    waitpid(pid_, &status, 0);
+    status_ = status;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  }
+
+  const std::string& out() const { return out_; }
+  pid_t pid() const { return pid_; }
+
+ private:
+  bool ReadSome() {
+    if (fd_ < 0) return false;
+    auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(kill_at_ - Clock::now());
+    pollfd p{fd_, POLLIN, 0};
+    if (ms.count() <= 0 || poll(&p, 1, static_cast<int>(ms.count())) <= 0) {
+      ADD_FAILURE() << "hang guard: killing the launch; output so far:\n" << out_;
+      kill(-pid_, SIGKILL);
+      close(fd_);
+      fd_ = -1;
+      return false;
+    }
+    char buf[4096];
+    ssize_t n = read(fd_, buf, sizeof(buf));
+    if (n <= 0) {
+      close(fd_);
+      fd_ = -1;
+      return false;
+    }
+    out_.append(buf, static_cast<std::size_t>(n));
+    return true;
+  }
+
+  pid_t pid_ = -1;
+  int fd_ = -1;
+  std::string out_;
+  std::optional<int> status_;
+  Clock::time_point kill_at_;
+};
+
+std::string TempDir() {
+  std::string tmpl = ::testing::TempDir() + "rdmaps_launch_XXXXXX";
+  char* d = mkdtemp(tmpl.data());
+  EXPECT_NE(d, nullptr);
+  return tmpl;
+}
+
+TEST(LaunchTest, LocalTwoServersThreeWorkers) {
+  Proc p({kLocal, "--servers=2", "--workers=3", "--transport=tcp", "--", kWorker,
+          "--iterations=5"});
+  int rc = p.Wait();
+  EXPECT_EQ(rc, 0) << p.out();
+  EXPECT_EQ(CountOf(p.out(), "sum ok (15 = 3 workers x 5 iterations)"), 3) << p.out();
+  EXPECT_THAT(p.out(), HasSubstr("[worker2] worker2 connected to 2 servers (layout from RDMAPS_*)"));
+  EXPECT_THAT(p.out(), HasSubstr("[ps1] "));
+  EXPECT_THAT(p.out(), HasSubstr("job done"));
+}
+
+TEST(LaunchTest, TfConfigDrivenJob) {
+  // rdmaps-local gives every process, servers included, its own TF_CONFIG.
+  Proc p({kLocal, "--servers=2", "--workers=2", "--transport=tcp", "--layout_env=tf_config",
+          "--", kWorker, "--iterations=3"});
+  int rc = p.Wait();
+  EXPECT_EQ(rc, 0) << p.out();
+  EXPECT_EQ(CountOf(p.out(), "(layout from TF_CONFIG)"), 2) << p.out();
+  EXPECT_EQ(CountOf(p.out(), "sum ok (6 = 2 workers x 3 iterations)"), 2) << p.out();
+  EXPECT_THAT(p.out(), HasSubstr("layout from TF_CONFIG, 2 ps, 2 workers"));  // servers
+}
+
+TEST(LaunchTest, OpenMpiJob) {
+  if (std::system("command -v mpirun >/dev/null 2>&1") != 0) {
+    GTEST_SKIP() << "mpirun not found: apt-get install openmpi-bin";
+  }
+  std::string dir = TempDir();
+  std::string rdzv = "--rendezvous=file:" + dir + "/rendezvous";
+  std::vector<std::string> argv = {"mpirun", "--oversubscribe", "--allow-run-as-root",
+                                   "--mca", "btl", "self,tcp", "--mca", "btl_tcp_if_include",
+                                   "lo", "-np", "5", kServer, "--num_servers=2", rdzv,
+                                   "--transport=tcp", "--startup_timeout_s=30", "--", kWorker,
+                                   "--num_servers=2", rdzv, "--iterations=4"};
+  Proc p(argv);
+  int rc = p.Wait();
+  EXPECT_EQ(rc, 0) << p.out();
+  EXPECT_EQ(CountOf(p.out(), "sum ok (12 = 3 workers x 4 iterations)"), 3) << p.out();
+  EXPECT_THAT(p.out(), HasSubstr("layout from Open MPI"));
+  EXPECT_THAT(p.out(), HasSubstr("rendezvous complete: 2 ps + 3 workers"));
+  std::filesystem::remove_all(dir);
+}
+
+TEST(LaunchTest, PrintLayoutShowsTheResolvedLayoutAndExits) {
+  Proc p({kServer, "--print_layout"},
+         {{"TF_CONFIG",
+           R"({"cluster": {"ps": ["10.0.0.1:7470", "10.0.0.2:7470"], "worker": ["w:0"]},
+               "task": {"type": "ps", "index": 1}})"}});
+  EXPECT_EQ(p.Wait(), 0) << p.out();
+  EXPECT_THAT(p.out(), HasSubstr("layout from TF_CONFIG"));
+  EXPECT_THAT(p.out(), HasSubstr("this process: ps1, listens on 10.0.0.2:7470"));
+}
+
+TEST(LaunchTest, ServerReportsReadinessToSystemdAndStopsCleanlyOnSigterm) {
+  std::string dir = TempDir();
+  std::string sock = dir + "/notify";
+  int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_un sa{};
+  sa.sun_family = AF_UNIX;
+  std::snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", sock.c_str());
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)), 0);
+  std::string tables = dir + "/tables.json";
+  std::ofstream(tables) << R"([{"name": "w", "rows": 8, "dim": 2}])";
+
+  Proc p({kServer, "--tables=" + tables, "--role=ps", "--task_index=0",
+          "--ps_hosts=127.0.0.1:0", "--num_workers=1", "--transport=tcp",
+          "--startup_timeout_s=60"},
+         {{"NOTIFY_SOCKET", sock}});
+  pollfd pf{fd, POLLIN, 0};
+  ASSERT_EQ(poll(&pf, 1, 30000), 1) << "no sd_notify datagram";
+  char buf[512] = {};
+  ASSERT_GT(recv(fd, buf, sizeof(buf) - 1, 0), 0);
+  EXPECT_THAT(std::string(buf), HasSubstr("READY=1"));
+  ASSERT_TRUE(p.WaitFor("ready: listening on 127.0.0.1:"));
+  kill(p.pid(), SIGTERM);
+  EXPECT_EQ(p.Wait(), 0) << p.out();  // not 143, and no glog crash dump
+  EXPECT_THAT(p.out(), HasSubstr("received SIGTERM: draining and stopping"));
+  EXPECT_THAT(p.out(), ::testing::Not(HasSubstr("*** SIGTERM")));
+  close(fd);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(LaunchFaultTest, ServerStartupDeadlineNamesMissingWorkers) {
+  std::string dir = TempDir();
+  std::string tables = dir + "/tables.json";
+  std::ofstream(tables) << R"([{"name": "w", "rows": 8, "dim": 2}])";
+  Proc p({kServer, "--tables=" + tables, "--role=ps", "--task_index=0",
+          "--ps_hosts=127.0.0.1:0", "--num_workers=2", "--transport=tcp",
+          "--startup_timeout_s=1"});
+  EXPECT_EQ(p.Wait(), 3) << p.out();
+  EXPECT_THAT(p.out(), HasSubstr("0 of 2 workers connected"));
+  EXPECT_THAT(p.out(), HasSubstr("workers never connected: [0, 1]"));
+  std::filesystem::remove_all(dir);
+}
+
+TEST(LaunchFaultTest, KilledWorkerStopsTheJobWithItsExitCode) {
+  Proc p({kLocal, "--servers=2", "--workers=3", "--transport=tcp", "--grace_s=5", "--",
+          kWorker, "--iterations=1000", "--die_at=1", "--die_worker=1"});
+  EXPECT_EQ(p.Wait(), 128 + SIGKILL) << p.out();
+  EXPECT_THAT(p.out(), HasSubstr("worker1 killed by SIGKILL; stopping the job"));
+  EXPECT_EQ(CountOf(p.out(), "sum ok"), 0);
+}
+
+TEST(LaunchFaultTest, KilledServerStopsTheJob) {
+  Proc p({kLocal, "--servers=2", "--workers=2", "--transport=tcp", "--grace_s=5", "--",
+          kWorker, "--iterations=1000000"});
+  ASSERT_TRUE(p.WaitFor("[rdmaps-local] ps1 pid="));
+  auto at = p.out().find("[rdmaps-local] ps1 pid=") + std::strlen("[rdmaps-local] ps1 pid=");
+  pid_t ps1 = static_cast<pid_t>(std::stol(p.out().substr(at)));
+  ASSERT_TRUE(p.WaitFor("iteration 1 done"));
+  kill(ps1, SIGKILL);
+  int rc = p.Wait();
+  EXPECT_NE(rc, 0) << p.out();
+  EXPECT_THAT(p.out(), HasSubstr("ps1 (pid " + std::to_string(ps1) + ") killed by SIGKILL"));
+  EXPECT_THAT(p.out(), HasSubstr("stopping the job"));
+  EXPECT_EQ(CountOf(p.out(), "sum ok"), 0);
+}
+
+TEST(LaunchFaultTest, MissingWorkerEndsAtTheStartupDeadlineNamingIt) {
+  Proc p({kLocal, "--servers=2", "--workers=3", "--transport=tcp", "--omit_worker=2",
+          "--startup_timeout_s=2", "--grace_s=5", "--", kWorker, "--iterations=3",
+          "--timeout_ms=8000"});
+  EXPECT_EQ(p.Wait(), 3) << p.out();  // rdmaps-server's start-up exit code
+  EXPECT_THAT(p.out(), HasSubstr("worker2 not started (--omit_worker)"));
+  EXPECT_THAT(p.out(), HasSubstr("2 of 3 workers connected"));
+  EXPECT_THAT(p.out(), HasSubstr("workers never connected: [2]"));
+}
+
+}  // namespace
