@@ -45,7 +45,8 @@ DEFINE_string(staleness, "bsp", "consistency: bsp (= 0), asp, or a staleness bou
 DEFINE_uint64(seed, 1, "seed for initialisation, partitioning and shuffling");
 DEFINE_int32(slow_worker, -1, "index of a worker to slow down (-1: none)");
 DEFINE_int32(slow_factor, 1, "the slow worker is this many times slower");
-DEFINE_string(slow_mode, "compute", "compute (really k x the work) or wait (sleep)");
+DEFINE_string(slow_mode, "compute",
+              "compute (really k x the gradient work) or wait (sleep k-1 x the step's own work)");
 DEFINE_uint64(train_limit, 0, "use only the first N training samples (0: all)");
 DEFINE_uint64(test_limit, 0, "use only the first N test samples (0: all)");
 DEFINE_string(data_dir, rdmaps::train::kDefaultFashionMnistDir,
@@ -171,25 +172,6 @@ std::string StalenessName(std::uint32_t s) {
   return "ssp" + std::to_string(s);
 }
 
-nlohmann::json TablesJson(const std::vector<TableOptions>& tables) {
-  nlohmann::json out = nlohmann::json::array();
-  for (const TableOptions& t : tables) {
-    nlohmann::json j;
-    j["id"] = t.id;
-    j["name"] = t.name;
-    j["rows"] = t.rows;
-    j["dim"] = t.dim;
-    j["init"] = t.init.kind == Initializer::Kind::kNormal ? "normal" : "zeros";
-    j["init_stddev"] = t.init.stddev;
-    j["init_seed"] = t.init.seed;
-    j["optimizer"] = OptimizerKindName(t.optimizer.kind);
-    j["learning_rate"] = t.optimizer.learning_rate;
-    j["staleness"] = t.staleness == kAsp ? nlohmann::json("asp") : nlohmann::json(t.staleness);
-    out.push_back(j);
-  }
-  return out;
-}
-
 // Text: one block per worker report plus, for several, a summary line.
 // JSON: worker 0's report, with every worker's under "workers".
 void PrintReports(const TrainOptions& o, const std::vector<TrainReport>& reports,
@@ -264,11 +246,6 @@ Status Run() {
   if (FLAGS_batch_size <= 0 || FLAGS_epochs <= 0 || FLAGS_slow_factor <= 0 || FLAGS_lr < 0) {
     return InvalidArgumentError("--batch_size, --epochs and --slow_factor must be positive");
   }
-  RDMAPS_ASSIGN_OR_RETURN(Dataset train, LoadFashionMnist(FLAGS_data_dir, Split::kTrain));
-  RDMAPS_ASSIGN_OR_RETURN(Dataset test, LoadFashionMnist(FLAGS_data_dir, Split::kTest));
-  Truncate(train, FLAGS_train_limit);
-  Truncate(test, FLAGS_test_limit);
-
   TrainOptions o;
   o.model = spec;
   o.batch_size = static_cast<std::size_t>(FLAGS_batch_size);
@@ -285,9 +262,17 @@ Status Run() {
   RDMAPS_ASSIGN_OR_RETURN(const std::uint32_t staleness, ParseStaleness(FLAGS_staleness));
   const std::vector<TableOptions> tables = PsTables(spec, opt, FLAGS_seed, staleness);
   if (FLAGS_print_tables) {
-    std::cout << TablesJson(tables).dump(2) << std::endl;
+    std::cout << TablesToJson(tables) << std::endl;
     return Status::OK();
   }
+  // A launcher (rdmaps-local, rdmaps-server -- CMD) asking for our tables.
+  const Environment env = CurrentEnvironment();
+  RDMAPS_ASSIGN_OR_RETURN(const bool described, DescribeTablesIfAsked(tables, env));
+  if (described) return Status::OK();
+  RDMAPS_ASSIGN_OR_RETURN(Dataset train, LoadFashionMnist(FLAGS_data_dir, Split::kTrain));
+  RDMAPS_ASSIGN_OR_RETURN(Dataset test, LoadFashionMnist(FLAGS_data_dir, Split::kTest));
+  Truncate(train, FLAGS_train_limit);
+  Truncate(test, FLAGS_test_limit);
   std::function<void(const Progress&)> progress;
 
   if (FLAGS_local) {
@@ -327,7 +312,6 @@ Status Run() {
   LayoutOptions lo;
   lo.default_role = Role::kWorker;
   lo.startup_timeout = std::chrono::milliseconds(FLAGS_wait_timeout_ms);
-  const Environment env = CurrentEnvironment();
   RDMAPS_ASSIGN_OR_RETURN(Layout layout, ResolveLayout(lo, env));
   std::string transport = FLAGS_transport;
   if (transport.empty()) transport = layout.transport.empty() ? "auto" : layout.transport;
@@ -356,10 +340,13 @@ Status Run() {
   const std::string who = "[w" + std::to_string(o.worker_index) + "] ";
   if (FLAGS_progress) progress = [who](const Progress& p) { PrintProgress(who, p); };
   Result<TrainReport> report = Train(o, train, test, *store, progress);
+  // Report before saying goodbye: once every worker has closed, the servers
+  // exit and a launcher may stop whatever is still running.
+  if (report.ok()) PrintReports(o, {*report}, StalenessName(staleness));
+  std::fflush(stdout);
   const Status closed = store->Close();
   RDMAPS_RETURN_IF_ERROR(report.status());
   RDMAPS_RETURN_IF_ERROR(closed);
-  PrintReports(o, {*report}, StalenessName(staleness));
   return Status::OK();
 }
 

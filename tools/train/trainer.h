@@ -74,7 +74,8 @@ class LocalStore : public ParameterStore {
 // How a straggler is emulated.
 enum class SlowMode {
   kCompute,  // Really computes the gradient slow_factor times.
-  kWait,     // Computes once, then waits (slow_factor - 1) x the compute time.
+  kWait,     // Works once, then waits (slow_factor - 1) x the time of the
+             // step's own work (compute, push, clock: a slower machine).
 };
 
 struct TrainOptions {
