@@ -50,7 +50,7 @@ struct ServerOptions {
 
   // Push ring per worker: `push_slots` slots of `push_slot_bytes` each (a
   // push larger than one slot is split across several). Memory per worker is
-  // push_slots * push_slot_bytes.
+  // push_slots * push_slot_bytes. push_slot_bytes must be a multiple of 64.
   std::uint32_t push_slots = 32;
   std::uint32_t push_slot_bytes = 64 * 1024;
   // Threads that apply optimizer updates of one large push (oneTBB); 0 = all

@@ -152,6 +152,11 @@ Status ValidateServerOptions(const ServerOptions& o) {
     return InvalidArgumentError("ServerOptions.num_workers is too large");
   }
   if (o.push_slots == 0) return InvalidArgumentError("ServerOptions.push_slots must be >= 1");
+  if (o.push_slot_bytes % internal::kCacheLine != 0) {
+    return InvalidArgumentError("ServerOptions.push_slot_bytes " +
+                                std::to_string(o.push_slot_bytes) +
+                                " must be a multiple of 64 (slots are cache-line aligned)");
+  }
   RDMAPS_RETURN_IF_ERROR(internal::ValidateTables(o.tables));
   for (const TableOptions& t : o.tables) {
     if (internal::SlotRowCapacity(o.push_slot_bytes, t.dim, true) == 0 ||
