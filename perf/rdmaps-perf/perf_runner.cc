@@ -27,6 +27,8 @@ constexpr std::uint32_t kClientPeerId = 2;
 // flight share slots (their data is not checked in the timed loop).
 constexpr std::uint64_t kMaxLocalSlotBytes = 64ull << 20;
 constexpr std::size_t kAlign = 4096;
+// Completion context of a heartbeat posted among benchmark ops.
+constexpr std::uint64_t kHeartbeatContext = ~0ull;
 
 std::uint64_t AlignUp(std::uint64_t v, std::uint64_t a) { return (v + a - 1) / a * a; }
 
@@ -237,10 +239,21 @@ class Client {
     return Status::OK();
   }
 
+  Op ControlOp(std::uint32_t imm, std::uint64_t context = 0) {
+    return Op::WriteWithImm(Local(control_offset_), local_mr_.get(), 8,
+                            desc_.region.addr + desc_.control_offset, desc_.region.rkey, imm,
+                            context);
+  }
+
   Status SendControl(std::uint32_t imm) {
-    return RunOne(Op::WriteWithImm(Local(control_offset_), local_mr_.get(), 8,
-                                   desc_.region.addr + desc_.control_offset, desc_.region.rkey,
-                                   imm));
+    last_note_ = SteadyClock::now();
+    return RunOne(ControlOp(imm));
+  }
+
+  // The server gives up on a client it has not heard from for --timeout, so
+  // a long size sends a progress note every quarter of it.
+  bool HeartbeatDue(SteadyClock::time_point now) const {
+    return now - last_note_ >= options_.timeout / 4;
   }
 
   Result<std::uint64_t> ReadCounter() {
@@ -312,6 +325,7 @@ class Client {
     std::uint64_t i = options_.warmup;
     Completion c;
     for (;; ++i) {
+      if (HeartbeatDue(SteadyClock::now())) RDMAPS_RETURN_IF_ERROR(SendControl(kImmProgress));
       const auto t0 = SteadyClock::now();
       if (timed ? t0 >= end : samples.size() >= options_.lat_iters) break;
       const Op op = MakeOp(size, i);
@@ -339,14 +353,23 @@ class Client {
     samples.reserve(timed ? 1 << 16 : options_.bw_iters + 1);
     std::uint64_t posted = 0;
     std::uint64_t completed = 0;
+    std::uint64_t notes = 0;  // Heartbeats in flight (not counted as iterations).
     bool more = true;
     const auto start = SteadyClock::now();
     const auto end = start + std::chrono::duration_cast<SteadyClock::duration>(options_.duration);
     std::int64_t last_ns = 0;
-    while (more || completed < posted) {
-      if (more) more = timed ? SteadyClock::now() < end : posted < options_.bw_iters;
-      while (more && posted - completed < depth) {
-        std::uint64_t n = std::min<std::uint64_t>(options_.post_list, depth - (posted - completed));
+    while (more || completed < posted || notes > 0) {
+      const auto now = SteadyClock::now();
+      if (more) more = timed ? now < end : posted < options_.bw_iters;
+      if (notes == 0 && HeartbeatDue(now)) {
+        const Op note = ControlOp(kImmProgress, kHeartbeatContext);
+        RDMAPS_RETURN_IF_ERROR(conn_->Post(std::span<const Op>(&note, 1)));
+        last_note_ = now;
+        notes = 1;
+      }
+      while (more && posted - completed + notes < depth) {
+        std::uint64_t n =
+            std::min<std::uint64_t>(options_.post_list, depth - (posted - completed + notes));
         if (!timed) n = std::min(n, options_.bw_iters - posted);
         if (n == 0) break;
         for (std::uint64_t j = 0; j < n; ++j) batch[j] = MakeOp(size, first + posted + j);
@@ -356,10 +379,17 @@ class Client {
         posted += n;
         if (!timed && posted >= options_.bw_iters) more = false;
       }
-      if (completed == posted) continue;
+      if (completed == posted && notes == 0) continue;
       RDMAPS_ASSIGN_OR_RETURN(std::size_t got, WaitSome(comps));
-      for (std::size_t k = 0; k < got; ++k) RDMAPS_RETURN_IF_ERROR(Check(comps[k], size));
-      completed += got;
+      for (std::size_t k = 0; k < got; ++k) {
+        if (comps[k].context == kHeartbeatContext) {
+          if (!comps[k].status.ok()) return CompletionError(comps[k], 8);
+          notes = 0;
+          continue;
+        }
+        RDMAPS_RETURN_IF_ERROR(Check(comps[k], size));
+        ++completed;
+      }
       last_ns = NanosSince(start);
       samples.push_back({last_ns, completed});
     }
@@ -378,6 +408,7 @@ class Client {
   std::uint64_t verify_offset_ = 0;
   std::uint64_t counter_base_ = 0;
   std::uint64_t write_imms_sent_ = 0;
+  SteadyClock::time_point last_note_;
   Descriptor desc_;
 
   // Declared in creation order; destroyed in reverse (connection first).
@@ -542,7 +573,13 @@ Status RunLoopback(const PerfOptions& options, const std::string& listen_address
   Status client_status = RunClient(options, address, reporter, &sent);
   if (!client_status.ok()) server.Stop();
   thread.join();
-  RDMAPS_RETURN_IF_ERROR(client_status);
+  if (!client_status.ok()) {
+    if (!server_status.ok() && server_status.code() != StatusCode::kCancelled) {
+      return Status(client_status.code(), "client: " + client_status.message() +
+                                              "; server: " + server_status.ToString());
+    }
+    return client_status;
+  }
   RDMAPS_RETURN_IF_ERROR(server_status.WithContext("server"));
   if (options.op == PerfOp::kWriteImm) {
     reporter.SetExtra("server_write_imm_notifications", server.bench_imms());
