@@ -19,7 +19,9 @@
 //     MASTER_ADDR, MASTER_PORT), Open MPI (OMPI_COMM_WORLD_RANK/SIZE), MPICH
 //     (PMI_RANK/PMI_SIZE), Slurm (SLURM_PROCID, SLURM_NTASKS,
 //     SLURM_JOB_NODELIST). The first num_servers ranks serve, the rest work;
-//     a rendezvous at rank 0 exchanges addresses;
+//     a rendezvous at rank 0 exchanges addresses. RDMAPS_NUM_SERVERS and
+//     RDMAPS_RENDEZVOUS stand in for options.num_servers / .rendezvous, so a
+//     worker program needs no flags of its own (mpirun -x RDMAPS_...);
 //  6. nothing set: one server and one worker on loopback.
 //
 // A source that is present but malformed is an error (InvalidArgument quoting

@@ -661,7 +661,16 @@ MaybeLayout LayoutFromRanks(const LayoutOptions& o, const Environment& env) {
     return Result<Layout>(InvalidArgumentError(src + ": rank " + detail +
                                                " is out of range (rank must be < size)"));
   }
+  // Any worker program works under mpirun/srun/torchrun without flags of its
+  // own: RDMAPS_NUM_SERVERS and RDMAPS_RENDEZVOUS stand in for the options.
   int servers = o.num_servers > 0 ? o.num_servers : 1;
+  if (o.num_servers <= 0) {
+    if (const auto* ns = Find(env, "RDMAPS_NUM_SERVERS")) {
+      auto v = ParseCount("RDMAPS_NUM_SERVERS", *ns);
+      if (!v.ok()) return Result<Layout>(v.status());
+      if (*v > 0) servers = *v;
+    }
+  }
   if (servers >= *size) {
     return Result<Layout>(InvalidArgumentError(
         src + ": " + detail + " with num_servers=" + std::to_string(servers) +
@@ -679,6 +688,9 @@ MaybeLayout LayoutFromRanks(const LayoutOptions& o, const Environment& env) {
   }
   const std::string* node_name = nullptr;
   std::string rendezvous = o.rendezvous;
+  if (rendezvous.empty()) {
+    if (const auto* r = Find(env, "RDMAPS_RENDEZVOUS")) rendezvous = *r;
+  }
   if (src == "Slurm") {
     const std::string* list = Find(env, "SLURM_STEP_NODELIST");
     if (!list) list = Find(env, "SLURM_JOB_NODELIST");

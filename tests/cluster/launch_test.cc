@@ -156,13 +156,16 @@ TEST(LaunchTest, OpenMpiJob) {
     GTEST_SKIP() << "mpirun not found: apt-get install openmpi-bin";
   }
   std::string dir = TempDir();
-  std::string rdzv = "--rendezvous=file:" + dir + "/rendezvous";
+  // Every rank runs rdmaps-server; ranks 2-4 become workers and exec the
+  // worker, which needs no layout flags: RDMAPS_NUM_SERVERS and
+  // RDMAPS_RENDEZVOUS reach every rank through mpirun -x.
   std::vector<std::string> argv = {"mpirun", "--oversubscribe", "--allow-run-as-root",
                                    "--mca", "btl", "self,tcp", "--mca", "btl_tcp_if_include",
-                                   "lo", "-np", "5", kServer, "--num_servers=2", rdzv,
-                                   "--transport=tcp", "--startup_timeout_s=30", "--", kWorker,
-                                   "--num_servers=2", rdzv, "--iterations=4"};
-  Proc p(argv);
+                                   "lo", "-x", "RDMAPS_NUM_SERVERS", "-x", "RDMAPS_RENDEZVOUS",
+                                   "-np", "5", kServer, "--transport=tcp",
+                                   "--startup_timeout_s=30", "--", kWorker, "--iterations=4"};
+  Proc p(argv, {{"RDMAPS_NUM_SERVERS", "2"},
+                {"RDMAPS_RENDEZVOUS", "file:" + dir + "/rendezvous"}});
   int rc = p.Wait();
   EXPECT_EQ(rc, 0) << p.out();
   EXPECT_EQ(CountOf(p.out(), "sum ok (12 = 3 workers x 4 iterations)"), 3) << p.out();

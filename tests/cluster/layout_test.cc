@@ -427,6 +427,27 @@ TEST(RankLayoutTest, FirstRanksServe) {
   EXPECT_EQ(r->rendezvous, "root:1234");
 }
 
+TEST(RankLayoutTest, RdmapsVariablesStandInForOptions) {
+  Environment env = {{"PMI_RANK", "1"},
+                     {"PMI_SIZE", "4"},
+                     {"RDMAPS_NUM_SERVERS", "2"},
+                     {"RDMAPS_RENDEZVOUS", "file:/shared/rdzv"}};
+  auto r = ResolveLayout({}, env);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->num_servers, 2);
+  EXPECT_EQ(r->role, Role::kServer);
+  EXPECT_EQ(r->rendezvous, "file:/shared/rdzv");
+  LayoutOptions o;
+  o.num_servers = 1;  // options win
+  o.rendezvous = "h:1";
+  auto r2 = ResolveLayout(o, env);
+  ASSERT_TRUE(r2.ok()) << r2.status();
+  EXPECT_EQ(r2->num_servers, 1);
+  EXPECT_EQ(r2->rendezvous, "h:1");
+  env["RDMAPS_NUM_SERVERS"] = "two";
+  ExpectInvalid(ResolveLayout({}, env), "RDMAPS_NUM_SERVERS='two'");
+}
+
 TEST(RankLayoutTest, MultiNodeMpiWithoutRendezvousSaysHowToFixIt) {
   Environment env = {{"OMPI_COMM_WORLD_RANK", "0"},
                      {"OMPI_COMM_WORLD_SIZE", "8"},
