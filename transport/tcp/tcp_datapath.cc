@@ -294,6 +294,7 @@ Status EndpointCore::Serve(Inbound& in) {
     return UnavailableError("a region was deregistered while a READ response from it was "
                             "still being sent; the peer's op cannot complete");
   }
+  bool drained = false;  // The last recv left the socket empty.
   for (int round = 0; round < 16; ++round) {
     if (in.phase == Inbound::Phase::kDraining) {
       RDMAPS_ASSIGN_OR_RETURN(bool sent, in.tx.Flush(in.fd.get()));
@@ -338,6 +339,10 @@ Status EndpointCore::Serve(Inbound& in) {
         return InvalidArgumentError("malformed request: atomic of length " +
                                     std::to_string(req.length.get()));
       }
+      if (in.tx.owned_bytes() > kMaxTxBacklog) {
+        RDMAPS_ASSIGN_OR_RETURN(bool sent, in.tx.Flush(in.fd.get()));
+        if (!sent) return Status::OK();
+      }
       if (IsMutation(req.opcode) && in.tx.HasRegionRanges()) {
         // A pending READ response still points at registered memory: send
         // it before this op may change that memory.
@@ -351,6 +356,8 @@ Status EndpointCore::Serve(Inbound& in) {
     RDMAPS_ASSIGN_OR_RETURN(bool sent, in.tx.Flush(in.fd.get()));
     if (!sent) return Status::OK();  // Back-pressure: wait until the peer reads.
     if (in.in_payload) continue;
+    // epoll is level-triggered: a recv now would most likely say EAGAIN.
+    if (drained) return Status::OK();
     // Need more bytes for the next header.
     if (in.rx_begin == in.rx_end) {
       in.rx_begin = in.rx_end = 0;
@@ -370,6 +377,7 @@ Status EndpointCore::Serve(Inbound& in) {
       if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return Status::OK();
       return UnavailableError(std::string("recv failed: ") + std::strerror(errno));
     }
+    drained = static_cast<std::size_t>(r) < kRxBufferBytes - in.rx_end;
     in.rx_end += static_cast<std::size_t>(r);
     in.last_progress = SteadyClock::now();
   }
@@ -481,6 +489,7 @@ void TcpConnection::Fail(Status first, StatusCode rest_code, const std::string& 
 }
 
 void TcpConnection::ReadResponses() {
+  bool drained = false;  // The last recv left the socket empty: let the caller come back.
   for (;;) {
     // Parse what rx_ holds.
     while (!pending_.empty()) {
@@ -566,7 +575,7 @@ void TcpConnection::ReadResponses() {
         return;
       }
     }
-    if (pending_.empty() || !fd_.valid()) return;
+    if (pending_.empty() || !fd_.valid() || drained) return;
     if (rx_begin_ == rx_end_) {
       rx_begin_ = rx_end_ = 0;
     } else if (rx_begin_ > kRxBufferBytes / 2) {
@@ -576,6 +585,7 @@ void TcpConnection::ReadResponses() {
     }
     ssize_t r = ::recv(fd_.get(), rx_.get() + rx_end_, kRxBufferBytes - rx_end_, MSG_DONTWAIT);
     if (r > 0) {
+      drained = static_cast<std::size_t>(r) < kRxBufferBytes - rx_end_;
       rx_end_ += static_cast<std::size_t>(r);
       continue;
     }

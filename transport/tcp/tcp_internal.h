@@ -33,8 +33,15 @@ namespace rdmaps::transport::tcp {
 // READ responses up to this size are copied into the response buffer; larger
 // ones are sent straight from registered memory.
 inline constexpr std::size_t kCopyThreshold = 8 * 1024;
-// Receive buffer of a served socket and of an initiator socket.
-inline constexpr std::size_t kRxBufferBytes = 256 * 1024;
+// Receive buffer of a served socket and of an initiator socket. Large
+// payloads bypass it (readv straight into their destination), so it only
+// needs to hold headers and small payloads.
+inline constexpr std::size_t kRxBufferBytes = 64 * 1024;
+// A served socket stops executing requests while this many response bytes
+// wait to be sent (it resumes when the peer reads).
+inline constexpr std::size_t kMaxTxBacklog = 4 << 20;
+// Accepted sockets still in their handshake; more are refused at once.
+inline constexpr std::size_t kMaxHandshaking = 1024;
 
 // What the progress thread checks inbound ops against.
 struct RegionEntry {
@@ -86,6 +93,7 @@ class TxQueue {
   void AppendExternal(const void* p, std::size_t n, std::uint32_t rkey_or_zero);
   bool empty() const { return head_ == segs_.size(); }
   bool HasRegionRanges() const { return region_ranges_ > 0; }
+  std::size_t owned_bytes() const { return own_.size(); }
   // True when every pending range into registered memory is still registered
   // (requires the table's mutex held).
   bool RegionRangesValid(const RegionTable& table) const;
@@ -280,6 +288,7 @@ class EndpointCore {
   std::vector<Fd> listeners_;
   std::unordered_map<Inbound*, std::shared_ptr<Inbound>> inbound_;
   std::unordered_map<std::uint64_t, Session> sessions_;
+  std::size_t handshaking_ = 0;  // Inbounds in Phase::kHello.
   std::vector<std::shared_ptr<Inbound>> graveyard_;  // Closed this round.
   std::uint64_t session_seed_;
   SteadyClock::time_point next_sweep_{};

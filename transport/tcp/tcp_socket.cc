@@ -108,7 +108,12 @@ std::string FormatSockaddr(const sockaddr* sa) {
   if (sa->sa_family == AF_INET6) {
     auto* sin6 = reinterpret_cast<const sockaddr_in6*>(sa);
     ::inet_ntop(AF_INET6, &sin6->sin6_addr, buf, sizeof(buf));
-    return "[" + std::string(buf) + "]:" + std::to_string(ntohs(sin6->sin6_port));
+    // Appended piecewise: g++ 12 -O3 misreports "[" + ... as -Wrestrict.
+    std::string out = "[";
+    out.append(buf);
+    out.append("]:");
+    out.append(std::to_string(ntohs(sin6->sin6_port)));
+    return out;
   }
   return "?";
 }

@@ -274,6 +274,12 @@ void EndpointCore::AcceptNew() {
         }
         break;
       }
+      if (handshaking_ >= kMaxHandshaking) {
+        LOG(WARNING) << "tcp transport: refusing a connection from " << PeerAddress(fd)
+                     << ": already " << handshaking_ << " sockets in their handshake";
+        ::close(fd);
+        continue;
+      }
       auto in = std::make_shared<Inbound>();
       in->fd = Fd(fd);
       SetNoDelay(fd);
@@ -289,6 +295,7 @@ void EndpointCore::AcceptNew() {
         continue;
       }
       inbound_[in.get()] = std::move(in);
+      ++handshaking_;
     }
   }
 }
@@ -322,6 +329,7 @@ void EndpointCore::CloseInbound(const std::shared_ptr<Inbound>& in, const std::s
                                 bool warn) {
   auto it = inbound_.find(in.get());
   if (it == inbound_.end()) return;
+  if (in->phase == Inbound::Phase::kHello) --handshaking_;
   if (warn) {
     LOG(WARNING) << "tcp transport: closing connection from " << in->peer_address
                  << (in->paired ? " (peer " + std::to_string(in->peer_id) + ")" : std::string())
@@ -460,6 +468,7 @@ Status EndpointCore::HandleHello(const std::shared_ptr<Inbound>& in) {
     sessions_[session] = std::move(s);
     in->session = session;
     in->phase = Inbound::Phase::kServing;
+    --handshaking_;
     in->last_progress = SteadyClock::now();
     Reply(*in, StatusCode::kOk, "", session);
     // Requests may already follow the hello.
@@ -485,6 +494,7 @@ Status EndpointCore::HandleHello(const std::shared_ptr<Inbound>& in) {
   s.ops->paired = true;
   Reply(*in, StatusCode::kOk, "", h.session.get());
   ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, in->fd.get(), nullptr);
+  --handshaking_;
   Fd fd;
   {
     std::lock_guard lock(in->close_mu);
