@@ -330,6 +330,7 @@ class VerbsEndpoint final : public Endpoint {
   void HandleCmEvent(CmEvent& ev);
   void HandleConnectRequest(CmEvent& ev);
   void HandleRecvCq();
+  void DrainRecvCq();
   void HandleAsyncEvent();
   void Reject(rdma_cm_id* id, RejectReason reason);
 
@@ -758,11 +759,13 @@ void VerbsEndpoint::ProgressLoop() {
       std::uint64_t v;
       [[maybe_unused]] ssize_t r = ::read(wake_fd_.fd, &v, sizeof v);
     }
+    // Notifications first: a peer's last WRITE_WITH_IMM must be queued
+    // before the kDisconnected its close produces.
+    if (fds[2].revents) HandleRecvCq();
     if (fds[1].revents) {
       CmEvent ev;
       while (GetCmEvent(shared_->channel.get(), &ev)) HandleCmEvent(ev);
     }
-    if (fds[2].revents) HandleRecvCq();
     if (fds[3].revents) HandleAsyncEvent();
   }
 }
@@ -856,6 +859,7 @@ void VerbsEndpoint::HandleCmEvent(CmEvent& ev) {
     case RDMA_CM_EVENT_UNREACHABLE:
     case RDMA_CM_EVENT_DISCONNECTED: {
       if (pending_accept_.erase(ev.id) > 0) return;  // never established
+      DrainRecvCq();  // the peer's immediates precede its kDisconnected
       std::lock_guard<std::mutex> lock(shared_->mu);
       auto it = shared_->by_id.find(ev.id);
       if (it == shared_->by_id.end()) return;  // already destroyed by its owner
@@ -894,6 +898,10 @@ void VerbsEndpoint::HandleRecvCq() {
     ibv_ack_cq_events(cq, 1);
   }
   ibv_req_notify_cq(shared_->recv_cq.get(), 0);
+  DrainRecvCq();
+}
+
+void VerbsEndpoint::DrainRecvCq() {
   ibv_wc wcs[32];
   int consumed = 0;
   while (true) {
