@@ -138,6 +138,7 @@ struct Inbound {
   std::uint32_t peer_id = 0;
   std::string peer_address;
   bool paired = false;  // Part of an established Connection: report kDisconnected.
+  bool refused = false;  // Its handshake was answered with a refusal.
   std::uint64_t session = 0;
   bool writable_wait = false;  // Registered for EPOLLOUT instead of EPOLLIN.
   std::unique_ptr<std::byte[]> rx;

@@ -303,7 +303,25 @@ void EndpointCore::AcceptNew() {
 void EndpointCore::Handle(const std::shared_ptr<Inbound>& in, std::uint32_t events) {
   if (in->phase == Inbound::Phase::kHello) {
     Status s = HandleHello(in);
-    if (!s.ok()) CloseInbound(in, s.message(), s.code() != StatusCode::kCancelled);
+    if (s.ok()) return;
+    if (!in->refused) {
+      CloseInbound(in, s.message(), s.code() != StatusCode::kCancelled);
+      return;
+    }
+    // Let the refusal reach the peer before closing: closing with unread
+    // bytes would reset the connection and could destroy the reply.
+    LOG(WARNING) << "tcp transport: refused a connection from " << in->peer_address << ": "
+                 << s.message();
+    --handshaking_;
+    in->phase = Inbound::Phase::kDraining;
+    in->deadline = DeadlineAfter(handshake_timeout_);
+    in->rx_begin = in->rx_end = 0;
+    s = Serve(*in);
+    if (!s.ok()) {
+      CloseInbound(in, s.message(), false);
+      return;
+    }
+    UpdateEpoll(*in);
     return;
   }
   (void)events;
@@ -392,6 +410,7 @@ void EndpointCore::Sweep() {
 void EndpointCore::Reply(Inbound& in, StatusCode code, const std::string& message,
                          std::uint64_t session) {
   std::string msg = message.substr(0, kMaxMessageBytes);
+  if (code != StatusCode::kOk) in.refused = true;
   HelloReplyWire r{};
   r.magic.set(kHelloMagic);
   r.version.set(protocol_version());
