@@ -440,9 +440,9 @@ TEST_P(TransportConformance, MalformedOpFailsWholeBatchAndPostsNothing) {
 TEST_P(TransportConformance, ManyOpsInOneBatchCompleteInPostingOrder) {
   World w;
   ASSERT_NO_FATAL_FAILURE(Build(w));
-  constexpr std::size_t kOps = 200;  // Mixed types and sizes.
+  // Mixed types and sizes, as many as the connection allows up to 200.
+  const std::size_t kOps = std::min<std::size_t>(200, w.conn->max_outstanding());
   constexpr std::size_t kSlot = 256;
-  ASSERT_LE(kOps, w.conn->max_outstanding());
   for (std::size_t i = 0; i < kOps; ++i) Fill({w.local() + i * kSlot, kSlot}, i);
   std::vector<Op> ops;
   for (std::size_t i = 0; i < kOps; ++i) {
@@ -664,9 +664,9 @@ TEST_P(TransportConformance, AtomicsFromSeveralPeersLoseNothing) {
   World w;
   ASSERT_NO_FATAL_FAILURE(Build(w));
   constexpr int kPeers = 4;
-  constexpr int kAddsPerPeer = 400;
+  constexpr int kAddsPerPeer = 2048;  // In big batches: many atomics in flight at once.
   constexpr int kCasPerPeer = 100;
-  constexpr int kBatch = 8;
+  const int kBatch = static_cast<int>(std::min<std::size_t>(64, w.conn->max_outstanding()));
   std::latch start(kPeers);
   std::vector<std::vector<std::uint64_t>> priors(kPeers);
   std::vector<std::thread> threads;
@@ -674,20 +674,23 @@ TEST_P(TransportConformance, AtomicsFromSeveralPeersLoseNothing) {
     auto client = NewEndpoint(10 + p);
     ASSERT_TRUE(client);
     threads.emplace_back([&, p, client = std::move(client)] {
-      std::vector<std::uint64_t> results(kBatch);
+      std::vector<std::uint64_t> results(static_cast<std::size_t>(kBatch));
       auto lmr = client->Register(results.data(), results.size() * 8, kAccessNone);
+      auto conn = lmr.ok() ? client->Connect(w.address, {}, DeadlineAfter(kLongWait))
+                           : Result<std::unique_ptr<Connection>>(lmr.status());
+      start.arrive_and_wait();  // Before any ASSERT, so no peer waits forever.
       ASSERT_TRUE(lmr.ok()) << lmr.status();
-      auto conn = client->Connect(w.address, {}, DeadlineAfter(kLongWait));
       ASSERT_TRUE(conn.ok()) << conn.status();
-      start.arrive_and_wait();
-      for (int done = 0; done < kAddsPerPeer; done += kBatch) {
+      for (int done = 0; done < kAddsPerPeer;) {
+        const int batch = std::min(kBatch, kAddsPerPeer - done);
         std::vector<Op> ops;
-        for (int k = 0; k < kBatch; ++k) {
+        for (int k = 0; k < batch; ++k) {
           ops.push_back(Op::FetchAdd(&results[k], lmr->get(), w.raddr(0), w.rkey(), 1, k));
         }
         std::vector<Completion> c = RunBatch(**conn, ops);
         ASSERT_EQ(c.size(), ops.size());
-        for (int k = 0; k < kBatch; ++k) {
+        done += batch;
+        for (int k = 0; k < batch; ++k) {
           ASSERT_TRUE(c[k].status.ok()) << c[k].status;
           priors[p].push_back(results[k]);
         }
