@@ -603,12 +603,22 @@ Result<RendezvousResult> RunJoin(const Layout& layout, std::string_view self_add
                            " but got no answer within " + Seconds(Clock::now() - start) +
                            "; the root names missing ranks in its own log");
     }
-    RDMAPS_RETURN_IF_ERROR(s);
     AnswerHeader w;
     std::memcpy(&w, hdr, sizeof(w));
-    if (be32toh(w.magic) != kAnswerMagic) {
-      return FailedPreconditionError("rendezvous: " + root +
-                                     " is not an rdmaps rendezvous root (bad magic)");
+    if (!s.ok() || be32toh(w.magic) != kAnswerMagic) {
+      Status bad = s.ok() ? FailedPreconditionError("rendezvous: " + root +
+                                                    " is not an rdmaps rendezvous root (bad magic)")
+                          : s;
+      // A file left by an earlier job can name a stale address: the new
+      // root replaces it, so read it again.
+      if (layout.rendezvous.starts_with("file:")) {
+        last = bad;
+        std::this_thread::sleep_for(
+            std::min<std::chrono::nanoseconds>(backoff, deadline - Clock::now()));
+        backoff = std::min(backoff * 2, std::chrono::milliseconds(200));
+        continue;
+      }
+      return bad;
     }
     if (be16toh(w.version) != kRendezvousVersion) {
       return FailedPreconditionError(

@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <cstdio>
+#include <fstream>
 #include <functional>
 #include <thread>
 #include <vector>
@@ -89,6 +90,18 @@ TEST_F(RendezvousTest, RanksLearnEveryServerAddress) {
     if (rank < kServers) {
       EXPECT_EQ(r->listen_address, ServerAddress(rank));
     }
+  }
+}
+
+TEST_F(RendezvousTest, StaleRendezvousFileFromAnEarlierJobIsReplaced) {
+  std::ofstream(path_) << "127.0.0.1:1\n";  // nobody listens on port 1
+  auto results = RunAll(3, [&](int rank) {
+    Layout l = Ranked(rank, 3, 1);
+    return CompleteLayout(l, rank == 0 ? ServerAddress(0) : "", Opts());
+  });
+  for (const auto& r : results) {
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_THAT(r->servers, ElementsAre(ServerAddress(0)));
   }
 }
 
