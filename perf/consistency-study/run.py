@@ -61,8 +61,10 @@ def run_one(args, staleness, straggler, repeat):
                        timeout=args.run_timeout)
     elapsed = time.monotonic() - t0
     if p.returncode != 0:
+        # Recorded as a failed run (and counted in the table), not hidden.
         sys.stderr.write(p.stderr[-3000:])
-        raise SystemExit("run failed (exit %d): %s" % (p.returncode, " ".join(cmd)))
+        sys.stderr.write("run failed (exit %d): %s\n" % (p.returncode, " ".join(cmd)))
+        return None, elapsed
     reports = []
     for line in p.stdout.splitlines():
         brace = line.find("{")
@@ -92,7 +94,7 @@ def main():
     ap.add_argument("--target", type=float, default=0.85)
     ap.add_argument("--eval_every", type=int, default=25)
     ap.add_argument("--slow_worker", type=int, default=3)
-    ap.add_argument("--slow_factor", type=int, default=4)
+    ap.add_argument("--slow_factor", type=int, default=8)
     ap.add_argument("--slow_mode", choices=["wait", "compute"], default="wait")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--run_timeout", type=int, default=900)
@@ -101,13 +103,16 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     wanted = args.modes.split(",")
 
-    runs, curves = [], []
+    runs, curves, failed = [], [], []
     for straggler in (False, True):
         for name, staleness in MODES:
             if name not in wanted:
                 continue
             for repeat in range(args.repeats):
                 workers, elapsed = run_one(args, staleness, straggler, repeat)
+                if workers is None:
+                    failed.append("%s straggler=%s repeat=%d" % (name, straggler, repeat))
+                    continue
                 w0 = workers[0]
                 row = {
                     "mode": name,
@@ -167,6 +172,10 @@ def main():
             f.write("plot " + ", ".join("'%s' using 1:2 with linespoints title '%s'" % (d, n)
                                         for n, d in series) + "\n")
         f.write("unset multiplot\n")
+    if failed:
+        print("FAILED runs (see stderr):", "; ".join(failed))
+        with open(os.path.join(args.out, "failed.txt"), "w") as f:
+            f.write("\n".join(failed) + "\n")
     if shutil.which("gnuplot"):
         subprocess.run(["gnuplot", "consistency.gp"], cwd=args.out, check=True)
         print("wrote", os.path.join(args.out, "consistency.png"))

@@ -46,7 +46,8 @@ DEFINE_uint64(seed, 1, "seed for initialisation, partitioning and shuffling");
 DEFINE_int32(slow_worker, -1, "index of a worker to slow down (-1: none)");
 DEFINE_int32(slow_factor, 1, "the slow worker is this many times slower");
 DEFINE_string(slow_mode, "compute",
-              "compute (really k x the gradient work) or wait (sleep k-1 x the step's own work)");
+              "compute (really k x the gradient work) or wait (sleep k-1 x the step's own time, "
+              "blocking excluded)");
 DEFINE_uint64(train_limit, 0, "use only the first N training samples (0: all)");
 DEFINE_uint64(test_limit, 0, "use only the first N test samples (0: all)");
 DEFINE_string(data_dir, rdmaps::train::kDefaultFashionMnistDir,

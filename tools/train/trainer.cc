@@ -142,6 +142,7 @@ Result<TrainReport> Train(const TrainOptions& options, const Dataset& train,
     eval_seconds += SecondsSince(t);
   };
 
+  const bool slow_wait = options.slow_factor > 1 && options.slow_mode == SlowMode::kWait;
   double loss_avg = 0;
   bool loss_avg_set = false;
   auto last_progress = Clock::now();
@@ -150,6 +151,9 @@ Result<TrainReport> Train(const TrainOptions& options, const Dataset& train,
     std::shuffle(mine.begin(), mine.end(), rng);
     double epoch_loss = 0;
     for (std::uint64_t s = 0; s < steps_per_epoch; ++s) {
+      const auto step_start = Clock::now();
+      const double eval_before = eval_seconds;
+      const double blocked_before = slow_wait ? store.stats().blocked_seconds : 0.0;
       RDMAPS_RETURN_IF_ERROR(store.Pull(params));
       if (options.evaluate && options.eval_every_steps > 0 &&
           step % options.eval_every_steps == 0) {
@@ -166,11 +170,16 @@ Result<TrainReport> Train(const TrainOptions& options, const Dataset& train,
       report.compute_seconds += SecondsSince(t);
       RDMAPS_RETURN_IF_ERROR(store.Push(grads));
       RDMAPS_RETURN_IF_ERROR(store.Clock());
-      if (options.slow_factor > 1 && options.slow_mode == SlowMode::kWait) {
+      if (slow_wait) {
         // Emulates a slower machine (not a synchronisation): this step's own
-        // work -- compute, push, clock; not the pull, which may wait for
-        // others -- takes slow_factor times as long.
-        std::this_thread::sleep_for((Clock::now() - t) * (options.slow_factor - 1));
+        // work -- pull, compute, push, clock, minus the time spent waiting
+        // for other workers and evaluating -- takes slow_factor times as long.
+        const double own = SecondsSince(step_start) - (eval_seconds - eval_before) -
+                           (store.stats().blocked_seconds - blocked_before);
+        if (own > 0) {
+          std::this_thread::sleep_for(
+              std::chrono::duration<double>(own * (options.slow_factor - 1)));
+        }
       }
       ++step;
       epoch_loss += loss;

@@ -74,8 +74,10 @@ class LocalStore : public ParameterStore {
 // How a straggler is emulated.
 enum class SlowMode {
   kCompute,  // Really computes the gradient slow_factor times.
-  kWait,     // Works once, then waits (slow_factor - 1) x the time of the
-             // step's own work (compute, push, clock: a slower machine).
+  kWait,     // Works once, then waits (slow_factor - 1) x the step's own
+             // time (the step minus the time it was blocked on other workers
+             // or evaluating): a machine slow_factor times slower at
+             // everything, network included.
 };
 
 struct TrainOptions {
