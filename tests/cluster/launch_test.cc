@@ -214,6 +214,20 @@ TEST(LaunchTest, ServerReportsReadinessToSystemdAndStopsCleanlyOnSigterm) {
   std::filesystem::remove_all(dir);
 }
 
+TEST(LaunchTest, CtrlCStopsEveryProcess) {
+  Proc p({kLocal, "--servers=2", "--workers=2", "--transport=tcp", "--grace_s=5", "--",
+          kWorker, "--iterations=1000000"});
+  ASSERT_TRUE(p.WaitFor("iteration 1 done"));
+  kill(p.pid(), SIGINT);
+  EXPECT_EQ(p.Wait(), 128 + SIGINT) << p.out();
+  EXPECT_THAT(p.out(), HasSubstr("received SIGINT; stopping every process"));
+  // The servers got the SIGINT too and drained cleanly.
+  EXPECT_EQ(CountOf(p.out(), "received SIGINT: draining and stopping"), 2) << p.out();
+  EXPECT_EQ(CountOf(p.out(), "stopped by signal; exiting cleanly"), 2) << p.out();
+  EXPECT_THAT(p.out(), HasSubstr("worker0 (pid"));
+  EXPECT_THAT(p.out(), HasSubstr("worker1 (pid"));
+}
+
 TEST(LaunchFaultTest, ServerStartupDeadlineNamesMissingWorkers) {
   std::string dir = TempDir();
   std::string tables = dir + "/tables.json";

@@ -6,8 +6,8 @@
 // launched it. Exit 0 when the sum is right, 1 when it is not or on any
 // error (printed).
 //
-// Fault knobs: --die_at=N kills itself with SIGKILL after iteration N
-// (a crashed worker); --hang_at=N stops making progress after iteration N.
+// Fault knob: --die_at=N --die_worker=W: worker W kills itself with SIGKILL
+// after iteration N (a crashed worker).
 #include <gflags/gflags.h>
 #include <glog/logging.h>
 #include <signal.h>
