@@ -9,6 +9,7 @@
 
 #include "src/ps/initializer.h"
 #include "src/ps/layout.h"
+#include "src/ps/optimizer.h"
 #include "src/ps/test_hooks.h"
 #include "tests/ps/ps_test_util.h"
 #include "transport/fake/fake_transport.h"
@@ -301,6 +302,35 @@ TEST(PsFakeTest, DeadWorkerIsReported) {
   // Worker 1 finds out on its next call.
   std::vector<float> out(4);
   EXPECT_FALSE(c.clients[1]->Pull(1, RowRange{0, 4}, out).ok());
+}
+
+TEST(PsFakeTest, ServerOptimizersKeepStatePerRow) {
+  // Adam through the whole server path (state indexed per row, per shard)
+  // against the same optimizer applied locally.
+  const auto adam = OptimizerOptions::Adam(0.05f);
+  const auto init = Initializer::Normal(0.0f, 1.0f, 3);
+  auto c = StartCluster("fake", 2, 1, {MakeTable(1, "a", 5, 3, kAsp, init, adam)});
+  ASSERT_EQ(c.clients.size(), 1u);
+  std::vector<float> want(5 * 3);
+  for (std::uint64_t r = 0; r < 5; ++r) internal::InitRow(init, 1, r, want.data() + r * 3, 3);
+  internal::Optimizer opt(adam, 3);
+  std::vector<float> state(5 * opt.state_floats());
+  for (int r = 0; r < 5; ++r) opt.InitState(state.data() + r * opt.state_floats());
+  auto apply_local = [&](std::uint64_t r, const float* g) {
+    opt.Apply(want.data() + r * 3, state.data() + r * opt.state_floats(), g);
+  };
+  std::vector<float> g(5 * 3);
+  for (int step = 0; step < 4; ++step) {
+    for (std::size_t i = 0; i < g.size(); ++i) g[i] = 0.1f * static_cast<float>(i + step) - 0.5f;
+    ASSERT_TRUE(c.clients[0]->Push(1, RowRange{0, 5}, g).ok());
+    for (std::uint64_t r = 0; r < 5; ++r) apply_local(r, g.data() + r * 3);
+    std::vector<std::uint64_t> ids = {4, 1, 4};
+    ASSERT_TRUE(c.clients[0]->Push(1, ids, std::span<const float>(g.data(), 9)).ok());
+    for (std::size_t i = 0; i < ids.size(); ++i) apply_local(ids[i], g.data() + i * 3);
+  }
+  std::vector<float> out(5 * 3);
+  ASSERT_TRUE(c.clients[0]->Pull(1, RowRange{0, 5}, out).ok());
+  for (std::size_t i = 0; i < out.size(); ++i) EXPECT_FLOAT_EQ(out[i], want[i]) << i;
 }
 
 }  // namespace
