@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -349,6 +350,86 @@ TEST(TcpDataPath, DeregistrationUnderLoadFailsLaterOpsCleanly) {
   region.reset();  // ...and free the memory at once: the server must not touch it.
   reader.join();
   EXPECT_TRUE(failed) << "ops kept succeeding after deregistration";
+}
+
+TEST(TcpDataPath, DeregistrationMidWriteStopsTouchingTheRegion) {
+  // A raw peer sends a WRITE header and part of its payload; the region is
+  // deregistered; the rest of the payload arrives. Whenever the server got to
+  // it, the op must fail with PermissionDenied and nothing after the first
+  // part may land in the (deregistered) memory.
+  auto server = MakeEndpoint(1);
+  std::vector<std::uint8_t> region(1 << 20, 0);
+  auto rmr = std::move(server->Register(region.data(), region.size(), kRemoteWrite)).value();
+  auto address = server->Listen("127.0.0.1:0").value();
+  Fd raw = testing::RawConnect(address);
+  ASSERT_TRUE(raw.valid());
+  ASSERT_EQ(testing::RawHello(raw.get(), HelloRole::kOps, 0).status, 0);
+  RequestWire req{};
+  req.magic = kRequestMagic;
+  req.opcode = static_cast<std::uint8_t>(WireOp::kWrite);
+  req.remote_addr.set(rmr->remote().addr);
+  req.rkey.set(rmr->rkey());
+  req.length.set(static_cast<std::uint32_t>(region.size()));
+  std::vector<std::uint8_t> payload(region.size(), 0xab);
+  const std::size_t first = 1000;
+  ASSERT_TRUE(testing::SendBytes(raw.get(), &req, sizeof(req)));
+  ASSERT_TRUE(testing::SendBytes(raw.get(), payload.data(), first));
+  rmr.reset();
+  ASSERT_TRUE(testing::SendBytes(raw.get(), payload.data() + first, payload.size() - first));
+  ResponseWire resp;
+  ASSERT_EQ(::recv(raw.get(), &resp, sizeof(resp), MSG_WAITALL),
+            static_cast<ssize_t>(sizeof(resp)));
+  EXPECT_EQ(resp.magic, kResponseMagic);
+  EXPECT_EQ(resp.status, static_cast<std::uint8_t>(StatusCode::kPermissionDenied));
+  for (std::size_t i = first; i < region.size(); ++i) {
+    ASSERT_EQ(region[i], 0) << "written after deregistration at offset " << i;
+  }
+}
+
+TEST(TcpDataPath, PeerThatStopsReadingIsClosedOthersUnaffected) {
+  // A raw peer posts READs and never reads the answers: its socket backs up,
+  // the server stops serving it and closes it after op_timeout, while a
+  // good connection keeps working.
+  Pair p(milliseconds(300));
+  ASSERT_TRUE(p.conn);
+  Fd raw = testing::RawConnect(p.address);
+  ASSERT_TRUE(raw.valid());
+  int small = 4096;
+  ::setsockopt(raw.get(), SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
+  ASSERT_EQ(testing::RawHello(raw.get(), HelloRole::kOps, 0).status, 0);
+  RequestWire req{};
+  req.magic = kRequestMagic;
+  req.opcode = static_cast<std::uint8_t>(WireOp::kRead);
+  req.remote_addr.set(p.rmr->remote().addr);
+  req.rkey.set(p.rmr->rkey());
+  req.length.set(static_cast<std::uint32_t>(p.remote.size()));
+  std::vector<RequestWire> many(2000, req);  // 128 MiB of answers asked for.
+  ASSERT_TRUE(testing::SendBytes(raw.get(), many.data(), many.size() * sizeof(req)));
+  std::memset(p.local.data(), 0x11, 64);
+  ASSERT_TRUE(RunOne(*p.conn, Op::Write(p.local.data(), p.lmr.get(), 64, p.rmr->remote().addr,
+                                        p.rmr->rkey()))
+                  .ok());
+  EXPECT_EQ(p.remote[63], std::byte{0x11});
+  // Without reading, wait for the reset/EOF: the socket must be closed.
+  const auto deadline = DeadlineAfter(seconds(10));
+  bool closed = false;
+  while (!closed && SteadyClock::now() < deadline) {
+    int err = 0;
+    socklen_t len = sizeof(err);
+    ::getsockopt(raw.get(), SOL_SOCKET, SO_ERROR, &err, &len);
+    char c;
+    ssize_t r = ::recv(raw.get(), &c, 0, MSG_DONTWAIT | MSG_PEEK);
+    closed = err != 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK);
+    if (!closed) {
+      pollfd pf{raw.get(), POLLRDHUP, 0};
+      closed = ::poll(&pf, 1, 50) > 0 && (pf.revents & (POLLRDHUP | POLLHUP | POLLERR));
+    }
+  }
+  EXPECT_TRUE(closed) << "a peer that never reads kept its connection";
+  ASSERT_TRUE(RunOne(*p.conn, Op::Read(p.local.data() + 64, p.lmr.get(), 64,
+                                       p.rmr->remote().addr, p.rmr->rkey()))
+                  .ok());
+  EXPECT_EQ(p.local[64 + 63], std::byte{0x11});
 }
 
 // --- Peers that vanish or stall --------------------------------------------

@@ -387,8 +387,9 @@ void EndpointCore::Sweep() {
       case Inbound::Phase::kServing: {
         bool busy = !in->tx.empty() || in->in_payload || in->rx_end != in->rx_begin;
         if (busy && now - in->last_progress >= options_.op_timeout) {
-          expired.emplace_back(in, "peer stalled mid-frame for " +
-                                       std::to_string(options_.op_timeout.count()) +
+          expired.emplace_back(in, std::string(in->tx.empty() ? "peer stalled mid-frame"
+                                                              : "peer stopped reading responses") +
+                                       " for " + std::to_string(options_.op_timeout.count()) +
                                        " ms (op_timeout)");
         }
         break;
