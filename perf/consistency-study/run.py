@@ -14,7 +14,8 @@ Writes OUT/runs.csv (one row per run), OUT/curves.csv (accuracy against
 training time), OUT/consistency.gp and, with gnuplot installed
 (apt-get install gnuplot-nox), OUT/consistency.png.
 
-    perf/consistency-study/run.py --build build --out docs/consistency-study
+    perf/consistency-study/run.py --build build --out perf/consistency-study/results
+    perf/consistency-study/run.py --out perf/consistency-study/results --summarize_only
 
 --launcher=inproc (default) runs servers and workers as threads of one
 rdmaps-train process over tcp on loopback (each worker has its own Client
@@ -80,7 +81,7 @@ def run_one(args, staleness, straggler, repeat):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--build", default="build")
-    ap.add_argument("--out", default="docs/consistency-study")
+    ap.add_argument("--out", default="perf/consistency-study/results")
     ap.add_argument("--launcher", choices=["inproc", "local"], default="inproc")
     ap.add_argument("--servers", type=int, default=2)
     ap.add_argument("--workers", type=int, default=4)
@@ -99,12 +100,30 @@ def main():
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--run_timeout", type=int, default=900)
     ap.add_argument("--modes", default=",".join(m for m, _ in MODES))
+    ap.add_argument("--summarize_only", action="store_true",
+                    help="only redraw the plot and table from OUT/runs.csv, OUT/curves.csv")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     wanted = args.modes.split(",")
 
     runs, curves, failed = [], [], []
-    for straggler in (False, True):
+    if args.summarize_only:
+        # Re-draw the plot and the table from an earlier run's CSVs.
+        def load(name, numeric):
+            with open(os.path.join(args.out, name)) as f:
+                rows = list(csv.DictReader(f))
+            for r in rows:
+                for k in numeric:
+                    r[k] = float(r[k])
+                r["repeat"] = int(r["repeat"])
+            return rows
+        runs = load("runs.csv", ["time_to_target_s", "final_accuracy", "job_wall_s",
+                                 "staleness_mean", "staleness_max", "blocked_mean_s"])
+        curves = load("curves.csv", ["seconds", "accuracy"])
+        straggler_cases = ()
+    else:
+        straggler_cases = (False, True)
+    for straggler in straggler_cases:
         for name, staleness in MODES:
             if name not in wanted:
                 continue
@@ -133,14 +152,15 @@ def main():
                     curves.append({"mode": name, "straggler": row["straggler"], "repeat": repeat,
                                    "seconds": round(seconds, 3), "step": step, "accuracy": acc})
 
-    with open(os.path.join(args.out, "runs.csv"), "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(runs[0].keys()))
-        w.writeheader()
-        w.writerows(runs)
-    with open(os.path.join(args.out, "curves.csv"), "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(curves[0].keys()))
-        w.writeheader()
-        w.writerows(curves)
+    if not args.summarize_only:
+        with open(os.path.join(args.out, "runs.csv"), "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(runs[0].keys()))
+            w.writeheader()
+            w.writerows(runs)
+        with open(os.path.join(args.out, "curves.csv"), "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(curves[0].keys()))
+            w.writeheader()
+            w.writerows(curves)
     # One data file per (straggler, mode) for gnuplot (first repeat).
     plots = {"none": [], "x%d" % args.slow_factor: []}
     for straggler in plots:
@@ -172,6 +192,32 @@ def main():
             f.write("plot " + ", ".join("'%s' using 1:2 with linespoints title '%s'" % (d, n)
                                         for n, d in series) + "\n")
         f.write("unset multiplot\n")
+    # Medians over repeats, as a markdown table (for docs/training.md).
+    def median(xs):
+        xs = sorted(xs)
+        n = len(xs)
+        return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
+
+    lines = ["| straggler | mode | runs | time to %.0f %% (s) | final accuracy | job time (s) "
+             "| staleness mean / max | blocked per worker (s) |" % (100 * args.target),
+             "|---|---|---|---|---|---|---|---|"]
+    for straggler in ("none", "x%d" % args.slow_factor):
+        for name, _ in MODES:
+            rs = [r for r in runs if r["mode"] == name and r["straggler"] == straggler]
+            if not rs:
+                continue
+            reached = [r["time_to_target_s"] for r in rs if r["time_to_target_s"] >= 0]
+            ttt = ("%.2f" % median(reached)) if reached else "never"
+            if reached and len(reached) < len(rs):
+                ttt += " (%d of %d)" % (len(reached), len(rs))
+            lines.append("| %s | %s | %d | %s | %.2f %% | %.1f | %.1f / %d | %.2f |" % (
+                straggler, name, len(rs), ttt, 100 * median([r["final_accuracy"] for r in rs]),
+                median([r["job_wall_s"] for r in rs]), median([r["staleness_mean"] for r in rs]),
+                max(r["staleness_max"] for r in rs), median([r["blocked_mean_s"] for r in rs])))
+    table = "\n".join(lines) + "\n"
+    with open(os.path.join(args.out, "summary.md"), "w") as f:
+        f.write(table)
+    print(table)
     if failed:
         print("FAILED runs (see stderr):", "; ".join(failed))
         with open(os.path.join(args.out, "failed.txt"), "w") as f:

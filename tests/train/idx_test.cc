@@ -22,7 +22,8 @@ std::vector<std::uint8_t> IdxBytes(std::uint8_t type, const std::vector<std::uin
                                    const std::vector<std::uint8_t>& data) {
   std::vector<std::uint8_t> out = {0, 0, type, static_cast<std::uint8_t>(dims.size())};
   for (std::uint32_t d : dims) {
-    for (int shift = 24; shift >= 0; shift -= 8) out.push_back(static_cast<std::uint8_t>(d >> shift));
+    for (int shift = 24; shift >= 0; shift -= 8)
+      out.push_back(static_cast<std::uint8_t>(d >> shift));
   }
   out.insert(out.end(), data.begin(), data.end());
   return out;
@@ -107,8 +108,9 @@ TEST_F(IdxTest, TruncatedFilesAreDataLoss) {
   for (bool gz : {true, false}) {
     for (std::size_t keep : {std::size_t{2}, std::size_t{9}, full.size() - 1}) {
       SCOPED_TRACE(std::to_string(keep) + (gz ? " gzip" : " plain"));
-      const std::string path =
-          Write("cut", std::vector<std::uint8_t>(full.begin(), full.begin() + static_cast<long>(keep)), gz);
+      const std::string path = Write(
+          "cut", std::vector<std::uint8_t>(full.begin(), full.begin() + static_cast<long>(keep)),
+          gz);
       Result<IdxArray> r = ReadIdxU8(path, 3);
       EXPECT_EQ(r.status().code(), StatusCode::kDataLoss);
       EXPECT_THAT(r.status().message(), HasSubstr("truncated"));

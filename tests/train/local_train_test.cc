@@ -60,11 +60,10 @@ TEST(LocalTrainTest, LearnsASyntheticProblem) {
   LocalStore store(InitParams<float>(o.model, 1), adam);
   int progress_calls = 0;
   o.progress_interval = std::chrono::milliseconds(0);
-  Result<TrainReport> r =
-      Train(o, train, test, store, [&](const Progress& p) {
-        ++progress_calls;
-        EXPECT_LE(p.step, p.total_steps);
-      });
+  Result<TrainReport> r = Train(o, train, test, store, [&](const Progress& p) {
+    ++progress_calls;
+    EXPECT_LE(p.step, p.total_steps);
+  });
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->steps, 5u * (600 / 32));
   EXPECT_EQ(progress_calls, static_cast<int>(r->steps));

@@ -108,8 +108,9 @@ INSTANTIATE_TEST_SUITE_P(Models, GradientCheckTest,
                          ::testing::Values(std::vector<int>{}, std::vector<int>{6},
                                            std::vector<int>{6, 5}),
                          [](const auto& param_info) {
-                           return param_info.param.empty() ? std::string("softmax")
-                                                     : "mlp" + std::to_string(param_info.param.size());
+                           return param_info.param.empty()
+                                      ? std::string("softmax")
+                                      : "mlp" + std::to_string(param_info.param.size());
                          });
 
 // A tiny problem every model can fit: the class is the index of the largest
@@ -147,9 +148,9 @@ TEST_P(OptimizerTest, TrainingLowersLossAndLearnsTheRule) {
   Params<float> grads;
   OptimizerOptions o;
   o.kind = GetParam();
-  o.learning_rate = GetParam() == OptimizerKind::kAdam ? 0.01f
+  o.learning_rate = GetParam() == OptimizerKind::kAdam       ? 0.01f
                     : GetParam() == OptimizerKind::kMomentum ? 0.05f
-                                                            : 0.3f;
+                                                             : 0.3f;
   Optimizer opt(o);
   const float before = model.Loss(params, prob.x.data(), prob.y.data(), kN);
   for (int step = 0; step < 300; ++step) {
@@ -165,7 +166,9 @@ TEST_P(OptimizerTest, TrainingLowersLossAndLearnsTheRule) {
 INSTANTIATE_TEST_SUITE_P(All, OptimizerTest,
                          ::testing::Values(OptimizerKind::kSgd, OptimizerKind::kMomentum,
                                            OptimizerKind::kAdam),
-                         [](const auto& param_info) { return std::string(OptimizerName(param_info.param)); });
+                         [](const auto& param_info) {
+                           return std::string(OptimizerName(param_info.param));
+                         });
 
 TEST(OptimizerTest, ParsesNamesAndRejectsUnknownOnes) {
   EXPECT_EQ(*ParseOptimizer("adam"), OptimizerKind::kAdam);

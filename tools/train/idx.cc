@@ -2,8 +2,9 @@
 
 #include <zlib.h>
 
+#include <algorithm>
 #include <cerrno>
-#include <climits>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <memory>
@@ -22,8 +23,8 @@ struct GzCloser {
 using GzFile = std::unique_ptr<gzFile_s, GzCloser>;
 
 std::uint32_t LoadBigEndian32(const std::uint8_t* p) {
-  return (std::uint32_t{p[0]} << 24) | (std::uint32_t{p[1]} << 16) |
-         (std::uint32_t{p[2]} << 8) | std::uint32_t{p[3]};
+  return (std::uint32_t{p[0]} << 24) | (std::uint32_t{p[1]} << 16) | (std::uint32_t{p[2]} << 8) |
+         std::uint32_t{p[3]};
 }
 
 // Reads up to `len` bytes; returns how many were read (fewer only at EOF).
@@ -118,9 +119,8 @@ Result<Dataset> LoadIdxDataset(const std::string& images_path, const std::string
   RDMAPS_ASSIGN_OR_RETURN(IdxArray images, ReadIdxU8(images_path, 3));
   RDMAPS_ASSIGN_OR_RETURN(IdxArray labels, ReadIdxU8(labels_path, 1));
   if (images.dims[0] != labels.dims[0]) {
-    return DataLossError(images_path + " holds " + std::to_string(images.dims[0]) +
-                         " images but " + labels_path + " holds " +
-                         std::to_string(labels.dims[0]) +
+    return DataLossError(images_path + " holds " + std::to_string(images.dims[0]) + " images but " +
+                         labels_path + " holds " + std::to_string(labels.dims[0]) +
                          " labels; the two files do not belong together");
   }
   for (std::size_t i = 0; i < labels.data.size(); ++i) {
@@ -157,8 +157,7 @@ Result<Dataset> LoadFashionMnist(const std::string& dir, Split split) {
   RDMAPS_ASSIGN_OR_RETURN(Dataset d, LoadIdxDataset(images, labels, 10));
   if (d.rows != 28 || d.cols != 28) {
     return DataLossError(images + ": images are " + std::to_string(d.rows) + "x" +
-                         std::to_string(d.cols) +
-                         ", Fashion-MNIST's are 28x28; check --data_dir");
+                         std::to_string(d.cols) + ", Fashion-MNIST's are 28x28; check --data_dir");
   }
   return d;
 }

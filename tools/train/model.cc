@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <utility>
 
 namespace rdmaps::train {
@@ -151,16 +152,15 @@ T Mlp<T>::ForwardBackward(const Params<T>& params, const T* x, const std::uint8_
 }
 
 template <typename T>
-T Mlp<T>::Loss(const Params<T>& params, const T* x, const std::uint8_t* labels,
-               std::size_t batch) {
+T Mlp<T>::Loss(const Params<T>& params, const T* x, const std::uint8_t* labels, std::size_t batch) {
   CHECK_GT(batch, 0u);
   Forward(params, x, batch);
   return CrossEntropy(labels, batch);
 }
 
 template <typename T>
-std::size_t Mlp<T>::CountCorrect(const Params<T>& params, const T* x,
-                                 const std::uint8_t* labels, std::size_t batch) {
+std::size_t Mlp<T>::CountCorrect(const Params<T>& params, const T* x, const std::uint8_t* labels,
+                                 std::size_t batch) {
   if (batch == 0) return 0;
   Forward(params, x, batch);
   const Matrix& p = acts_[layers_];

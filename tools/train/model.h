@@ -14,13 +14,12 @@
 // time; the parameters are the caller's and are only read.
 #pragma once
 
+#include <Eigen/Core>
 #include <cstddef>
 #include <cstdint>
 #include <random>
 #include <string>
 #include <vector>
-
-#include <Eigen/Core>
 
 namespace rdmaps::train {
 
@@ -32,10 +31,10 @@ struct ModelSpec {
 
 // The shape of one parameter table and how to initialise it.
 struct TableShape {
-  std::string name;         // "w0", "b0", "w1", ...
+  std::string name;  // "w0", "b0", "w1", ...
   std::size_t rows = 0;
   std::size_t dim = 0;
-  double init_stddev = 0;   // Normal(0, stddev); 0 means zeros.
+  double init_stddev = 0;  // Normal(0, stddev); 0 means zeros.
   std::size_t size() const { return rows * dim; }
 };
 

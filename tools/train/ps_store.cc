@@ -61,13 +61,14 @@ Result<std::unique_ptr<PsStore>> PsStore::Connect(const ClientOptions& options,
       return FailedPreconditionError(
           "the parameter servers have no table '" + shape.name +
           "' that this model needs; start the servers with the same --model and --hidden "
-          "as the workers (" + info.status().ToString() + ")");
+          "as the workers (" +
+          info.status().ToString() + ")");
     }
     if (info->rows != shape.rows || info->dim != shape.dim) {
       return FailedPreconditionError(
           "the servers' table '" + shape.name + "' is " + std::to_string(info->rows) + "x" +
-          std::to_string(info->dim) + " but this model needs " + std::to_string(shape.rows) +
-          "x" + std::to_string(shape.dim) + "; start servers and workers with the same model");
+          std::to_string(info->dim) + " but this model needs " + std::to_string(shape.rows) + "x" +
+          std::to_string(shape.dim) + "; start servers and workers with the same model");
     }
     tables.push_back(*info);
   }

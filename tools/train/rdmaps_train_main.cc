@@ -36,10 +36,12 @@
 DEFINE_string(model, "mlp", "softmax (regression) or mlp");
 DEFINE_string(hidden, "128", "MLP hidden layer widths, comma-separated (1 or 2 layers)");
 DEFINE_string(optimizer, "adam", "sgd, momentum or adam");
-DEFINE_double(lr, 0, "learning rate (0: 1e-3 for mlp, 2e-4 for softmax with adam; 0.05 sgd; "
+DEFINE_double(lr, 0,
+              "learning rate (0: 1e-3 for mlp, 2e-4 for softmax with adam; 0.05 sgd; "
               "0.01 momentum)");
 DEFINE_int32(batch_size, 64, "mini-batch size per worker");
-DEFINE_int32(epochs, 0, "passes over the training set (each worker over its partition; "
+DEFINE_int32(epochs, 0,
+             "passes over the training set (each worker over its partition; "
              "0: 8 for mlp, 20 for softmax)");
 DEFINE_string(staleness, "bsp", "consistency: bsp (= 0), asp, or a staleness bound s");
 DEFINE_uint64(seed, 1, "seed for initialisation, partitioning and shuffling");
@@ -58,7 +60,8 @@ DEFINE_int32(eval_every, 0, "record test accuracy every N steps (0: every epoch)
 DEFINE_uint64(eval_limit, 2000, "test samples used for the accuracy curve");
 DEFINE_double(target_accuracy, 0, "report the time to reach this curve accuracy (0: none)");
 DEFINE_bool(progress, true, "print a progress line to stderr");
-DEFINE_string(transport, "", "tcp, verbs, fake or auto (empty: the layout's, else auto; "
+DEFINE_string(transport, "",
+              "tcp, verbs, fake or auto (empty: the layout's, else auto; "
               "--inproc_* defaults to tcp)");
 DEFINE_int32(inproc_servers, 0, "run this many servers as threads of this process");
 DEFINE_int32(inproc_workers, 0, "run this many workers as threads of this process");
@@ -98,11 +101,10 @@ Result<ModelSpec> ModelFromFlags() {
 void PrintProgress(const std::string& who, const Progress& p) {
   static const bool tty = isatty(STDERR_FILENO) != 0;
   char line[256];
-  std::snprintf(line, sizeof(line),
-                "%sepoch %d/%d step %llu/%llu  %.0f samples/s  loss %.4f  ETA %.0fs", who.c_str(),
-                p.epoch, p.epochs, static_cast<unsigned long long>(p.step),
-                static_cast<unsigned long long>(p.total_steps), p.samples_per_second, p.loss,
-                p.eta_seconds);
+  std::snprintf(
+      line, sizeof(line), "%sepoch %d/%d step %llu/%llu  %.0f samples/s  loss %.4f  ETA %.0fs",
+      who.c_str(), p.epoch, p.epochs, static_cast<unsigned long long>(p.step),
+      static_cast<unsigned long long>(p.total_steps), p.samples_per_second, p.loss, p.eta_seconds);
   if (tty) {
     std::fprintf(stderr, "\r%-90s", line);
     if (p.step == p.total_steps) std::fprintf(stderr, "\n");
@@ -149,9 +151,8 @@ void PrintText(const TrainOptions& o, const TrainReport& r, const std::string& m
               static_cast<double>(r.samples) / t);
   std::printf("%sloss: first epoch %.4f, last epoch %.4f\n", who.c_str(), r.first_epoch_loss,
               r.last_epoch_loss);
-  std::printf("%spulls %.1f/s, pushes %.1f/s, moved %.1f MB pulled + %.1f MB pushed\n",
-              who.c_str(), static_cast<double>(r.store.pulls) / t,
-              static_cast<double>(r.store.pushes) / t,
+  std::printf("%spulls %.1f/s, pushes %.1f/s, moved %.1f MB pulled + %.1f MB pushed\n", who.c_str(),
+              static_cast<double>(r.store.pulls) / t, static_cast<double>(r.store.pushes) / t,
               static_cast<double>(r.store.bytes_pulled) / 1e6,
               static_cast<double>(r.store.bytes_pushed) / 1e6);
   std::printf("%sstaleness mean %.2f max %llu, blocked %.2f s\n", who.c_str(),

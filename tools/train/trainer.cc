@@ -41,8 +41,7 @@ Status LocalStore::Push(const Params<float>& grads) {
     if (grads[t].size() != params_[t].size()) {
       return InvalidArgumentError("LocalStore::Push: gradient table " + std::to_string(t) +
                                   " has " + std::to_string(grads[t].size()) +
-                                  " values, the parameters " +
-                                  std::to_string(params_[t].size()));
+                                  " values, the parameters " + std::to_string(params_[t].size()));
     }
   }
   optimizer_.Step(params_, grads);
@@ -59,7 +58,8 @@ std::vector<std::uint32_t> PartitionIndices(std::size_t n, std::uint64_t seed, i
   std::iota(perm.begin(), perm.end(), 0u);
   std::shuffle(perm.begin(), perm.end(), std::mt19937_64(seed));
   const std::size_t part = n / static_cast<std::size_t>(workers);
-  const auto first = perm.begin() + static_cast<std::ptrdiff_t>(part * static_cast<std::size_t>(worker));
+  const auto first =
+      perm.begin() + static_cast<std::ptrdiff_t>(part * static_cast<std::size_t>(worker));
   return std::vector<std::uint32_t>(first, first + static_cast<std::ptrdiff_t>(part));
 }
 
@@ -87,8 +87,8 @@ double Evaluate(Mlp<float>& model, const Params<float>& params, const Dataset& d
   return static_cast<double>(correct) / static_cast<double>(n);
 }
 
-Result<TrainReport> Train(const TrainOptions& options, const Dataset& train,
-                          const Dataset& test, ParameterStore& store,
+Result<TrainReport> Train(const TrainOptions& options, const Dataset& train, const Dataset& test,
+                          ParameterStore& store,
                           const std::function<void(const Progress&)>& on_progress) {
   if (options.num_workers < 1 || options.worker_index < 0 ||
       options.worker_index >= options.num_workers) {
@@ -185,8 +185,8 @@ Result<TrainReport> Train(const TrainOptions& options, const Dataset& train,
       epoch_loss += loss;
       loss_avg = loss_avg_set ? 0.95 * loss_avg + 0.05 * loss : loss;
       loss_avg_set = true;
-      if (on_progress && (Clock::now() - last_progress >= options.progress_interval ||
-                          step == total_steps)) {
+      if (on_progress &&
+          (Clock::now() - last_progress >= options.progress_interval || step == total_steps)) {
         last_progress = Clock::now();
         Progress p;
         p.epoch = epoch;
@@ -196,8 +196,8 @@ Result<TrainReport> Train(const TrainOptions& options, const Dataset& train,
         p.elapsed_seconds = train_seconds();
         p.samples_per_second = static_cast<double>(step * b) / std::max(p.elapsed_seconds, 1e-9);
         p.loss = loss_avg;
-        p.eta_seconds = p.elapsed_seconds / static_cast<double>(step) *
-                        static_cast<double>(total_steps - step);
+        p.eta_seconds =
+            p.elapsed_seconds / static_cast<double>(step) * static_cast<double>(total_steps - step);
         on_progress(p);
       }
     }

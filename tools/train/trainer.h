@@ -123,14 +123,14 @@ struct EvalPoint {
 struct TrainReport {
   std::uint64_t steps = 0;
   std::uint64_t samples = 0;
-  double wall_seconds = 0;  // Whole loop, evaluation excluded.
-  double compute_seconds = 0;  // Forward/backward, straggler emulation included.
+  double wall_seconds = 0;      // Whole loop, evaluation excluded.
+  double compute_seconds = 0;   // Forward/backward, straggler emulation included.
   double first_epoch_loss = 0;  // Mean mini-batch loss of the first epoch.
   double last_epoch_loss = 0;   // ... and of the last.
   std::vector<double> epoch_loss;
   std::vector<EvalPoint> curve;
   double time_to_target_seconds = -1;  // When the curve first reached target_accuracy.
-  double test_accuracy = -1;  // Full test set, final parameters (-1: not evaluated).
+  double test_accuracy = -1;           // Full test set, final parameters (-1: not evaluated).
   StoreStats store;
 };
 
@@ -152,8 +152,8 @@ double Evaluate(Mlp<float>& model, const Params<float>& params, const Dataset& d
 // Trains on this worker's partition of `train` and, if options.evaluate,
 // evaluates on `test`. Errors come from the store (network, consistency
 // deadline) or from options that cannot work (InvalidArgument).
-Result<TrainReport> Train(const TrainOptions& options, const Dataset& train,
-                          const Dataset& test, ParameterStore& store,
+Result<TrainReport> Train(const TrainOptions& options, const Dataset& train, const Dataset& test,
+                          ParameterStore& store,
                           const std::function<void(const Progress&)>& on_progress = {});
 
 }  // namespace rdmaps::train
