@@ -1,4 +1,6 @@
-// A real cluster on the tcp backend: 2 server processes and 3 worker
+// A real cluster on the tcp backend (or verbs: this file also builds
+// ps_verbs_test with PS_TEST_TRANSPORT="verbs", run inside the Soft-RoCE VM,
+// listening on $RDMAPS_TEST_VERBS_ADDR): 2 server processes and 3 worker
 // processes (fork), ports picked by the kernel (port 0) and passed back
 // through pipes, every wait bounded. The workers train linear regression with
 // a known solution under BSP, SSP and ASP and push a counter table whose
@@ -13,6 +15,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <atomic>
 #include <random>
@@ -21,8 +24,22 @@
 #include "src/ps/test_hooks.h"
 #include "tests/ps/ps_test_util.h"
 
+#ifndef PS_TEST_TRANSPORT
+#define PS_TEST_TRANSPORT "tcp"
+#endif
+
 namespace rdmaps {
 namespace {
+
+const char* const kTransport = PS_TEST_TRANSPORT;
+
+// verbs needs an RDMA device's address; elsewhere skip with the reason.
+#define PS_SKIP_WITHOUT_TRANSPORT()                                                      \
+  do {                                                                                   \
+    if (std::string(kTransport) == "verbs" && std::getenv("RDMAPS_TEST_VERBS_ADDR") == nullptr) { \
+      GTEST_SKIP() << "RDMAPS_TEST_VERBS_ADDR is not set (no RDMA device; run in the VM)"; \
+    }                                                                                    \
+  } while (false)
 
 constexpr int kServers = 2, kWorkers = 3, kFeatures = 8, kSamples = 64, kIters = 60;
 constexpr int kCounterRows = 5;
@@ -94,7 +111,7 @@ struct ServerReport {
 };
 
 [[noreturn]] void ServerChild(int index, std::uint32_t staleness, int fd) {
-  auto o = testing::MakeServerOptions("tcp", index, kServers, kWorkers, Tables(staleness));
+  auto o = testing::MakeServerOptions(kTransport, index, kServers, kWorkers, Tables(staleness));
   auto server = Server::Start(o);
   if (!server.ok()) {
     std::fprintf(stderr, "server %d: %s\n", index, server.status().ToString().c_str());
@@ -134,7 +151,7 @@ struct WorkerReport {
     std::fprintf(stderr, "worker %d: %s\n", worker, s.ToString().c_str());
     _exit(2);
   };
-  auto client = Client::Connect(testing::MakeClientOptions("tcp", worker, kWorkers, addresses));
+  auto client = Client::Connect(testing::MakeClientOptions(kTransport, worker, kWorkers, addresses));
   if (!client.ok()) fail(client.status());
   Client& cl = **client;
   std::vector<float> x, y;
@@ -190,6 +207,7 @@ std::vector<int> WaitAll(const std::vector<pid_t>& pids,
 }
 
 void RunCluster(std::uint32_t staleness, float tolerance) {
+  PS_SKIP_WITHOUT_TRANSPORT();
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(90);
   std::vector<pid_t> pids;
   std::vector<int> server_fds, worker_fds;
@@ -262,8 +280,9 @@ void RunCluster(std::uint32_t staleness, float tolerance) {
 // so any tear is visible) while a client pulls them over tcp. No pull may
 // return a torn row; the retries it needed are counted and printed.
 TEST(PsTcpStressTest, ConcurrentRewritesNeverYieldTornRows) {
+  PS_SKIP_WITHOUT_TRANSPORT();
   constexpr std::uint32_t kDim = 1024, kRowsN = 16;
-  auto c = testing::StartCluster("tcp", 1, 1,
+  auto c = testing::StartCluster(kTransport, 1, 1,
                                  {testing::MakeTable(1, "big", kRowsN, kDim, kAsp,
                                                      Initializer::Constant(0.0f))});
   ASSERT_EQ(c.clients.size(), 1u);

@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <functional>
 #include <memory>
 #include <string>
@@ -19,13 +20,23 @@ struct Cluster {
   std::vector<std::string> addresses;
 };
 
+// fake: any name; verbs: the RDMA device's address the VM harness exports.
+inline std::string ListenAddress(const std::string& transport) {
+  if (transport == "fake") return "";
+  if (transport == "verbs") {
+    const char* a = std::getenv("RDMAPS_TEST_VERBS_ADDR");
+    return std::string(a ? a : "127.0.0.1") + ":0";
+  }
+  return "127.0.0.1:0";
+}
+
 inline ServerOptions MakeServerOptions(const std::string& transport, std::uint32_t index,
                                        std::uint32_t num_servers, std::uint32_t num_workers,
                                        const std::vector<TableOptions>& tables) {
   ServerOptions o;
   o.transport.transport = transport;
   o.transport.job_token = "ps-test";
-  o.listen_address = transport == "fake" ? "" : "127.0.0.1:0";
+  o.listen_address = ListenAddress(transport);
   o.server_index = index;
   o.num_servers = num_servers;
   o.num_workers = num_workers;
