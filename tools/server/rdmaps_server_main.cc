@@ -120,7 +120,9 @@ class SignalThread {
     sigaddset(&set_, SIGUSR2);  // internal: wakes the thread at exit
     pthread_sigmask(SIG_BLOCK, &set_, nullptr);
   }
-  ~SignalThread() {
+  ~SignalThread() { Join(); }
+  // Ends the thread; signals that arrive later stay blocked and pending.
+  void Join() {
     if (thread_.joinable()) {
       pthread_kill(thread_.native_handle(), SIGUSR2);
       thread_.join();
@@ -299,6 +301,11 @@ int RealMain(SignalThread& signals) {
               << ": draining and stopping";
     raw->Stop();
   });
+  // The signal thread uses `server`: end it before `server` is destroyed.
+  struct JoinSignals {
+    SignalThread& s;
+    ~JoinSignals() { s.Join(); }
+  } join_signals{signals};
   if (layout.needs_rendezvous) {
     auto done = rdmaps::CompleteLayout(layout, server->address(), lo);
     if (!done.ok()) {
