@@ -68,7 +68,7 @@ case "$cmd" in
       exec "$here/build/tools/local/rdmaps-local" --servers 2 --workers 4 -- \
         "$here/build/tools/train/rdmaps-train" --model=mlp
     fi
-    exec "$here/build/perf/rdmaps-perf" --transport=tcp --loopback --op=read -s 65536 -n 2000
+    exec "$here/build/perf/rdmaps-perf/rdmaps-perf" --transport=tcp --loopback --op=read -s 65536 -n 2000
     ;;
   test)
     install_deps
