@@ -388,6 +388,12 @@ int Run() {
     return 0;
   }
 
+  // A shell starts background jobs (`rdmaps-local ... &`) with SIGINT
+  // ignored, and an ignored signal is discarded, blocked or not: take SIGINT
+  // and SIGTERM back so that they always reach the signalfd and are
+  // forwarded. (SIGHUP stays ignored under nohup.)
+  signal(SIGINT, SIG_DFL);
+  signal(SIGTERM, SIG_DFL);
   sigset_t mask;
   sigemptyset(&mask);
   sigaddset(&mask, SIGCHLD);
