@@ -18,12 +18,12 @@ perftest() {
   tool="$1"; size="$2"; iters="$3"; col="$4"; extra="$5"
   args="-d $dev -R -n $iters $extra"
   [ "$size" != "-" ] && args="$args -s $size"
-  "$tool" $args >"$tmp/srv.txt" 2>&1 &
+  timeout 120 "$tool" $args >"$tmp/srv.txt" 2>&1 &
   srv=$!
   i=0
   # The server needs a moment to listen; retry the client until it connects.
   while [ $i -lt 30 ]; do
-    if "$tool" $args "$addr" >"$tmp/cli.txt" 2>&1; then break; fi
+    if timeout 120 "$tool" $args "$addr" >"$tmp/cli.txt" 2>&1; then break; fi
     i=$((i + 1)); sleep 0.3
   done
   wait $srv

@@ -210,7 +210,8 @@ class VerbsConnection final : public Connection {
 
   rdma_cm_id* id() const { return id_.get(); }
   std::uint32_t qp_num() const { return qp_num_; }
-  void set_peer_id(std::uint32_t id) { peer_.peer_id = id; }
+  // Takes Shared::mu: the progress thread reads peer ids of registered QPs.
+  void set_peer_id(std::uint32_t id);
   std::uint32_t max_inline() const { return max_inline_; }
 
  private:

@@ -246,6 +246,11 @@ Status VerbsConnection::Init(CmIdPtr id) {
   return Status::OK();
 }
 
+void VerbsConnection::set_peer_id(std::uint32_t id) {
+  std::lock_guard<std::mutex> lock(shared_->mu);
+  peer_.peer_id = id;
+}
+
 void VerbsConnection::Register() {
   std::lock_guard<std::mutex> lock(shared_->mu);
   shared_->by_id[id_.get()] = this;
