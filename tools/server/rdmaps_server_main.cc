@@ -30,6 +30,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <ctime>
 #include <cstdio>
 #include <cstring>
 #include <iostream>
@@ -384,6 +385,12 @@ int main(int argc, char** argv) {
       break;
     }
   }
+  // With TZ unset glibc re-reads the zone (and frees/strdups its name) on
+  // every localtime call glog makes per log line; naming the system zone
+  // once makes that a no-op (and keeps TSan from flagging glibc's
+  // internally locked tzset). Before any thread starts.
+  setenv("TZ", ":/etc/localtime", /*overwrite=*/0);
+  tzset();
   gflags::SetUsageMessage(
       "runs one rdmaps parameter server node\n"
       "  rdmaps-server --tables=FILE [layout flags] [-- worker command for worker ranks]");
