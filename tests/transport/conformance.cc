@@ -128,8 +128,7 @@ Status TransportConformance::RunOne(Connection& conn, const Op& op) {
   return c[0].status;
 }
 
-std::vector<Completion> TransportConformance::RunBatch(Connection& conn,
-                                                       std::span<const Op> ops) {
+std::vector<Completion> TransportConformance::RunBatch(Connection& conn, std::span<const Op> ops) {
   Status posted = conn.Post(ops);
   if (!posted.ok()) {
     ADD_FAILURE() << "Post of " << ops.size() << " ops: " << posted;
@@ -185,15 +184,15 @@ namespace {
 
 using World = ConformanceWorld;
 
-#define ASSERT_OK(expr)                                         \
-  do {                                                          \
-    ::rdmaps::Status s_ = ::rdmaps::internal::AsStatus(expr);   \
-    ASSERT_TRUE(s_.ok()) << #expr << ": " << s_;                \
+#define ASSERT_OK(expr)                                       \
+  do {                                                        \
+    ::rdmaps::Status s_ = ::rdmaps::internal::AsStatus(expr); \
+    ASSERT_TRUE(s_.ok()) << #expr << ": " << s_;              \
   } while (false)
-#define EXPECT_OK(expr)                                         \
-  do {                                                          \
-    ::rdmaps::Status s_ = ::rdmaps::internal::AsStatus(expr);   \
-    EXPECT_TRUE(s_.ok()) << #expr << ": " << s_;                \
+#define EXPECT_OK(expr)                                       \
+  do {                                                        \
+    ::rdmaps::Status s_ = ::rdmaps::internal::AsStatus(expr); \
+    EXPECT_TRUE(s_.ok()) << #expr << ": " << s_;              \
   } while (false)
 
 // --- Registration and the basic ops. -------------------------------------
@@ -453,13 +452,19 @@ TEST_P(TransportConformance, ManyOpsInOneBatchCompleteInPostingOrder) {
     std::byte* l = w.local() + i * kSlot;
     const std::uint64_t r = w.raddr(i * kSlot);
     switch (i % 4) {
-      case 0: ops.push_back(Op::Write(l, w.lmr.get(), kSlot, r, w.rkey(), i)); break;
-      case 1: ops.push_back(Op::Write(l, w.lmr.get(), 1 + i, r, w.rkey(), i)); break;
-      case 2:
-        ops.push_back(Op::FetchAdd(reinterpret_cast<std::uint64_t*>(l), w.lmr.get(), r, w.rkey(),
-                                   i, i));
+      case 0:
+        ops.push_back(Op::Write(l, w.lmr.get(), kSlot, r, w.rkey(), i));
         break;
-      default: ops.push_back(Op::WriteWithImm(l, w.lmr.get(), kSlot, r, w.rkey(), 7, i)); break;
+      case 1:
+        ops.push_back(Op::Write(l, w.lmr.get(), 1 + i, r, w.rkey(), i));
+        break;
+      case 2:
+        ops.push_back(
+            Op::FetchAdd(reinterpret_cast<std::uint64_t*>(l), w.lmr.get(), r, w.rkey(), i, i));
+        break;
+      default:
+        ops.push_back(Op::WriteWithImm(l, w.lmr.get(), kSlot, r, w.rkey(), 7, i));
+        break;
     }
   }
   std::vector<Completion> c = RunBatch(*w.conn, ops);
@@ -477,8 +482,8 @@ TEST_P(TransportConformance, ManyOpsInOneBatchCompleteInPostingOrder) {
 
 TEST_P(TransportConformance, ResourceExhaustedPastMaxOutstanding) {
   World w;
-  ASSERT_NO_FATAL_FAILURE(
-      Build(w, World::kDefaultBytes, kRemoteAll, [](EndpointOptions& o) { o.max_outstanding = 16; }));
+  ASSERT_NO_FATAL_FAILURE(Build(w, World::kDefaultBytes, kRemoteAll,
+                                [](EndpointOptions& o) { o.max_outstanding = 16; }));
   const std::size_t max = w.conn->max_outstanding();
   ASSERT_GE(max, 1u);
   ASSERT_LE(max, 16u);
@@ -703,8 +708,8 @@ TEST_P(TransportConformance, AtomicsFromSeveralPeersLoseNothing) {
       for (int i = 0; i < kCasPerPeer; ++i) {
         std::uint64_t expected = 0;
         for (;;) {
-          Status s = RunOne(**conn, Op::CompareSwap(&results[0], lmr->get(), w.raddr(8),
-                                                     w.rkey(), expected, expected + 1));
+          Status s = RunOne(**conn, Op::CompareSwap(&results[0], lmr->get(), w.raddr(8), w.rkey(),
+                                                    expected, expected + 1));
           ASSERT_TRUE(s.ok()) << s;
           if (results[0] == expected) break;
           expected = results[0];
@@ -732,8 +737,8 @@ TEST_P(TransportConformance, AcceptedSideCanPostToo) {
   // The server's local buffer is its region; the client's memory is the
   // target now (lmr has kRemoteAll).
   Fill({w.local(), 256}, 5);
-  ASSERT_OK(RunOne(*w.accepted, Op::Read(w.remote(), w.rmr.get(), 256, w.lmr->remote().addr,
-                                         w.lmr->rkey(), 1)));
+  ASSERT_OK(RunOne(*w.accepted,
+                   Op::Read(w.remote(), w.rmr.get(), 256, w.lmr->remote().addr, w.lmr->rkey(), 1)));
   EXPECT_TRUE(HasPattern({w.remote(), 256}, 5));
   Fill({w.remote() + 1024, 256}, 6);
   ASSERT_OK(RunOne(*w.accepted, Op::Write(w.remote() + 1024, w.rmr.get(), 256,
@@ -813,8 +818,7 @@ TEST_P(TransportConformance, ConnectToNobodyFailsByTheDeadline) {
   const Deadline deadline = DeadlineAfter(seconds(2));
   auto c = client->Connect(address, {}, deadline);
   ASSERT_FALSE(c.ok());
-  EXPECT_THAT(c.status().code(),
-              ::testing::AnyOf(StatusCode::kUnavailable, StatusCode::kTimedOut))
+  EXPECT_THAT(c.status().code(), ::testing::AnyOf(StatusCode::kUnavailable, StatusCode::kTimedOut))
       << c.status();
   EXPECT_LT(SteadyClock::now(), deadline + seconds(5)) << "Connect overran its deadline";
 }
@@ -863,7 +867,8 @@ TEST_P(TransportConformance, CloseCompletesOutstandingOpsAndNotifiesThePeer) {
   ASSERT_NO_FATAL_FAILURE(Build(w));
   std::vector<Op> ops;
   for (std::uint64_t i = 0; i < 32; ++i) {
-    ops.push_back(Op::Read(w.local() + i * 1024, w.lmr.get(), 1024, w.raddr(i * 1024), w.rkey(), i));
+    ops.push_back(
+        Op::Read(w.local() + i * 1024, w.lmr.get(), 1024, w.raddr(i * 1024), w.rkey(), i));
   }
   ASSERT_OK(w.conn->Post(ops));
   w.conn->Close();

@@ -27,12 +27,12 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <functional>
 #include <memory>
 #include <ostream>
-#include <cstddef>
-#include <cstdlib>
 #include <span>
 #include <string>
 #include <vector>
@@ -101,8 +101,8 @@ struct ConformanceWorld {
   std::unique_ptr<Endpoint> server, client;
   std::string address;
   ZeroedWords remote_mem, local_mem;
-  std::unique_ptr<MemoryRegion> rmr, lmr;             // rmr on server, lmr on client.
-  std::unique_ptr<Connection> conn, accepted;         // client->server, and its other end.
+  std::unique_ptr<MemoryRegion> rmr, lmr;      // rmr on server, lmr on client.
+  std::unique_ptr<Connection> conn, accepted;  // client->server, and its other end.
 
   std::byte* remote() { return reinterpret_cast<std::byte*>(remote_mem.data()); }
   std::byte* local() { return reinterpret_cast<std::byte*>(local_mem.data()); }
@@ -122,8 +122,8 @@ class TransportConformance : public ::testing::TestWithParam<ConformanceBackend>
   const ConformanceBackend& backend() const { return GetParam(); }
 
   // A new endpoint with `peer_id`; `tweak` edits its options first.
-  std::unique_ptr<Endpoint> NewEndpoint(
-      std::uint32_t peer_id, const std::function<void(EndpointOptions&)>& tweak = {});
+  std::unique_ptr<Endpoint> NewEndpoint(std::uint32_t peer_id,
+                                        const std::function<void(EndpointOptions&)>& tweak = {});
   // Listen(backend().listen_address); the address to connect to.
   std::string ListenOn(Endpoint& endpoint);
   std::unique_ptr<Connection> ConnectTo(Endpoint& client, const std::string& address,

@@ -10,8 +10,8 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
-#include <memory>
 #include <latch>
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -323,8 +323,7 @@ TEST(FakeTransport, DropConnectionFailsHeldOpsAndNotifiesBothEnds) {
   EXPECT_EQ(p.local[0], std::byte{0}) << "a dropped op never executed";
   EXPECT_EQ(p.conn->health().code(), StatusCode::kUnavailable);
   EXPECT_EQ(p.accepted->health().code(), StatusCode::kUnavailable);
-  EXPECT_EQ(fake::DropConnection(*p.server, 2).code(), StatusCode::kNotFound)
-      << "already dropped";
+  EXPECT_EQ(fake::DropConnection(*p.server, 2).code(), StatusCode::kNotFound) << "already dropped";
   std::array<Notification, 4> n;
   auto got = p.server->WaitNotifications(n, DeadlineAfter(seconds(5)));
   ASSERT_TRUE(got.ok() && *got == 1u);

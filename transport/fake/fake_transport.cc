@@ -185,9 +185,12 @@ void BreakLink(Link& link, int quiet_side, const Status& reason) {
 
 std::string_view AccessName(std::uint32_t right) {
   switch (right) {
-    case kRemoteRead: return "kRemoteRead";
-    case kRemoteWrite: return "kRemoteWrite";
-    default: return "kRemoteAtomic";
+    case kRemoteRead:
+      return "kRemoteRead";
+    case kRemoteWrite:
+      return "kRemoteWrite";
+    default:
+      return "kRemoteAtomic";
   }
 }
 
@@ -204,18 +207,16 @@ Status Resolve(const Core& core, std::uint32_t rkey, std::uint64_t addr, std::ui
   }
   const RegionInfo& r = it->second;
   if ((r.access & right) == 0) {
-    return PermissionDeniedError("region rkey " + Hex(rkey) + " at peer " +
-                                 std::to_string(core.options.peer_id) + " lacks " +
-                                 std::string(AccessName(right)) +
-                                 " access; register it with that right");
+    return PermissionDeniedError(
+        "region rkey " + Hex(rkey) + " at peer " + std::to_string(core.options.peer_id) +
+        " lacks " + std::string(AccessName(right)) + " access; register it with that right");
   }
   auto base = reinterpret_cast<std::uint64_t>(r.data);
   if (addr < base || len > r.size || addr - base > r.size - len) {
-    return OutOfRangeError("remote range [" + Hex(addr) + ", +" + std::to_string(len) +
-                           ") lies outside region rkey " + Hex(rkey) + " [" + Hex(base) +
-                           ", +" + std::to_string(r.size) + ") at peer " +
-                           std::to_string(core.options.peer_id) +
-                           "; check the remote address and length");
+    return OutOfRangeError(
+        "remote range [" + Hex(addr) + ", +" + std::to_string(len) + ") lies outside region rkey " +
+        Hex(rkey) + " [" + Hex(base) + ", +" + std::to_string(r.size) + ") at peer " +
+        std::to_string(core.options.peer_id) + "; check the remote address and length");
   }
   *out = r.data + (addr - base);
   return Status::OK();
@@ -223,11 +224,14 @@ Status Resolve(const Core& core, std::uint32_t rkey, std::uint64_t addr, std::ui
 
 std::uint32_t RightFor(OpType t) {
   switch (t) {
-    case OpType::kRead: return kRemoteRead;
+    case OpType::kRead:
+      return kRemoteRead;
     case OpType::kWrite:
-    case OpType::kWriteWithImm: return kRemoteWrite;
+    case OpType::kWriteWithImm:
+      return kRemoteWrite;
     case OpType::kFetchAdd:
-    case OpType::kCompareSwap: return kRemoteAtomic;
+    case OpType::kCompareSwap:
+      return kRemoteAtomic;
   }
   return kRemoteAll;
 }
@@ -251,8 +255,7 @@ Status Execute(const PendingOp& p, const std::shared_ptr<Core>& target,
       std::size_t pieces = 1;
       const Faults* f = p.faults ? &p.faults->faults : nullptr;
       if (f && f->read_pieces > 1 && op.length >= f->read_split_min_bytes && op.length > 1) {
-        pieces = static_cast<std::size_t>(
-            std::min<std::uint64_t>(f->read_pieces, op.length));
+        pieces = static_cast<std::size_t>(std::min<std::uint64_t>(f->read_pieces, op.length));
       }
       auto* local = static_cast<std::byte*>(op.local);
       std::uint64_t copied = 0;
@@ -261,8 +264,7 @@ Status Execute(const PendingOp& p, const std::shared_ptr<Core>& target,
         {
           std::shared_lock<std::shared_mutex> lk(target->regions_mu);
           std::byte* src = nullptr;
-          RDMAPS_RETURN_IF_ERROR(
-              Resolve(*target, op.rkey, op.remote_addr, op.length, right, &src));
+          RDMAPS_RETURN_IF_ERROR(Resolve(*target, op.rkey, op.remote_addr, op.length, right, &src));
           RacyCopyFrom(local + copied, src + copied, end - copied);
         }
         copied = end;
@@ -351,10 +353,9 @@ class FakeConnection final : public Connection {
     for (std::size_t i = 0; i < ops.size(); ++i) {
       Status s = Validate(ops[i]);
       if (!s.ok()) {
-        return InvalidArgumentError("op " + std::to_string(i) + " of " +
-                                    std::to_string(ops.size()) + " (" +
-                                    std::string(OpTypeName(ops[i].type)) +
-                                    "): " + s.message() + "; nothing was posted");
+        return InvalidArgumentError(
+            "op " + std::to_string(i) + " of " + std::to_string(ops.size()) + " (" +
+            std::string(OpTypeName(ops[i].type)) + "): " + s.message() + "; nothing was posted");
       }
     }
     std::shared_ptr<FaultState> faults = EffectiveFaults();
@@ -367,11 +368,11 @@ class FakeConnection final : public Connection {
                                 "); nothing was posted; reconnect");
       }
       if (me.pending.size() + me.done.size() + ops.size() > max_outstanding_) {
-        return ResourceExhaustedError(
-            "posting " + std::to_string(ops.size()) + " ops would exceed max_outstanding " +
-            std::to_string(max_outstanding_) + " (" +
-            std::to_string(me.pending.size() + me.done.size()) +
-            " outstanding); poll completions first");
+        return ResourceExhaustedError("posting " + std::to_string(ops.size()) +
+                                      " ops would exceed max_outstanding " +
+                                      std::to_string(max_outstanding_) + " (" +
+                                      std::to_string(me.pending.size() + me.done.size()) +
+                                      " outstanding); poll completions first");
       }
       const auto now = SteadyClock::now();
       for (const Op& op : ops) {
@@ -407,9 +408,8 @@ class FakeConnection final : public Connection {
   Result<std::size_t> Wait(std::span<Completion> out, Deadline deadline) override {
     if (out.empty()) return InvalidArgumentError("Wait with an empty output span");
     if (outstanding() == 0) {
-      return FailedPreconditionError(
-          "Wait with nothing outstanding on the connection to peer " +
-          std::to_string(peer_.peer_id) + "; post an op first");
+      return FailedPreconditionError("Wait with nothing outstanding on the connection to peer " +
+                                     std::to_string(peer_.peer_id) + "; post an op first");
     }
     for (;;) {
       Progress(/*count_poll=*/true);
@@ -475,8 +475,7 @@ class FakeConnection final : public Connection {
       case OpType::kFetchAdd:
       case OpType::kCompareSwap:
         if (op.length != 8) {
-          return InvalidArgumentError("atomic length must be 8, not " +
-                                      std::to_string(op.length) +
+          return InvalidArgumentError("atomic length must be 8, not " + std::to_string(op.length) +
                                       "; build it with Op::FetchAdd/CompareSwap");
         }
         if (op.remote_addr % 8 != 0) {
@@ -485,8 +484,7 @@ class FakeConnection final : public Connection {
         }
         break;
       default:
-        return InvalidArgumentError("unknown op type " +
-                                    std::to_string(static_cast<int>(op.type)));
+        return InvalidArgumentError("unknown op type " + std::to_string(static_cast<int>(op.type)));
     }
     if (op.length == 0 && op.local_mr == nullptr) return Status::OK();
     if (op.local_mr == nullptr) {
@@ -499,9 +497,9 @@ class FakeConnection final : public Connection {
           "buffer with the same Endpoint");
     }
     if (op.length > 0 && !mr->Contains(op.local, op.length)) {
-      return InvalidArgumentError("local buffer [" + Hex(reinterpret_cast<std::uint64_t>(op.local)) +
-                                  ", +" + std::to_string(op.length) +
-                                  ") lies outside local_mr");
+      return InvalidArgumentError("local buffer [" +
+                                  Hex(reinterpret_cast<std::uint64_t>(op.local)) + ", +" +
+                                  std::to_string(op.length) + ") lies outside local_mr");
     }
     return Status::OK();
   }
@@ -566,11 +564,11 @@ class FakeConnection final : public Connection {
       const auto now = SteadyClock::now();
       Status status;
       if (now - head.posted >= op_timeout_) {
-        status = TimedOutError("no completion within op_timeout " +
-                               std::to_string(op_timeout_.count()) + " ms for a " +
-                               std::string(OpTypeName(head.op.type)) + " to peer " +
-                               std::to_string(peer_.peer_id) +
-                               " (held by fake faults); release held ops or raise op_timeout");
+        status =
+            TimedOutError("no completion within op_timeout " + std::to_string(op_timeout_.count()) +
+                          " ms for a " + std::string(OpTypeName(head.op.type)) + " to peer " +
+                          std::to_string(peer_.peer_id) +
+                          " (held by fake faults); release held ops or raise op_timeout");
       } else if (!Releasable(head, now)) {
         break;
       } else {
@@ -675,7 +673,8 @@ class FakeEndpoint final : public Endpoint {
     std::string name(address);
     const bool pick = name.empty() || (name.size() >= 2 && name.ends_with(":0"));
     if (pick) {
-      const std::string prefix = name.empty() ? std::string("fake:") : name.substr(0, name.size() - 1);
+      const std::string prefix =
+          name.empty() ? std::string("fake:") : name.substr(0, name.size() - 1);
       do {
         name = prefix + std::to_string(reg.next_name++);
       } while (reg.names.contains(name) && reg.names[name].lock() != nullptr);
@@ -694,9 +693,8 @@ class FakeEndpoint final : public Endpoint {
                                               Deadline deadline) override {
     if (options.user_data.size() > kMaxHandshakeUserData) {
       return InvalidArgumentError("ConnectOptions::user_data has " +
-                                  std::to_string(options.user_data.size()) +
-                                  " bytes; at most " + std::to_string(kMaxHandshakeUserData) +
-                                  " fit in a handshake");
+                                  std::to_string(options.user_data.size()) + " bytes; at most " +
+                                  std::to_string(kMaxHandshakeUserData) + " fit in a handshake");
     }
     if (SteadyClock::now() > deadline) {
       return TimedOutError("Connect('" + std::string(address) +
@@ -733,10 +731,10 @@ class FakeEndpoint final : public Endpoint {
       theirs = target->protocol_version;
     }
     if (mine != theirs) {
-      return FailedPreconditionError(
-          "protocol version mismatch with '" + std::string(address) + "': this endpoint speaks " +
-          std::to_string(mine) + ", the peer " + std::to_string(theirs) +
-          "; run the same rdmaps release on every process");
+      return FailedPreconditionError("protocol version mismatch with '" + std::string(address) +
+                                     "': this endpoint speaks " + std::to_string(mine) +
+                                     ", the peer " + std::to_string(theirs) +
+                                     "; run the same rdmaps release on every process");
     }
     auto link = std::make_shared<Link>();
     link->sides[0].core = core_;
@@ -745,10 +743,10 @@ class FakeEndpoint final : public Endpoint {
     link->sides[1].peer_id = target->options.peer_id;
 
     PeerInfo to_server{target->options.peer_id, std::string(address), {}};
-    PeerInfo to_client{this->options().peer_id,
-                       my_name.empty() ? "fake-peer-" + std::to_string(this->options().peer_id)
-                                       : my_name,
-                       options.user_data};
+    PeerInfo to_client{
+        this->options().peer_id,
+        my_name.empty() ? "fake-peer-" + std::to_string(this->options().peer_id) : my_name,
+        options.user_data};
     auto client = std::make_unique<FakeConnection>(link, 0, core_.get(), std::move(to_server),
                                                    this->options().max_outstanding,
                                                    this->options().op_timeout);
@@ -779,9 +777,8 @@ class FakeEndpoint final : public Endpoint {
     if (core_->listen_name.empty()) {
       return FailedPreconditionError("Accept before Listen; call Listen first");
     }
-    core_->cv.wait_until(lk, deadline, [&] {
-      return !core_->accept_queue.empty() || core_->interrupted;
-    });
+    core_->cv.wait_until(lk, deadline,
+                         [&] { return !core_->accept_queue.empty() || core_->interrupted; });
     if (!core_->accept_queue.empty()) {
       std::unique_ptr<Connection> c = std::move(core_->accept_queue.front());
       core_->accept_queue.pop_front();
@@ -796,15 +793,13 @@ class FakeEndpoint final : public Endpoint {
                          "connect to this address");
   }
 
-  Result<std::size_t> WaitNotifications(std::span<Notification> out,
-                                        Deadline deadline) override {
+  Result<std::size_t> WaitNotifications(std::span<Notification> out, Deadline deadline) override {
     if (out.empty()) {
       return InvalidArgumentError("WaitNotifications with an empty output span");
     }
     std::unique_lock<std::mutex> lk(core_->mu);
-    core_->cv.wait_until(lk, deadline, [&] {
-      return !core_->notifications.empty() || core_->interrupted;
-    });
+    core_->cv.wait_until(lk, deadline,
+                         [&] { return !core_->notifications.empty() || core_->interrupted; });
     std::size_t n = 0;
     while (n < out.size() && !core_->notifications.empty()) {
       out[n++] = core_->notifications.front();

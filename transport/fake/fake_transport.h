@@ -53,8 +53,8 @@ struct ReadPiece {
   std::uint64_t context = 0;         // The READ's Op::context.
   std::uint64_t remote_addr = 0;     // The whole READ's target range.
   std::uint64_t length = 0;
-  std::size_t pieces = 0;        // How many pieces the READ is split into.
-  std::size_t copied = 0;        // Pieces copied so far: 1 .. pieces-1.
+  std::size_t pieces = 0;          // How many pieces the READ is split into.
+  std::size_t copied = 0;          // Pieces copied so far: 1 .. pieces-1.
   std::uint64_t bytes_copied = 0;  // Bytes [remote_addr, +bytes_copied) copied.
 };
 
