@@ -56,7 +56,8 @@ inline ClientOptions MakeClientOptions(const std::string& transport, std::uint32
   o.worker_id = worker;
   o.num_workers = num_workers;
   o.servers = addresses;
-  o.connect_timeout = std::chrono::seconds(10);
+  // rxe inside an emulated VM sets up connections slowly.
+  o.connect_timeout = std::chrono::seconds(transport == "verbs" ? 60 : 10);
   o.wait_timeout = std::chrono::seconds(20);
   o.staging_bytes = 64 * 1024;
   return o;
