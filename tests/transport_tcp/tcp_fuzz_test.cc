@@ -136,7 +136,7 @@ class Abuser {
 };
 
 TEST(TcpFuzz, ListenerSurvivesMalformedInputAndGoodConnectionKeepsWorking) {
-  // op_timeout bounds the handshake deadline that silent abusers hit.
+  // The server's op_timeout bounds the handshake deadline silent abusers hit.
   Pair p(milliseconds(250));
   ASSERT_TRUE(p.conn);
   const RemoteRegion region = p.rmr->remote();

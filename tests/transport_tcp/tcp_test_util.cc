@@ -25,8 +25,8 @@ std::unique_ptr<Endpoint> MakeEndpoint(std::uint32_t peer_id,
   return ep.ok() ? std::move(ep).value() : nullptr;
 }
 
-Pair::Pair(std::chrono::milliseconds op_timeout)
-    : server(MakeEndpoint(1, op_timeout)), client(MakeEndpoint(2, op_timeout)) {
+Pair::Pair(std::chrono::milliseconds server_op_timeout)
+    : server(MakeEndpoint(1, server_op_timeout)), client(MakeEndpoint(2, seconds(20))) {
   remote.assign(64 * 1024, std::byte{0});
   local.assign(64 * 1024, std::byte{0});
   rmr = std::move(server->Register(remote.data(), remote.size(), kRemoteAll)).value();

@@ -24,8 +24,10 @@ std::unique_ptr<Endpoint> MakeEndpoint(std::uint32_t peer_id,
 
 // A listening server with a registered 64 KiB buffer (kRemoteAll), and a
 // client connected to it with its own registered 64 KiB buffer.
+// `server_op_timeout` also bounds the server's handshake and stall deadlines;
+// the client keeps a generous op_timeout so loaded CI machines stay green.
 struct Pair {
-  explicit Pair(std::chrono::milliseconds op_timeout = std::chrono::seconds(20));
+  explicit Pair(std::chrono::milliseconds server_op_timeout = std::chrono::seconds(20));
   std::unique_ptr<Endpoint> server;
   std::unique_ptr<Endpoint> client;
   std::string address;
