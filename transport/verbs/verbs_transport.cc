@@ -570,6 +570,7 @@ Result<std::string> VerbsEndpoint::Listen(std::string_view address) {
                                    " is not on an RDMA device; use the IP of the "
                                    "device's netdev (see `rdma link`)");
   }
+  { std::lock_guard<std::mutex> publish(shared_->mu); }  // see ProgressLoop
   if (rdma_listen(id.get(), kListenBacklog) != 0) {
     return ErrnoError("rdma_listen on " + std::string(address), errno);
   }
@@ -699,10 +700,10 @@ Result<std::unique_ptr<Connection>> VerbsEndpoint::Connect(std::string_view addr
                                    "is it an rdmaps endpoint?");
   }
   conn->set_peer_id(be32toh(rep.peer_id));
+  conn->Register();  // before the migrate: publishes the id under mu (see ProgressLoop)
   if (rdma_migrate_id(idp, shared_->channel.get()) != 0) {
     return ErrnoError("rdma_migrate_id", errno);
   }
-  conn->Register();
   return std::unique_ptr<Connection>(std::move(conn));
 }
 
@@ -768,6 +769,10 @@ void VerbsEndpoint::ProgressLoop() {
     // before the kDisconnected its close produces.
     if (fds[2].revents) HandleRecvCq();
     if (fds[1].revents) {
+      // Threads hand ids to this channel (Listen, Connect's migrate) after
+      // taking mu; taking it here too orders their librdmacm state before
+      // our ack (the handoff itself goes through the kernel, unseen by TSan).
+      { std::lock_guard<std::mutex> sync(shared_->mu); }
       CmEvent ev;
       while (GetCmEvent(shared_->channel.get(), &ev)) HandleCmEvent(ev);
     }
