@@ -241,6 +241,31 @@ TEST(LaunchFaultTest, ServerStartupDeadlineNamesMissingWorkers) {
   std::filesystem::remove_all(dir);
 }
 
+TEST(LaunchFaultTest, ServerNamesAWorkerThatDiedAndExits4) {
+  // No launcher in between: the server itself must notice.
+  std::string dir = TempDir();
+  std::string tables = dir + "/tables.json";
+  std::ofstream(tables) << R"([{"name": "sum", "rows": 10, "dim": 4, "staleness": "bsp",
+                               "optimizer": {"kind": "sgd", "learning_rate": 1}}])";
+  Proc server({kServer, "--tables=" + tables, "--role=ps", "--task_index=0",
+               "--ps_hosts=127.0.0.1:0", "--num_workers=1", "--transport=tcp"});
+  const std::string ready = "ready: listening on ";
+  ASSERT_TRUE(server.WaitFor(ready));
+  ASSERT_TRUE(server.WaitFor(" (layout"));
+  auto at = server.out().find(ready) + ready.size();
+  std::string address = server.out().substr(at, server.out().find(' ', at) - at);
+  Proc worker({kWorker, "--iterations=5", "--die_at=1", "--die_worker=0"},
+              {{"RDMAPS_ROLE", "worker"},
+               {"RDMAPS_TASK_INDEX", "0"},
+               {"RDMAPS_PS_HOSTS", address},
+               {"RDMAPS_NUM_WORKERS", "1"},
+               {"RDMAPS_TRANSPORT", "tcp"}});
+  EXPECT_EQ(worker.Wait(), 128 + SIGKILL) << worker.out();
+  EXPECT_EQ(server.Wait(), 4) << server.out();
+  EXPECT_THAT(server.out(), HasSubstr("workers disconnected without closing (crashed?): [0]"));
+  std::filesystem::remove_all(dir);
+}
+
 TEST(LaunchFaultTest, KilledWorkerStopsTheJobWithItsExitCode) {
   Proc p({kLocal, "--servers=2", "--workers=3", "--transport=tcp", "--grace_s=5", "--",
           kWorker, "--iterations=1000", "--die_at=1", "--die_worker=1"});
