@@ -335,6 +335,47 @@ TEST(FakeTransport, DropConnectionFailsHeldOpsAndNotifiesBothEnds) {
   EXPECT_EQ(n[0].peer_id, 1u);
 }
 
+TEST(FakeTransport, DropWakesABlockedWait) {
+  Pair p;
+  fake::Faults f;
+  f.hold_until_released = true;  // Never released: only the drop ends it.
+  ASSERT_TRUE(fake::SetFaults(*p.client, f).ok());
+  Op op = p.ReadAll(5);
+  ASSERT_TRUE(p.conn->Post(std::span(&op, 1)).ok());
+  std::latch go(1);
+  std::thread dropper([&] {
+    go.wait();
+    EXPECT_TRUE(fake::DropConnection(*p.client, 1).ok());
+  });
+  go.count_down();
+  const Deadline deadline = DeadlineAfter(seconds(20));
+  Completion c;
+  auto n = p.conn->Wait(std::span(&c, 1), deadline);
+  dropper.join();
+  ASSERT_TRUE(n.ok());
+  ASSERT_EQ(*n, 1u);
+  EXPECT_EQ(c.context, 5u);
+  EXPECT_EQ(c.status.code(), StatusCode::kUnavailable) << c.status;
+  EXPECT_LT(SteadyClock::now(), deadline);
+}
+
+TEST(FakeTransport, FailedOpEndsTheConnectionForTheTargetToo) {
+  Pair p;
+  Op bad = Op::Read(p.local.data(), p.lmr.get(), 8, p.rmr->remote().addr, p.rmr->rkey() + 999);
+  ASSERT_TRUE(p.conn->Post(std::span(&bad, 1)).ok());
+  EXPECT_EQ(p.WaitOne().status.code(), StatusCode::kPermissionDenied);
+  std::array<Notification, 4> n;
+  auto got = p.server->WaitNotifications(n, DeadlineAfter(seconds(5)));
+  ASSERT_TRUE(got.ok() && *got == 1u);
+  EXPECT_EQ(n[0].kind, Notification::Kind::kDisconnected);
+  EXPECT_EQ(n[0].peer_id, 2u);
+  EXPECT_EQ(p.accepted->health().code(), StatusCode::kUnavailable);
+  // The initiator learns from the completion, not from a notification.
+  got = p.client->WaitNotifications(n, DeadlineAfter(milliseconds(20)));
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(*got, 0u);
+}
+
 TEST(FakeTransport, AcceptIsInterruptible) {
   auto server = MakeFake(1);
   ASSERT_TRUE(server->Listen("").ok());
