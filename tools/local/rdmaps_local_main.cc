@@ -277,11 +277,24 @@ class Job {
         if (c.exit_code != 0 && (!first || (c.server && !first->server))) first = &c;
       }
     }
-    if (first && !stopping_ && !first_failure_) {
+    if (!first || stopping_) return;
+    // A server's failure that follows a worker's within kSettle is taken as
+    // its cause: the server's connections close before its exit is
+    // reported, so its workers may fail and be reaped first.
+    bool replace = first_failure_ && first->server && !failure_is_server_ &&
+                   Clock::now() < failure_at_ + kSettle;
+    if (!first_failure_ || replace) {
       first_failure_ = *first->exit_code;
       failure_what_ = first->name + " " + first->how;
+      failure_is_server_ = first->server;
+      if (!replace) failure_at_ = Clock::now();
     }
   }
+
+  // How long to wait after the first failure for the one that caused it.
+  static constexpr std::chrono::milliseconds kSettle{300};
+  Clock::time_point failure_at_;
+  bool failure_is_server_ = false;
 
   // SIGTERM (or `sig`) to every live child, SIGKILL after the grace period.
   void StopAll(int sig = SIGTERM) {
@@ -558,6 +571,11 @@ int Run() {
   while (workers_live() > 0) {
     if (int sig = job.Pump(job_deadline)) return stop_for_signal(sig);
     if (job.first_failure_) {
+      // Collect a server failure that caused this one (see Job::kSettle).
+      const auto settle = job.failure_at_ + Job::kSettle;
+      while (!job.failure_is_server_ && Clock::now() < settle) {
+        if (int sig = job.Pump(settle)) return stop_for_signal(sig);
+      }
       Say(job.failure_what_ + "; stopping the job");
       job.StopAll();
       return *job.first_failure_;
