@@ -1,5 +1,5 @@
 // A real cluster on the tcp backend (or verbs: this file also builds
-// ps_verbs_test with PS_TEST_TRANSPORT="verbs", run inside the Soft-RoCE VM,
+// ps_verbs_test with PS_TEST_VERBS, run inside the Soft-RoCE VM,
 // listening on $RDMAPS_TEST_VERBS_ADDR): 2 server processes and 3 worker
 // processes (fork), ports picked by the kernel (port 0) and passed back
 // through pipes, every wait bounded. The workers train linear regression with
@@ -24,8 +24,15 @@
 #include "src/ps/test_hooks.h"
 #include "tests/ps/ps_test_util.h"
 
-#ifndef PS_TEST_TRANSPORT
+// Distinct suite names per transport, so ctest names do not collide.
+#ifdef PS_TEST_VERBS
+#define PS_TEST_TRANSPORT "verbs"
+#define PS_CLUSTER_SUITE PsVerbsClusterTest
+#define PS_STRESS_SUITE PsVerbsStressTest
+#else
 #define PS_TEST_TRANSPORT "tcp"
+#define PS_CLUSTER_SUITE PsTcpClusterTest
+#define PS_STRESS_SUITE PsTcpStressTest
 #endif
 
 namespace rdmaps {
@@ -276,9 +283,9 @@ void RunCluster(std::uint32_t staleness, float tolerance) {
   }
 }
 
-TEST(PsTcpClusterTest, LinearRegressionBsp) { RunCluster(kBsp, 0.05f); }
-TEST(PsTcpClusterTest, LinearRegressionSsp) { RunCluster(2, 0.05f); }
-TEST(PsTcpClusterTest, LinearRegressionAsp) { RunCluster(kAsp, 0.05f); }
+TEST(PS_CLUSTER_SUITE, LinearRegressionBsp) { RunCluster(kBsp, 0.05f); }
+TEST(PS_CLUSTER_SUITE, LinearRegressionSsp) { RunCluster(2, 0.05f); }
+TEST(PS_CLUSTER_SUITE, LinearRegressionAsp) { RunCluster(kAsp, 0.05f); }
 
 // Last in the file on purpose: on verbs, a process that has used libibverbs
 // cannot fork children that use it too, so the fork()ing cluster tests run
@@ -287,7 +294,7 @@ TEST(PsTcpClusterTest, LinearRegressionAsp) { RunCluster(kAsp, 0.05f); }
 // A writer thread rewrites rows (every float of a row holds the same value,
 // so any tear is visible) while a client pulls them over tcp. No pull may
 // return a torn row; the retries it needed are counted and printed.
-TEST(PsTcpStressTest, ConcurrentRewritesNeverYieldTornRows) {
+TEST(PS_STRESS_SUITE, ConcurrentRewritesNeverYieldTornRows) {
   PS_SKIP_WITHOUT_TRANSPORT();
   constexpr std::uint32_t kDim = 1024, kRowsN = 16;
   auto c = testing::StartCluster(kTransport, 1, 1,
