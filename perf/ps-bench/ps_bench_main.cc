@@ -15,6 +15,7 @@
 #include <gflags/gflags.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -32,6 +33,9 @@
 DEFINE_string(transport, "tcp", "tcp, fake or verbs");
 DEFINE_int32(iters, 2000, "iterations per latency measurement");
 DEFINE_int32(apply_mib, 64, "table size for the optimizer apply measurement, MiB");
+DEFINE_bool(raw_consumer, false,
+            "a thread on the raw server endpoint consumes notifications, as the ps apply "
+            "thread does (shows the cost of waking a consumer on a co-located server)");
 DEFINE_int32(push_slots, 32, "push ring slots per worker");
 
 namespace rdmaps {
@@ -164,6 +168,16 @@ int Main() {
 
   Raw raw;
   raw.Init(8 << 20);
+  std::atomic<bool> consumer_stop{false};
+  std::thread consumer;
+  if (FLAGS_raw_consumer) {
+    consumer = std::thread([&] {
+      transport::Notification n[64];
+      while (!consumer_stop.load()) {
+        (void)raw.server->WaitNotifications(n, transport::DeadlineAfter(std::chrono::milliseconds(50)));
+      }
+    });
+  }
   std::mt19937_64 rng(1);
 
   std::printf("transport %s, %d iterations per row; latencies in microseconds\n",
@@ -215,9 +229,9 @@ int Main() {
                                                      raw.remote_mr->rkey(), 1));
         }
         raw_us.push_back(TimeUs([&] { raw.Run(ops); }));
-        if (kind == 1 && it % 64 == 0) Drain(*raw.server);
+        if (kind == 1 && it % 64 == 0 && !FLAGS_raw_consumer) Drain(*raw.server);
       }
-      Drain(*raw.server);
+      if (!FLAGS_raw_consumer) Drain(*raw.server);
       const Stats p = Summarise(ps_us), r = Summarise(raw_us);
       const double mib = payload / 1048576.0;
       std::printf("%-6s %-16s %10.1f %10.1f %10.1f %10.1f %8.2f %8.2f %12.1f %12.1f\n",
@@ -274,6 +288,8 @@ int Main() {
                   rows / (t[1] * 1e-6), gbs / mem_gbs);
     }
   }
+  consumer_stop.store(true);
+  if (consumer.joinable()) consumer.join();
   (void)cl.Close();
   (*server)->Stop();
   return 0;
