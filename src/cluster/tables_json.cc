@@ -126,20 +126,6 @@ const char* InitKindName(Initializer::Kind k) {
   return "zeros";
 }
 
-const char* OptimizerName(OptimizerOptions::Kind k) {
-  switch (k) {
-    case OptimizerOptions::Kind::kSgd:
-      return "sgd";
-    case OptimizerOptions::Kind::kMomentum:
-      return "momentum";
-    case OptimizerOptions::Kind::kAdagrad:
-      return "adagrad";
-    case OptimizerOptions::Kind::kAdam:
-      return "adam";
-  }
-  return "sgd";
-}
-
 }  // namespace
 
 Result<std::vector<TableOptions>> ParseTablesJson(std::string_view text) {
@@ -224,7 +210,7 @@ std::string TablesToJson(const std::vector<TableOptions>& tables) {
         break;
     }
     const auto& o = t.optimizer;
-    json opt = {{"kind", OptimizerName(o.kind)},
+    json opt = {{"kind", OptimizerKindName(o.kind)},
                 {"learning_rate", o.learning_rate},
                 {"momentum", o.momentum},
                 {"initial_accumulator", o.initial_accumulator},
