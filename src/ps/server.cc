@@ -137,6 +137,9 @@ class ServerImpl final : public Server {
 
   std::atomic<bool> stop_{false};
   std::atomic<int> running_{0};  // background threads still in their loops
+  // Serialises Stop(): a signal thread and the owner may both call it, and
+  // joining one std::thread from two threads at once is undefined.
+  std::mutex stop_mu_;
   std::thread accept_thread_;
   std::thread apply_thread_;
 };
@@ -548,6 +551,7 @@ Status ServerImpl::RunUntil(Deadline deadline) {
 }
 
 void ServerImpl::Stop() {
+  std::lock_guard<std::mutex> stop_lock(stop_mu_);
   {
     std::lock_guard<std::mutex> lock(mu_);
     stopped_ = true;

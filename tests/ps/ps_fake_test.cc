@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <future>
+#include <latch>
 #include <thread>
 
 #include "src/ps/initializer.h"
@@ -302,6 +303,29 @@ TEST(PsFakeTest, DeadWorkerIsReported) {
   // Worker 1 finds out on its next call.
   std::vector<float> out(4);
   EXPECT_FALSE(c.clients[1]->Pull(1, RowRange{0, 4}, out).ok());
+}
+
+// rdmaps-server's signal thread and its main thread may both call Stop() while
+// Run() is blocked; once both return, Run() must have returned too.
+TEST(PsFakeTest, StopFromSeveralThreadsAtOnceEndsRun) {
+  auto c = StartCluster("fake", 1, 1, {MakeTable(1, "w", 4, 1)});
+  ASSERT_EQ(c.clients.size(), 1u);
+  Server& server = *c.servers[0];
+  std::latch started(3);
+  std::thread runner([&] {
+    started.arrive_and_wait();
+    EXPECT_TRUE(server.Run().ok());
+  });
+  std::vector<std::thread> stoppers;
+  for (int i = 0; i < 2; ++i) {
+    stoppers.emplace_back([&] {
+      started.arrive_and_wait();
+      server.Stop();
+    });
+  }
+  for (auto& t : stoppers) t.join();
+  runner.join();
+  server.Stop();  // and once more, idempotent
 }
 
 TEST(PsFakeTest, ServerOptimizersKeepStatePerRow) {
