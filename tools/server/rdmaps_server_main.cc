@@ -35,6 +35,7 @@
 #include <cstring>
 #include <iostream>
 #include <memory>
+#include <limits>
 #include <string>
 #include <thread>
 #include <vector>
@@ -361,7 +362,10 @@ int RealMain(SignalThread& signals) {
   server->Stop();
   (void)SdNotify(env, "STOPPING=1");
   LOG(INFO) << layout.name() << ": applied " << st.pushes_applied << " pushes (" << st.rows_applied
-            << " rows), " << st.clocks_applied << " clocks; min clock " << st.min_clock;
+            << " rows), " << st.clocks_applied << " clocks; min clock "
+            << (st.min_clock == std::numeric_limits<std::uint64_t>::max()
+                    ? std::string("(every worker done)")
+                    : std::to_string(st.min_clock));
   if (signals.received() != 0) {
     LOG(INFO) << layout.name() << ": stopped by signal; exiting cleanly";
     return 0;
