@@ -106,7 +106,7 @@ HelloHeader DecodeHello(const char* p) {
 std::string EncodeAnswer(const Status& status, Role role, int index, int num_servers,
                          int num_workers, std::string_view body) {
   AnswerHeader w{};
-  w.magic = htobe32(kAnswerMagic);
+  w.magic = htobe32(kRendezvousAnswerMagic);
   w.version = htobe16(kRendezvousVersion);
   w.code = static_cast<std::uint8_t>(status.code());
   w.role = static_cast<std::uint8_t>(role);
@@ -395,7 +395,7 @@ Result<RendezvousResult> RunRoot(const Layout& layout, std::string_view self_add
       j.in.append(buf, static_cast<std::size_t>(n));
       if (j.in.size() < sizeof(HelloHeader)) continue;
       j.header = DecodeHello(j.in.data());
-      if (j.header.magic != kHelloMagic || j.header.addr_len > kMaxRendezvousAddress) {
+      if (j.header.magic != kRendezvousHelloMagic || j.header.addr_len > kMaxRendezvousAddress) {
         LOG(WARNING) << "rendezvous: dropped " << j.peer << ": not an rdmaps rendezvous hello";
         answer_error(j, InvalidArgumentError("not an rdmaps rendezvous hello"));
         continue;
@@ -559,7 +559,7 @@ Result<RendezvousResult> RunJoin(const Layout& layout, std::string_view self_add
     return InvalidArgumentError("rendezvous: address " + address + " is too long");
   }
   HelloHeader h{};
-  h.magic = kHelloMagic;
+  h.magic = kRendezvousHelloMagic;
   h.version = kRendezvousVersion;
   h.role = static_cast<std::uint8_t>(layout.role);
   h.rank = layout.rank;
@@ -605,7 +605,7 @@ Result<RendezvousResult> RunJoin(const Layout& layout, std::string_view self_add
     }
     AnswerHeader w;
     std::memcpy(&w, hdr, sizeof(w));
-    if (!s.ok() || be32toh(w.magic) != kAnswerMagic) {
+    if (!s.ok() || be32toh(w.magic) != kRendezvousAnswerMagic) {
       Status bad = s.ok() ? FailedPreconditionError("rendezvous: " + root +
                                                     " is not an rdmaps rendezvous root (bad magic)")
                           : s;

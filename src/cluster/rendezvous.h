@@ -37,8 +37,8 @@
 
 namespace rdmaps::internal {
 
-inline constexpr std::uint32_t kHelloMagic = 0x52445a48;   // "RDZH"
-inline constexpr std::uint32_t kAnswerMagic = 0x52445a41;  // "RDZA"
+inline constexpr std::uint32_t kRendezvousHelloMagic = 0x52445a48;   // "RDZH"
+inline constexpr std::uint32_t kRendezvousAnswerMagic = 0x52445a41;  // "RDZA"
 inline constexpr std::uint16_t kRendezvousVersion = 1;
 inline constexpr std::size_t kMaxRendezvousAddress = 256;
 
