@@ -300,9 +300,11 @@ TEST(PsFakeTest, DeadWorkerIsReported) {
   ASSERT_EQ(st.dead_workers.size(), 1u);
   EXPECT_EQ(st.dead_workers[0], 1u);
   EXPECT_EQ(st.workers_done, 1u);
-  // Worker 1 finds out on its next call.
+  // Worker 1 finds out on its next call, with the server named.
   std::vector<float> out(4);
-  EXPECT_FALSE(c.clients[1]->Pull(1, RowRange{0, 4}, out).ok());
+  Status pulled = c.clients[1]->Pull(1, RowRange{0, 4}, out);
+  EXPECT_FALSE(pulled.ok());
+  EXPECT_NE(pulled.message().find("server 0"), std::string::npos) << pulled;
 }
 
 // rdmaps-server's signal thread and its main thread may both call Stop() while
