@@ -1,9 +1,22 @@
 #include "perf/rdmaps-perf/perf_cli.h"
 
+#include <gflags/gflags.h>
+
 #include <cstdlib>
 #include <map>
 
 namespace rdmaps::perf {
+
+std::vector<std::string> ParseFlags(int argc, char** argv) {
+  std::vector<std::string> args = TranslateArgs(argc, argv);
+  std::vector<char*> cargs;
+  for (std::string& a : args) cargs.push_back(a.data());
+  cargs.push_back(nullptr);
+  int cargc = static_cast<int>(args.size());
+  char** cargv = cargs.data();
+  gflags::ParseCommandLineFlags(&cargc, &cargv, true);
+  return std::vector<std::string>(cargv + 1, cargv + cargc);
+}
 
 std::vector<std::string> TranslateArgs(int argc, char** argv) {
   static const std::map<std::string, std::string> kShort = {

@@ -51,7 +51,7 @@ namespace {
 
 using rdmaps::perf::Bracketed;
 using rdmaps::perf::PerfOptions;
-using rdmaps::perf::TranslateArgs;
+using rdmaps::perf::ParseFlags;
 using rdmaps::perf::WithPort;
 
 constexpr int kExitError = 1;
@@ -72,15 +72,8 @@ int main(int argc, char** argv) {
       "  loopback: rdmaps-perf --transport=tcp --loopback [options]\n"
       "Short flags: -s size, -a all sizes, -n iters, -D duration, -t tx depth, -l post list,\n"
       "-p port, -d ib device, -i ib port, -x gid index.");
-  std::vector<std::string> args = TranslateArgs(argc, argv);
-  std::vector<char*> cargs;
-  for (std::string& a : args) cargs.push_back(a.data());
-  cargs.push_back(nullptr);
-  int cargc = static_cast<int>(args.size());
-  char** cargv = cargs.data();
-  gflags::ParseCommandLineFlags(&cargc, &cargv, true);
+  const std::vector<std::string> positional = ParseFlags(argc, argv);
 
-  std::vector<std::string> positional(cargv + 1, cargv + cargc);
   if (positional.size() > 1) return Usage("expected at most one positional argument, HOST[:PORT]");
   if (FLAGS_loopback && !positional.empty()) {
     return Usage("--loopback runs its own server; drop the address " + positional[0]);

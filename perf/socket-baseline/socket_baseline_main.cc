@@ -437,14 +437,7 @@ int Main(int argc, char** argv) {
       "  server:   socket-baseline [-p PORT]\n"
       "  client:   socket-baseline [options] HOST[:PORT]\n"
       "  loopback: socket-baseline --loopback [options]");
-  std::vector<std::string> args = TranslateArgs(argc, argv);
-  std::vector<char*> cargs;
-  for (std::string& a : args) cargs.push_back(a.data());
-  cargs.push_back(nullptr);
-  int cargc = static_cast<int>(args.size());
-  char** cargv = cargs.data();
-  gflags::ParseCommandLineFlags(&cargc, &cargv, true);
-  std::vector<std::string> positional(cargv + 1, cargv + cargc);
+  const std::vector<std::string> positional = ParseFlags(argc, argv);
   if (positional.size() > 1) return Usage("expected at most one positional argument, HOST[:PORT]");
   if (FLAGS_loopback && !positional.empty()) {
     return Usage("--loopback runs its own server; drop the address " + positional[0]);
