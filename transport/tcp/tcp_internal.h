@@ -231,7 +231,12 @@ class EndpointCore {
   void set_protocol_version(std::uint16_t v) { protocol_version_.store(v); }
   void AdoptServed(std::shared_ptr<Inbound> in);
 
+  // Queues a notification; the progress thread hands the queued ones to
+  // waiters after the round's responses are sent (DeliverNotifications), so
+  // an initiator's completion never waits for the target's wake-up. Progress
+  // thread only.
   void PushNotification(const Notification& n);
+  void DeliverNotifications();
   Result<std::size_t> WaitNotifications(std::span<Notification> out, Deadline deadline);
   Result<std::unique_ptr<Connection>> Accept(Deadline deadline);
   void Interrupt();
@@ -281,6 +286,8 @@ class EndpointCore {
   std::vector<Fd> new_listeners_;
   std::vector<std::shared_ptr<Inbound>> new_served_;
   std::deque<Notification> notifications_;
+  // Progress thread only: notifications of the current round, in order.
+  std::vector<Notification> round_notes_;
   std::deque<std::unique_ptr<Connection>> accepted_;
   bool interrupted_ = false;  // Sticky until a waiter returns because of it.
   bool listening_ = false;

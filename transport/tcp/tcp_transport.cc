@@ -150,11 +150,15 @@ void EndpointCore::AdoptServed(std::shared_ptr<Inbound> in) {
   Wake();
 }
 
-void EndpointCore::PushNotification(const Notification& n) {
+void EndpointCore::PushNotification(const Notification& n) { round_notes_.push_back(n); }
+
+void EndpointCore::DeliverNotifications() {
+  if (round_notes_.empty()) return;
   {
     std::lock_guard lock(mu_);
-    notifications_.push_back(n);
+    notifications_.insert(notifications_.end(), round_notes_.begin(), round_notes_.end());
   }
+  round_notes_.clear();
   cv_.notify_all();
 }
 
@@ -259,6 +263,10 @@ void EndpointCore::Run() {
       Sweep();
       next_sweep_ = SteadyClock::now() + std::chrono::milliseconds(tick_ms);
     }
+    // The round's responses are on the wire: now wake the notification
+    // waiter (waking it first would delay the acknowledgements on a busy
+    // machine).
+    DeliverNotifications();
     graveyard_.clear();
   }
 }
