@@ -12,15 +12,23 @@
 //   worker has completed iteration c - s - 1 on every server involved. s = 0 is
 //   BSP, s = kAsp never waits (ASP). On timeout: TimedOut naming the lagging
 //   workers and their clocks.
+// - Clock() holds a worker back the same way: it returns once every worker
+//   has reached (new clock) - s, s being the smallest bound of the tables
+//   (ClientOptions::clock_waits), so no worker runs more than s clocks ahead
+//   of the slowest, whether it pulls or not.
 // - Read-my-writes: a Pull also waits until each server involved has applied
 //   every push this client sent it before the Pull started.
 // - Rows are never torn: each row carries a checksum; a torn READ is retried
 //   (Stats::torn_retries counts them).
 //
 // Buffers: `out` and `grads` are dense row-major [rows x dim] float spans of
-// exactly rows * dim floats, owned by the caller. Data is staged through
-// internal registered memory (rows on the server carry a header, so a READ
-// cannot land directly in a dense caller buffer); see docs/ps.md.
+// exactly rows * dim floats, owned by the caller. Zero-copy: when the span
+// lies inside memory given to RegisterBuffer(), a Pull READs rows straight
+// into it and a Push WRITEs gradients straight from it (a push of scattered
+// rows whose gradients are in many separate pieces is still copied). Other
+// spans are staged through the client's registered memory (one copy).
+// ClientStats::bytes_staged counts the copies. On error, the contents of
+// `out` are unspecified.
 //
 // Errors: bad arguments (unknown table, row out of range, wrong buffer size,
 // duplicate ids are allowed) fail with InvalidArgument before anything is
@@ -55,6 +63,8 @@ struct ClientStats {
   std::uint64_t rows_pushed = 0;
   std::uint64_t bytes_read = 0;       // READ payload incl. row headers
   std::uint64_t bytes_written = 0;    // WRITE payload incl. slot headers
+  std::uint64_t bytes_staged = 0;     // payload copied between staging and caller buffers
+  std::uint64_t zero_copy_calls = 0;  // pulls/pushes that used a registered buffer
   std::uint64_t torn_retries = 0;     // rows re-read because their checksum failed
   std::uint64_t clock_reads = 0;      // READs of server clock words
   std::uint64_t pull_waits = 0;       // pulls that had to wait for other workers
@@ -117,6 +127,19 @@ class Client {
   // NotFound when no table has this name.
   virtual Result<TableInfo> FindTable(std::string_view name) const = 0;
 
+  // --- Zero-copy buffers -------------------------------------------------
+  // Registers `buffer` with the transport (pins it; on verbs it becomes a
+  // memory region of the device) so that pulls into and pushes from spans
+  // inside it skip the staging copy. The memory must stay valid until
+  // UnregisterBuffer() or the Client's destruction. InvalidArgument when it
+  // overlaps a registered buffer; ResourceExhausted (with the fix) when the
+  // transport cannot pin it (verbs: memlock limit).
+  virtual Status RegisterBuffer(std::span<float> buffer) = 0;
+  // Forgets a buffer given to RegisterBuffer() (the same span). Waits for
+  // calls in progress; later calls on spans inside it are staged.
+  // NotFound when it was not registered.
+  virtual Status UnregisterBuffer(std::span<float> buffer) = 0;
+
   // --- Synchronous calls ------------------------------------------------
   // Reads rows [range) of `table` into out (range.count * dim floats).
   virtual Status Pull(std::uint32_t table, RowRange range, std::span<float> out) = 0;
@@ -134,7 +157,9 @@ class Client {
   virtual Status PushPull(std::uint32_t table, RowRange range, std::span<const float> grads,
                           std::span<float> out) = 0;
   // Ends the current iteration: after this worker's earlier pushes, every
-  // server learns the new clock. Returns the new clock.
+  // server learns the new clock. Then, with ClientOptions::clock_waits, waits
+  // until no worker is more than s clocks behind (TimedOut naming the lagging
+  // workers after wait_timeout). Returns the new clock.
   virtual Result<std::uint64_t> Clock() = 0;
   // Returns when every worker has called Barrier() the same number of times.
   // TimedOut (how many arrived) after wait_timeout.

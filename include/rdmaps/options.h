@@ -73,6 +73,12 @@ struct ClientOptions {
   std::vector<TableOptions> tables;
   // When set, every table's staleness bound becomes min(table's, this).
   std::optional<std::uint32_t> staleness_override;
+  // Clock() returns only once this worker is at most s clocks ahead of the
+  // slowest worker (s = the smallest staleness bound of the tables; ASP never
+  // waits), so a worker that pushes but never pulls is held back too. false:
+  // only Pull waits (the next Pull then waits for the same condition); for
+  // driving several workers from one thread, as some tests do.
+  bool clock_waits = true;
   // Connect() gives up (naming the missing servers) after this long.
   std::chrono::milliseconds connect_timeout{30000};
   // A Pull waiting for slow workers, a Push waiting for ring space, a

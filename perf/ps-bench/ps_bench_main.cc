@@ -33,6 +33,9 @@
 DEFINE_string(transport, "tcp", "tcp, fake or verbs");
 DEFINE_int32(iters, 2000, "iterations per latency measurement");
 DEFINE_int32(apply_mib, 64, "table size for the optimizer apply measurement, MiB");
+DEFINE_bool(zero_copy, true,
+            "register each shape's buffer with Client::RegisterBuffer (pulls land in it, "
+            "pushes are sent from it); --nozero_copy measures the staged path");
 DEFINE_bool(raw_consumer, false,
             "a thread on the raw server endpoint consumes notifications, as the ps apply "
             "thread does (shows the cost of waking a consumer on a co-located server)");
@@ -190,6 +193,7 @@ int Main() {
       if (kind == 1 && sh.scattered && sh.rows > 64) continue;
       const std::size_t payload = sh.rows * sh.dim * sizeof(float);
       std::vector<float> buf(sh.rows * sh.dim, 0.0f);
+      if (FLAGS_zero_copy) Check(cl.RegisterBuffer(buf), "RegisterBuffer");
       std::vector<std::uint64_t> ids(sh.rows);
       std::vector<double> ps_us, raw_us;
       const int iters = std::max(10, payload >= (1 << 20) ? FLAGS_iters / 10 : FLAGS_iters);
@@ -232,6 +236,7 @@ int Main() {
         if (kind == 1 && it % 64 == 0 && !FLAGS_raw_consumer) Drain(*raw.server);
       }
       if (!FLAGS_raw_consumer) Drain(*raw.server);
+      if (FLAGS_zero_copy) Check(cl.UnregisterBuffer(buf), "UnregisterBuffer");
       const Stats p = Summarise(ps_us), r = Summarise(raw_us);
       const double mib = payload / 1048576.0;
       std::printf("%-6s %-16s %10.1f %10.1f %10.1f %10.1f %8.2f %8.2f %12.1f %12.1f\n",
@@ -241,27 +246,34 @@ int Main() {
     }
   }
   const ClientStats st = cl.stats();
-  std::printf("client: %llu torn retries, %llu credit waits\n",
+  std::printf("client: %llu torn retries, %llu credit waits, %llu bytes staged, %llu zero-copy "
+              "calls\n",
               static_cast<unsigned long long>(st.torn_retries),
-              static_cast<unsigned long long>(st.credit_waits));
+              static_cast<unsigned long long>(st.credit_waits),
+              static_cast<unsigned long long>(st.bytes_staged),
+              static_cast<unsigned long long>(st.zero_copy_calls));
 
   // Optimizer apply rate vs memcpy bandwidth, on one core.
   {
     const std::uint32_t dim = 256;
-    const std::size_t stride = internal::RowStride(dim);
-    const std::size_t rows = (static_cast<std::size_t>(FLAGS_apply_mib) << 20) / stride;
-    auto table = internal::AllocateRegionMemory(rows * stride);
-    auto copy = internal::AllocateRegionMemory(rows * stride);
+    // A shard as the server keeps it: dense rows, then a header per row.
+    const std::size_t row_bytes = internal::RowBytes(dim);
+    const std::size_t rows = (static_cast<std::size_t>(FLAGS_apply_mib) << 20) / row_bytes;
+    const std::size_t shard_bytes = internal::ShardBytes(rows, dim);
+    auto table = internal::AllocateRegionMemory(shard_bytes);
+    auto copy = internal::AllocateRegionMemory(shard_bytes);
+    auto* headers = reinterpret_cast<internal::BlockHeader*>(
+        table.get() + internal::ShardHeadersOffset(rows, dim));
     std::vector<float> grad(rows * dim, 0.001f);
     std::printf("\napply over %zu rows x %u floats (%d MiB), one core\n", rows, dim,
                 FLAGS_apply_mib);
     std::vector<double> memcpy_s;
     for (int rep = 0; rep < 5; ++rep) {
-      memcpy_s.push_back(TimeUs([&] { std::memcpy(copy.get(), table.get(), rows * stride); }));
+      memcpy_s.push_back(TimeUs([&] { std::memcpy(copy.get(), table.get(), shard_bytes); }));
     }
     std::sort(memcpy_s.begin(), memcpy_s.end());
     // memcpy moves 2 bytes of traffic (read + write) per byte copied.
-    const double mem_gbs = 2.0 * rows * stride / (memcpy_s[2] * 1e3);
+    const double mem_gbs = 2.0 * shard_bytes / (memcpy_s[2] * 1e3);
     std::printf("%-10s %10s %14s %10s\n", "optimizer", "GB/s", "rows/s", "x memcpy");
     std::printf("%-10s %10.2f %14s %10s\n", "memcpy", mem_gbs, "-", "1.00");
     for (auto o : {OptimizerOptions::Sgd(0.01f), OptimizerOptions::Momentum(0.01f),
@@ -272,11 +284,10 @@ int Main() {
       for (int rep = 0; rep < 3; ++rep) {
         t.push_back(TimeUs([&] {
           for (std::size_t r = 0; r < rows; ++r) {
-            std::byte* row = table.get() + r * stride;
-            opt.Apply(reinterpret_cast<float*>(row + 16),
-                      state.empty() ? nullptr : state.data() + r * opt.state_floats(),
+            auto* row = reinterpret_cast<float*>(table.get() + r * row_bytes);
+            opt.Apply(row, state.empty() ? nullptr : state.data() + r * opt.state_floats(),
                       grad.data() + r * dim);
-            internal::SealBlock(row, 1, dim * sizeof(float));
+            internal::SealRow(&headers[r], 1, row, row_bytes);
           }
         }));
       }

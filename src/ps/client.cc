@@ -63,18 +63,28 @@ constexpr std::size_t kMaxOpsPerPost = 128;
 // Large pulls are cut into READs of at most this size, so checking the rows of
 // one overlaps the transfer of the next.
 constexpr std::size_t kMaxReadBytes = 256 * 1024;
+// A push WRITEs gradients straight from a registered caller buffer when they
+// are in at most this many pieces; more pieces are gathered by a copy.
+constexpr std::size_t kMaxGatherRuns = 8;
 
 struct ShardRemote {
   std::uint64_t begin = 0;
   std::uint64_t count = 0;
-  std::uint64_t addr = 0;
+  std::uint64_t addr = 0;     // row 0 of the shard
+  std::uint64_t headers = 0;  // header of row 0
   std::uint32_t rkey = 0;
 };
 
 struct TableMeta {
   TableInfo info;
-  std::size_t stride = 0;
   std::vector<ShardRemote> shards;  // per server
+};
+
+// Caller memory registered with RegisterBuffer().
+struct UserBuffer {
+  const float* data = nullptr;
+  std::size_t floats = 0;
+  std::unique_ptr<transport::MemoryRegion> mr;
 };
 
 struct ServerLink {
@@ -99,6 +109,30 @@ struct ServerLink {
   // PostSlot added a READ of the control block behind the push (credits ran
   // low): refreshes applied_seq without an extra round trip.
   bool ctrl_inflight = false;
+  // Ops PostSlot posted for the slot in flight (FinishSlot completes them).
+  std::size_t slot_ops = 0;
+};
+
+// Where one pull batch puts the rows and headers it READs from a server:
+// headers in the first `cap` slots of the server's staging; rows in the
+// caller's buffer (zero-copy) or after the headers in staging.
+struct RowPlace {
+  const TableMeta& t;
+  const ServerLink& s;
+  std::uint64_t cap;
+  const transport::MemoryRegion* user_mr;
+  std::span<float> out;
+
+  BlockHeader* Header(std::uint64_t slot) const {
+    return reinterpret_cast<BlockHeader*>(s.staging.get()) + slot;
+  }
+  std::byte* Row(std::uint64_t slot, std::uint64_t out_row) const {
+    if (user_mr) return reinterpret_cast<std::byte*>(out.data() + out_row * t.info.dim);
+    return s.staging.get() + cap * sizeof(BlockHeader) + slot * internal::RowBytes(t.info.dim);
+  }
+  const transport::MemoryRegion* row_mr() const {
+    return user_mr ? user_mr : s.staging_mr.get();
+  }
 };
 
 // Rows [local, local + count) of one server's shard go to output rows
@@ -146,6 +180,8 @@ class ClientImpl final : public Client {
               std::span<const float> grads) override;
   Status PushPull(std::uint32_t table, RowRange range, std::span<const float> grads,
                   std::span<float> out) override;
+  Status RegisterBuffer(std::span<float> buffer) override;
+  Status UnregisterBuffer(std::span<float> buffer) override;
   Result<std::uint64_t> Clock() override;
   Status Barrier() override;
   Status Close() override;
@@ -201,13 +237,28 @@ class ClientImpl final : public Client {
   bool ParseControl(ServerLink& s);
   // Completes the slot PostSlot posted (and its piggybacked control READ).
   Status FinishSlot(ServerLink& s, Deadline deadline);
+  // Polls the control blocks of `servers` until every worker's clock there
+  // is >= required and each has applied this worker's pushes. TimedOut
+  // naming the laggards (`why` says what waits) at the deadline.
+  Status WaitForClocks(std::uint64_t required, const std::vector<std::uint32_t>& servers,
+                       const std::string& why, Deadline deadline);
   Status WaitReadable(const TableMeta& t, const std::vector<std::uint32_t>& servers,
                       Deadline deadline);
   Status ReadRuns(const TableMeta& t, std::vector<Run> runs, std::span<float> out,
                   Deadline deadline);
   Status EnsureCredit(ServerLink& s, Deadline deadline);
-  // Sends one slot (header + payload already in s.push) of `bytes`.
-  Status PostSlot(ServerLink& s, SlotHeader h, std::size_t bytes);
+  // The registered caller buffer holding [p, p + bytes), or null.
+  const transport::MemoryRegion* FindRegistered(const void* p, std::size_t bytes) const;
+  // Remote address of the ring slot of push `seq` on `s`.
+  static std::uint64_t SlotAddress(const ServerLink& s, std::uint64_t seq) {
+    return s.ring.addr + (seq - 1) % s.dir.ring_slots * s.dir.slot_bytes;
+  }
+  // Sends the next slot: `data` (WRITEs of payload pieces straight from
+  // caller memory into the slot; may be empty), then ONE WRITE_WITH_IMM of the
+  // first `bytes` of s.push (the header and whatever payload is staged
+  // there). The immediate goes last, so the server sees it only after every
+  // piece's data (transport.h's ordering rule).
+  Status PostSlot(ServerLink& s, SlotHeader h, std::size_t bytes, std::span<const Op> data = {});
   Status PushRange(const TableMeta& t, RowRange range, std::span<const float> grads,
                    Deadline deadline);
   Status PushRows(const TableMeta& t, std::span<const std::uint64_t> rows,
@@ -237,11 +288,14 @@ class ClientImpl final : public Client {
   AlignedBuffer boot_;
   std::unique_ptr<transport::MemoryRegion> boot_mr_;
   std::unordered_map<std::uint32_t, TableMeta> tables_;
+  // The smallest staleness bound of the tables (Clock() waits by it).
+  std::uint32_t clock_bound_ = kAsp;
   internal::WireRegion atomics_{};  // server 0's barrier counter
 
   // Protected by mu_ (serialises all network use).
   std::mutex mu_;
   std::vector<ServerLink> servers_;
+  std::vector<UserBuffer> user_buffers_;
   std::uint64_t clock_ = 0;
   Status broken_;
   bool closed_ = false;
@@ -411,12 +465,12 @@ Status ClientImpl::ReadDirectories(Deadline deadline) {
       return DataLossError(ServerName(s) + ": directory shorter than its header says");
     }
     const std::byte* p = dir_buf.get() + sizeof(h);
-    std::size_t max_stride = 0;
+    std::size_t max_row = 0;  // staging must hold one row and its header
     for (std::uint32_t i = 0; i < h.num_tables; ++i, p += sizeof(internal::DirectoryTable)) {
       internal::DirectoryTable d;
       std::memcpy(&d, p, sizeof(d));
       d.name[sizeof(d.name) - 1] = '\0';
-      max_stride = std::max<std::size_t>(max_stride, d.row_stride);
+      max_row = std::max(max_row, internal::RowBytes(d.dim) + sizeof(BlockHeader));
       auto it = tables_.find(d.id);
       if (first) {
         if (it != tables_.end()) {
@@ -432,7 +486,6 @@ Status ClientImpl::ReadDirectories(Deadline deadline) {
         if (options_.staleness_override) {
           m.info.staleness = std::min(m.info.staleness, *options_.staleness_override);
         }
-        m.stride = d.row_stride;
         m.shards.resize(S);
         it = tables_.emplace(d.id, std::move(m)).first;
       } else if (it == tables_.end() || it->second.info.rows != d.rows ||
@@ -444,11 +497,14 @@ Status ClientImpl::ReadDirectories(Deadline deadline) {
       }
       const internal::ShardRange expect = internal::PartitionOf(d.rows, S, s.index);
       if (d.shard_begin != expect.begin || d.shard_rows != expect.count ||
-          d.row_stride != internal::RowStride(d.dim)) {
+          d.row_bytes != internal::RowBytes(d.dim) ||
+          d.headers_offset != internal::ShardHeadersOffset(d.shard_rows, d.dim) ||
+          d.shard.length < internal::ShardBytes(d.shard_rows, d.dim)) {
         return FailedPreconditionError(ServerName(s) + ": shard of table '" + d.name +
                                        "' is not the range partition this client computes");
       }
-      it->second.shards[s.index] = {d.shard_begin, d.shard_rows, d.shard.addr, d.shard.rkey};
+      it->second.shards[s.index] = {d.shard_begin, d.shard_rows, d.shard.addr,
+                                    d.shard.addr + d.headers_offset, d.shard.rkey};
     }
     if (!first && h.num_tables != tables_.size()) {
       return FailedPreconditionError(ServerName(s) + " has " + std::to_string(h.num_tables) +
@@ -461,7 +517,7 @@ Status ClientImpl::ReadDirectories(Deadline deadline) {
     first = false;
 
     // Registered buffers for this server.
-    s.staging_bytes = std::max(options_.staging_bytes, max_stride);
+    s.staging_bytes = std::max(options_.staging_bytes, max_row);
     s.staging = internal::AllocateRegionMemory(s.staging_bytes);
     s.push = internal::AllocateRegionMemory(h.slot_bytes);
     s.ctrl_bytes = internal::ControlBlockBytes(h.num_workers);
@@ -479,6 +535,7 @@ Status ClientImpl::ReadDirectories(Deadline deadline) {
                                        transport::kAccessNone));
     s.clocks.assign(h.num_workers, ControlWorker{});
   }
+  for (const auto& [id, t] : tables_) clock_bound_ = std::min(clock_bound_, t.info.staleness);
   for (const TableOptions& want : options_.tables) {
     auto it = tables_.find(want.id);
     if (it == tables_.end() || it->second.info.name != want.name ||
@@ -561,8 +618,10 @@ bool ClientImpl::ParseControl(ServerLink& s) {
 
 Status ClientImpl::FinishSlot(ServerLink& s, Deadline deadline) {
   const bool ctrl = s.ctrl_inflight;
+  const std::size_t n = s.slot_ops;
   s.ctrl_inflight = false;
-  RDMAPS_RETURN_IF_ERROR(Drain(s, ctrl ? 2 : 1, deadline));
+  s.slot_ops = 0;
+  RDMAPS_RETURN_IF_ERROR(Drain(s, n, deadline));
   if (ctrl) {
     (void)ParseControl(s);  // torn: ignore, a later poll will tell
     std::lock_guard<std::mutex> lock(stats_mu_);
@@ -600,10 +659,8 @@ Status ClientImpl::ReadControl(const std::vector<std::uint32_t>& servers, Deadli
   return Status::OK();
 }
 
-Status ClientImpl::WaitReadable(const TableMeta& t, const std::vector<std::uint32_t>& servers,
-                                Deadline deadline) {
-  const std::uint32_t st = t.info.staleness;
-  const std::uint64_t required = (st == kAsp || clock_ < st) ? 0 : clock_ - st;
+Status ClientImpl::WaitForClocks(std::uint64_t required, const std::vector<std::uint32_t>& servers,
+                                 const std::string& why, Deadline deadline) {
   auto pending = [&] {
     std::vector<std::uint32_t> p;
     for (std::uint32_t i : servers) {
@@ -613,10 +670,11 @@ Status ClientImpl::WaitReadable(const TableMeta& t, const std::vector<std::uint3
     return p;
   };
   std::vector<std::uint32_t> p = pending();
+  if (p.empty()) return Status::OK();
   const auto start = SteadyClock::now();
   bool waited = false;
   Backoff backoff;
-  while (!p.empty()) {
+  while (true) {
     RDMAPS_RETURN_IF_ERROR(ReadControl(p, deadline));
     p = pending();
     if (p.empty()) break;
@@ -642,15 +700,24 @@ Status ClientImpl::WaitReadable(const TableMeta& t, const std::vector<std::uint3
                              " within wait_timeout: the server is overloaded or stuck");
       }
       return TimedOutError("worker " + std::to_string(options_.worker_id) + " at clock " +
-                           std::to_string(clock_) + " pulling table '" + t.info.name +
-                           "' (staleness " + std::to_string(st) + ") needs every worker at clock >= " +
-                           std::to_string(required) + " on " + ServerName(s) +
-                           "; lagging:" + lagging +
+                           std::to_string(clock_) + " " + why +
+                           " needs every worker at clock >= " + std::to_string(required) +
+                           " on " + ServerName(s) + "; lagging:" + lagging +
                            ". Are those workers alive and calling Clock()?");
     }
     backoff.Pause();
   }
-  if (waited) AddBlocked(SteadyClock::now() - start);
+  AddBlocked(SteadyClock::now() - start);
+  return Status::OK();
+}
+
+Status ClientImpl::WaitReadable(const TableMeta& t, const std::vector<std::uint32_t>& servers,
+                                Deadline deadline) {
+  const std::uint32_t st = t.info.staleness;
+  const std::uint64_t required = (st == kAsp || clock_ < st) ? 0 : clock_ - st;
+  RDMAPS_RETURN_IF_ERROR(WaitForClocks(
+      required, servers,
+      "pulling table '" + t.info.name + "' (staleness " + std::to_string(st) + ")", deadline));
   std::uint64_t min_seen = internal::kClockDone;
   for (std::uint32_t i : servers) min_seen = std::min(min_seen, servers_[i].min_clock);
   const std::uint64_t staleness = min_seen >= clock_ ? 0 : clock_ - min_seen;
@@ -664,17 +731,27 @@ Status ClientImpl::WaitReadable(const TableMeta& t, const std::vector<std::uint3
 Status ClientImpl::ReadRuns(const TableMeta& t, std::vector<Run> runs, std::span<float> out,
                             Deadline deadline) {
   const std::uint32_t dim = t.info.dim;
-  const std::size_t payload = std::size_t{dim} * sizeof(float);
+  const std::size_t row_bytes = internal::RowBytes(dim);
+  // Rows land straight in `out` when the caller registered it (zero-copy);
+  // otherwise in staging, and are copied out once they verify. Headers always
+  // go to staging.
+  const transport::MemoryRegion* user_mr = FindRegistered(out.data(), out.size_bytes());
+  const std::size_t staged_row = sizeof(BlockHeader) + (user_mr ? 0 : row_bytes);
   struct Piece {
-    std::uint64_t staging_row, local, count, out_row;
+    std::uint64_t slot, local, count, out_row;  // slot: staging row index
   };
   // Runs per server, consumed front to back.
   std::vector<std::deque<Run>> queues(servers_.size());
   for (const Run& r : runs) queues[r.server].push_back(r);
   std::vector<std::vector<Piece>> pieces(servers_.size());
   std::vector<Op> ops;
-  std::uint64_t retries = 0, bytes = 0;
-  const std::uint64_t max_rows_per_op = std::max<std::uint64_t>(1, kMaxReadBytes / t.stride);
+  std::uint64_t retries = 0, bytes = 0, copied = 0;
+  const std::uint64_t max_rows_per_op = std::max<std::uint64_t>(1, kMaxReadBytes / row_bytes);
+  for (std::uint32_t si = 0; si < servers_.size(); ++si) {
+    if (!queues[si].empty() && servers_[si].staging_bytes < staged_row) {
+      return InternalError("staging smaller than one row");  // Init() sizes it
+    }
+  }
   while (true) {
     bool any = false;
     for (std::uint32_t si = 0; si < servers_.size(); ++si) {
@@ -683,17 +760,20 @@ Status ClientImpl::ReadRuns(const TableMeta& t, std::vector<Run> runs, std::span
       pieces[si].clear();
       if (q.empty()) continue;
       any = true;
-      const std::uint64_t cap = s.staging_bytes / t.stride;
+      const std::uint64_t cap = s.staging_bytes / staged_row;
+      const RowPlace place{t, s, cap, user_mr, out};
       const ShardRemote& shard = t.shards[si];
       std::uint64_t used = 0;
       ops.clear();
-      while (!q.empty() && used < cap && ops.size() < kMaxOpsPerPost) {
+      while (!q.empty() && used < cap && ops.size() + 2 <= kMaxOpsPerPost) {
         Run& r = q.front();
         const std::uint64_t n = std::min({r.count, cap - used, max_rows_per_op});
         pieces[si].push_back({used, r.local, n, r.out_row});
-        ops.push_back(Op::Read(s.staging.get() + used * t.stride, s.staging_mr.get(),
-                               n * t.stride, shard.addr + r.local * t.stride, shard.rkey));
-        bytes += n * t.stride;
+        ops.push_back(Op::Read(place.Row(used, r.out_row), place.row_mr(), n * row_bytes,
+                               shard.addr + r.local * row_bytes, shard.rkey));
+        ops.push_back(Op::Read(place.Header(used), s.staging_mr.get(), n * sizeof(BlockHeader),
+                               shard.headers + r.local * sizeof(BlockHeader), shard.rkey));
+        bytes += n * (row_bytes + sizeof(BlockHeader));
         used += n;
         r.local += n;
         r.out_row += n;
@@ -707,17 +787,27 @@ Status ClientImpl::ReadRuns(const TableMeta& t, std::vector<Run> runs, std::span
       if (pieces[si].empty()) continue;
       ServerLink& s = servers_[si];
       const ShardRemote& shard = t.shards[si];
-      // Verify every row as its READ completes (overlapping the check with
-      // the later READs' transfer); re-READ torn ones until they verify.
+      const RowPlace place{t, s, s.staging_bytes / staged_row, user_mr, out};
+      // Accepts the row in staging slot `slot` for output row `out_row` when
+      // it matches its header.
+      auto accept = [&](std::uint64_t slot, std::uint64_t out_row) {
+        const std::byte* row = place.Row(slot, out_row);
+        if (!internal::VerifyRow(*place.Header(slot), row, row_bytes)) return false;
+        if (!user_mr) {
+          std::memcpy(out.data() + out_row * dim, row, row_bytes);
+          copied += row_bytes;
+        }
+        return true;
+      };
+      // Verify the rows of each piece as its two READs complete (overlapping
+      // the check with the later READs' transfer); re-READ torn rows, data
+      // and header, until they verify.
       std::vector<Piece> torn;
       for (const Piece& pc : pieces[si]) {
-        RDMAPS_RETURN_IF_ERROR(Drain(s, 1, deadline));
+        RDMAPS_RETURN_IF_ERROR(Drain(s, 2, deadline));
         for (std::uint64_t k = 0; k < pc.count; ++k) {
-          const std::byte* row = s.staging.get() + (pc.staging_row + k) * t.stride;
-          if (internal::VerifyBlock(row, payload)) {
-            std::memcpy(out.data() + (pc.out_row + k) * dim, row + sizeof(BlockHeader), payload);
-          } else {
-            torn.push_back({pc.staging_row + k, pc.local + k, 1, pc.out_row + k});
+          if (!accept(pc.slot + k, pc.out_row + k)) {
+            torn.push_back({pc.slot + k, pc.local + k, 1, pc.out_row + k});
           }
         }
       }
@@ -729,24 +819,23 @@ Status ClientImpl::ReadRuns(const TableMeta& t, std::vector<Run> runs, std::span
                                " read torn until the deadline (" + std::to_string(retries) +
                                " retries): the server rewrites it faster than it can be read");
         }
-        for (std::size_t off = 0; off < torn.size(); off += kMaxOpsPerPost) {
+        for (std::size_t off = 0; off < torn.size(); off += kMaxOpsPerPost / 2) {
           ops.clear();
-          const std::size_t end = std::min(torn.size(), off + kMaxOpsPerPost);
+          const std::size_t end = std::min(torn.size(), off + kMaxOpsPerPost / 2);
           for (std::size_t k = off; k < end; ++k) {
-            ops.push_back(Op::Read(s.staging.get() + torn[k].staging_row * t.stride,
-                                   s.staging_mr.get(), t.stride,
-                                   shard.addr + torn[k].local * t.stride, shard.rkey));
+            const Piece& pc = torn[k];
+            ops.push_back(Op::Read(place.Row(pc.slot, pc.out_row), place.row_mr(), row_bytes,
+                                   shard.addr + pc.local * row_bytes, shard.rkey));
+            ops.push_back(Op::Read(place.Header(pc.slot), s.staging_mr.get(),
+                                   sizeof(BlockHeader),
+                                   shard.headers + pc.local * sizeof(BlockHeader), shard.rkey));
+            bytes += row_bytes + sizeof(BlockHeader);
           }
           RDMAPS_RETURN_IF_ERROR(Exec(s, ops, deadline));
         }
         std::vector<Piece> still;
         for (const Piece& pc : torn) {
-          const std::byte* row = s.staging.get() + pc.staging_row * t.stride;
-          if (internal::VerifyBlock(row, payload)) {
-            std::memcpy(out.data() + pc.out_row * dim, row + sizeof(BlockHeader), payload);
-          } else {
-            still.push_back(pc);
-          }
+          if (!accept(pc.slot, pc.out_row)) still.push_back(pc);
         }
         torn = std::move(still);
       }
@@ -755,6 +844,8 @@ Status ClientImpl::ReadRuns(const TableMeta& t, std::vector<Run> runs, std::span
   std::lock_guard<std::mutex> lock(stats_mu_);
   stats_.torn_retries += retries;
   stats_.bytes_read += bytes;
+  stats_.bytes_staged += copied;
+  if (user_mr) ++stats_.zero_copy_calls;
   return Status::OK();
 }
 
@@ -875,27 +966,33 @@ Status ClientImpl::EnsureCredit(ServerLink& s, Deadline deadline) {
   return Status::OK();
 }
 
-Status ClientImpl::PostSlot(ServerLink& s, SlotHeader h, std::size_t bytes) {
+Status ClientImpl::PostSlot(ServerLink& s, SlotHeader h, std::size_t bytes,
+                            std::span<const Op> data) {
   h.seq = s.pushed_seq + 1;
   std::memcpy(s.push.get(), &h, sizeof(h));
-  const std::uint64_t slot = (h.seq - 1) % s.dir.ring_slots;
-  const Op op = Op::WriteWithImm(s.push.get(), s.push_mr.get(), bytes,
-                                 s.ring.addr + slot * s.dir.slot_bytes, s.ring.rkey,
-                                 internal::ImmOfSeq(h.seq));
+  Op ops[kMaxGatherRuns + 2];
+  CHECK_LE(data.size(), kMaxGatherRuns);
+  std::size_t n = 0;
+  std::uint64_t total = bytes;
+  for (const Op& op : data) {
+    ops[n++] = op;
+    total += op.length;
+  }
+  ops[n++] = Op::WriteWithImm(s.push.get(), s.push_mr.get(), bytes, SlotAddress(s, h.seq),
+                              s.ring.rkey, internal::ImmOfSeq(h.seq));
   // Half the credits used: refresh them with a READ behind the write, in the
   // same doorbell, so a steady pusher rarely stops to poll.
   const bool refresh = (h.seq - s.applied_seq) * 2 >= s.dir.ring_slots;
   if (refresh) {
-    const Op ops[2] = {op, Op::Read(s.ctrl.get(), s.ctrl_mr.get(), s.ctrl_bytes,
-                                    s.dir.control.addr, s.dir.control.rkey)};
-    RDMAPS_RETURN_IF_ERROR(PostOps(s, ops));
-  } else {
-    RDMAPS_RETURN_IF_ERROR(PostOps(s, {&op, 1}));
+    ops[n++] = Op::Read(s.ctrl.get(), s.ctrl_mr.get(), s.ctrl_bytes, s.dir.control.addr,
+                        s.dir.control.rkey);
   }
+  RDMAPS_RETURN_IF_ERROR(PostOps(s, {ops, n}));
   s.ctrl_inflight = refresh;
+  s.slot_ops = n;
   s.pushed_seq = h.seq;
   std::lock_guard<std::mutex> lock(stats_mu_);
-  stats_.bytes_written += bytes;
+  stats_.bytes_written += total;
   return Status::OK();
 }
 
@@ -903,6 +1000,8 @@ Status ClientImpl::PushRange(const TableMeta& t, RowRange range, std::span<const
                              Deadline deadline) {
   const std::uint32_t S = num_servers();
   const std::uint32_t dim = t.info.dim;
+  const transport::MemoryRegion* user_mr = FindRegistered(grads.data(), grads.size_bytes());
+  std::uint64_t copied = 0;
   // Per server the remaining sub-range; each round sends one slot per server.
   std::vector<RowRange> todo(S);
   for (std::uint32_t si = 0; si < S; ++si) {
@@ -926,9 +1025,19 @@ Status ClientImpl::PushRange(const TableMeta& t, RowRange range, std::span<const
       h.num_rows = static_cast<std::uint32_t>(n);
       h.first_row = todo[si].begin;
       const std::size_t bytes = n * dim * sizeof(float);
-      std::memcpy(s.push.get() + sizeof(SlotHeader),
-                  grads.data() + (todo[si].begin - range.begin) * dim, bytes);
-      RDMAPS_RETURN_IF_ERROR(PostSlot(s, h, sizeof(SlotHeader) + bytes));
+      const float* src = grads.data() + (todo[si].begin - range.begin) * dim;
+      Status st;
+      if (user_mr) {
+        const Op data = Op::Write(src, user_mr, bytes,
+                                  SlotAddress(s, s.pushed_seq + 1) + sizeof(SlotHeader),
+                                  s.ring.rkey);
+        st = PostSlot(s, h, sizeof(SlotHeader), {&data, 1});
+      } else {
+        std::memcpy(s.push.get() + sizeof(SlotHeader), src, bytes);
+        copied += bytes;
+        st = PostSlot(s, h, sizeof(SlotHeader) + bytes);
+      }
+      RDMAPS_RETURN_IF_ERROR(DrainOnError(posted, st, deadline));
       todo[si].begin += n;
       todo[si].count -= n;
       posted.push_back(si);
@@ -936,6 +1045,9 @@ Status ClientImpl::PushRange(const TableMeta& t, RowRange range, std::span<const
     if (posted.empty()) break;
     for (std::uint32_t si : posted) RDMAPS_RETURN_IF_ERROR(FinishSlot(servers_[si], deadline));
   }
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  stats_.bytes_staged += copied;
+  if (user_mr) ++stats_.zero_copy_calls;
   return Status::OK();
 }
 
@@ -943,12 +1055,17 @@ Status ClientImpl::PushRows(const TableMeta& t, std::span<const std::uint64_t> r
                             std::span<const float> grads, Deadline deadline) {
   const std::uint32_t S = num_servers();
   const std::uint32_t dim = t.info.dim;
+  const std::size_t row_bytes = internal::RowBytes(dim);
+  const transport::MemoryRegion* user_mr = FindRegistered(grads.data(), grads.size_bytes());
+  std::uint64_t copied = 0;
+  bool zero_copy = false;
   std::vector<std::vector<std::uint32_t>> by_server(S);  // indices into rows
   for (std::size_t i = 0; i < rows.size(); ++i) {
     by_server[internal::ServerOfRow(t.info.rows, S, rows[i])].push_back(
         static_cast<std::uint32_t>(i));
   }
   std::vector<std::size_t> next(S, 0);
+  Op data[kMaxGatherRuns];
   while (true) {
     std::vector<std::uint32_t> posted;
     for (std::uint32_t si = 0; si < S; ++si) {
@@ -958,26 +1075,52 @@ Status ClientImpl::PushRows(const TableMeta& t, std::span<const std::uint64_t> r
       RDMAPS_RETURN_IF_ERROR(DrainOnError(posted, EnsureCredit(s, deadline), deadline));
       const std::uint64_t cap = internal::SlotRowCapacity(s.dir.slot_bytes, dim, true);
       const std::size_t n = std::min<std::size_t>(cap, idx.size() - next[si]);
+      const std::uint32_t* slot_idx = idx.data() + next[si];
       SlotHeader h{};
       h.clock = clock_;
       h.table = t.info.id;
       h.kind = static_cast<std::uint32_t>(SlotKind::kRows);
       h.num_rows = static_cast<std::uint32_t>(n);
       std::byte* ids = s.push.get() + sizeof(SlotHeader);
-      std::byte* g = ids + n * 8;
-      for (std::size_t k = 0; k < n; ++k) {
-        const std::uint32_t i = idx[next[si] + k];
-        std::memcpy(ids + k * 8, &rows[i], 8);
-        std::memcpy(g + k * dim * sizeof(float), grads.data() + std::size_t{i} * dim,
-                    dim * sizeof(float));
+      for (std::size_t k = 0; k < n; ++k) std::memcpy(ids + k * 8, &rows[slot_idx[k]], 8);
+      // Gradients of consecutive indices are one piece of the caller's
+      // buffer: WRITE them from there when there are few pieces.
+      std::size_t pieces = 0;
+      if (user_mr) {
+        const std::uint64_t grads_addr = SlotAddress(s, s.pushed_seq + 1) + sizeof(SlotHeader) + n * 8;
+        for (std::size_t k = 0; k < n && pieces <= kMaxGatherRuns; ++pieces) {
+          std::size_t e = k + 1;
+          while (e < n && slot_idx[e] == slot_idx[e - 1] + 1) ++e;
+          if (pieces < kMaxGatherRuns) {
+            data[pieces] = Op::Write(grads.data() + std::size_t{slot_idx[k]} * dim, user_mr,
+                                     (e - k) * row_bytes, grads_addr + k * row_bytes,
+                                     s.ring.rkey);
+          }
+          k = e;
+        }
       }
-      RDMAPS_RETURN_IF_ERROR(PostSlot(s, h, sizeof(SlotHeader) + n * (8 + dim * sizeof(float))));
+      Status st;
+      if (user_mr && pieces <= kMaxGatherRuns) {
+        zero_copy = true;
+        st = PostSlot(s, h, sizeof(SlotHeader) + n * 8, {data, pieces});
+      } else {
+        std::byte* g = ids + n * 8;
+        for (std::size_t k = 0; k < n; ++k) {
+          std::memcpy(g + k * row_bytes, grads.data() + std::size_t{slot_idx[k]} * dim, row_bytes);
+        }
+        copied += n * row_bytes;
+        st = PostSlot(s, h, sizeof(SlotHeader) + n * (8 + row_bytes));
+      }
+      RDMAPS_RETURN_IF_ERROR(DrainOnError(posted, st, deadline));
       next[si] += n;
       posted.push_back(si);
     }
     if (posted.empty()) break;
     for (std::uint32_t si : posted) RDMAPS_RETURN_IF_ERROR(FinishSlot(servers_[si], deadline));
   }
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  stats_.bytes_staged += copied;
+  if (zero_copy) ++stats_.zero_copy_calls;
   return Status::OK();
 }
 
@@ -1048,6 +1191,49 @@ Status ClientImpl::PushPull(std::uint32_t table, RowRange range, std::span<const
   return Pull(table, range, out);
 }
 
+// ---- zero-copy buffers -------------------------------------------------------------
+
+const transport::MemoryRegion* ClientImpl::FindRegistered(const void* p,
+                                                          std::size_t bytes) const {
+  if (bytes == 0) return nullptr;
+  for (const UserBuffer& b : user_buffers_) {
+    if (b.mr->Contains(p, bytes)) return b.mr.get();
+  }
+  return nullptr;
+}
+
+Status ClientImpl::RegisterBuffer(std::span<float> buffer) {
+  if (buffer.empty()) return InvalidArgumentError("RegisterBuffer: the buffer is empty");
+  std::lock_guard<std::mutex> lock(mu_);
+  RDMAPS_RETURN_IF_ERROR(Usable());
+  for (const UserBuffer& b : user_buffers_) {
+    if (buffer.data() < b.data + b.floats && b.data < buffer.data() + buffer.size()) {
+      return InvalidArgumentError("RegisterBuffer: [" + std::to_string(buffer.size()) +
+                                  " floats] overlaps a buffer registered earlier; unregister it "
+                                  "first or register one buffer that covers both");
+    }
+  }
+  auto mr = endpoint_->Register(buffer.data(), buffer.size_bytes(), transport::kAccessNone);
+  if (!mr.ok()) {
+    return mr.status().WithContext("RegisterBuffer of " + std::to_string(buffer.size_bytes()) +
+                                   " bytes");
+  }
+  user_buffers_.push_back({buffer.data(), buffer.size(), std::move(mr).value()});
+  return Status::OK();
+}
+
+Status ClientImpl::UnregisterBuffer(std::span<float> buffer) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto it = user_buffers_.begin(); it != user_buffers_.end(); ++it) {
+    if (it->data == buffer.data() && it->floats == buffer.size()) {
+      user_buffers_.erase(it);
+      return Status::OK();
+    }
+  }
+  return NotFoundError("UnregisterBuffer: this span (" + std::to_string(buffer.size()) +
+                       " floats) was not given to RegisterBuffer");
+}
+
 Status ClientImpl::SendControlSlot(SlotKind kind, std::uint64_t clock, Deadline deadline) {
   std::vector<std::uint32_t> posted;
   for (ServerLink& s : servers_) {
@@ -1065,10 +1251,21 @@ Status ClientImpl::SendControlSlot(SlotKind kind, std::uint64_t clock, Deadline 
 Result<std::uint64_t> ClientImpl::Clock() {
   std::lock_guard<std::mutex> lock(mu_);
   RDMAPS_RETURN_IF_ERROR(Usable());
-  RDMAPS_RETURN_IF_ERROR(SendControlSlot(SlotKind::kClock, clock_ + 1, CallDeadline()));
+  const Deadline deadline = CallDeadline();
+  RDMAPS_RETURN_IF_ERROR(SendControlSlot(SlotKind::kClock, clock_ + 1, deadline));
   ++clock_;
-  std::lock_guard<std::mutex> slock(stats_mu_);
-  stats_.clock = clock_;
+  {
+    std::lock_guard<std::mutex> slock(stats_mu_);
+    stats_.clock = clock_;
+  }
+  // Do not run more than `bound` clocks ahead of the slowest worker.
+  if (options_.clock_waits && clock_bound_ != kAsp && clock_ > clock_bound_) {
+    std::vector<std::uint32_t> all(servers_.size());
+    for (std::uint32_t i = 0; i < all.size(); ++i) all[i] = i;
+    RDMAPS_RETURN_IF_ERROR(WaitForClocks(
+        clock_ - clock_bound_, all,
+        "ending its iteration (staleness bound " + std::to_string(clock_bound_) + ")", deadline));
+  }
   return clock_;
 }
 

@@ -21,4 +21,13 @@ bool VerifyBlock(const void* block, std::size_t payload_bytes) {
   return h.checksum == BlockChecksum(h.version, bytes + sizeof(BlockHeader), payload_bytes);
 }
 
+void SealRow(BlockHeader* header, std::uint64_t version, const void* payload, std::size_t bytes) {
+  const BlockHeader h{version, BlockChecksum(version, payload, bytes)};
+  std::memcpy(header, &h, sizeof(h));
+}
+
+bool VerifyRow(const BlockHeader& header, const void* payload, std::size_t bytes) {
+  return header.checksum == BlockChecksum(header.version, payload, bytes);
+}
+
 }  // namespace rdmaps::internal

@@ -11,22 +11,24 @@
 // [begin_i, begin_i + count_i) with count_i = rows / S + (i < rows % S).
 // Servers beyond `rows` hold an empty shard. PartitionOf()/ServerOfRow().
 //
-// == Checked blocks (torn-read-proof reads) ==
-// Every region a worker READs while the server CPU may change it (a row, the
-// control block) is a checked block:
-//     BlockHeader { u64 version; u64 checksum; }  payload...
+// == Checked blocks and rows (torn-read-proof reads) ==
+// Every region a worker READs while the server CPU may change it is checked:
+//     BlockHeader { u64 version; u64 checksum; }  over a payload
 // checksum = XXH3_64bits_withSeed(payload, version ^ kChecksumSalt). The
-// server writes the payload, then the header. A worker accepts a block only
-// when the checksum matches its payload; otherwise the READ was torn (the NIC
-// may DMA the lines of one READ in any order and concurrently with the CPU's
-// stores) and it re-READs that block. One READ per contiguous range, no
-// fences; the cost is one hash pass per update and per read (XXH3 runs at
-// memory speed). A seqlock would need three fenced READs (version, data,
-// version) per range, i.e. three round trips; see docs/ps.md.
-//
-// Row layout in a shard: BlockHeader + dim floats, padded to a multiple of 64
-// bytes (RowStride()).
-//
+// server writes the payload, then the header. A worker accepts a payload only
+// when the checksum in a header it read matches it; otherwise the READ was
+// torn (the NIC may DMA the lines of one READ in any order and concurrently
+// with the CPU's stores) and it reads again. The control block is one block
+// (header then payload). A shard keeps rows and headers apart:
+//     [ rows: count x dim floats, dense ][ headers: count x BlockHeader ]
+// so a pull of a contiguous range is two READs per server, rows straight into
+// the caller's (registered) buffer and the headers into staging, with no
+// fence between them: whatever order the two READs and the server's stores
+// interleave in, a row is accepted only when its bytes equal the version
+// whose header was read (up to a 64-bit hash collision). A seqlock would need
+// three fenced READs (version, data, version) per range, i.e. three round
+// trips, and could not land in a dense buffer; see docs/ps.md.
+
 // == Bootstrap ==
 // 1. The worker registers a bootstrap region (num_servers * 64 bytes,
 //    remote-write) and connects with HelloMsg as handshake user data.
@@ -78,7 +80,7 @@ static_assert(std::endian::native == std::endian::little,
 inline constexpr std::uint32_t kHelloMagic = 0x50414d52;      // "RMAP"
 inline constexpr std::uint32_t kBootstrapMagic = 0x544f4f42;  // "BOOT"
 inline constexpr std::uint32_t kDirectoryMagic = 0x52494452;  // "RDIR"
-inline constexpr std::uint32_t kLayoutVersion = 1;
+inline constexpr std::uint32_t kLayoutVersion = 2;
 inline constexpr std::uint32_t kBootstrapImm = 0x80000000u;
 inline constexpr std::size_t kBootstrapSlotBytes = 64;
 inline constexpr std::size_t kCacheLine = 64;
@@ -124,16 +126,28 @@ static_assert(std::is_trivially_copyable_v<BlockHeader> && sizeof(BlockHeader) =
 
 std::uint64_t BlockChecksum(std::uint64_t version, const void* payload, std::size_t bytes);
 
-// Writes the payload's header (after the payload bytes are in place).
+// Writes the header of a contiguous block (after the payload is in place).
 void SealBlock(void* block, std::uint64_t version, std::size_t payload_bytes);
 
 // True when the block at `block` (header + payload_bytes) is consistent.
 bool VerifyBlock(const void* block, std::size_t payload_bytes);
 
+// A shard row: writes `*header` for `payload` (after the payload is in place),
+// and checks a row against a header read separately.
+void SealRow(BlockHeader* header, std::uint64_t version, const void* payload, std::size_t bytes);
+bool VerifyRow(const BlockHeader& header, const void* payload, std::size_t bytes);
+
 inline std::size_t RoundUp(std::size_t n, std::size_t to) { return (n + to - 1) / to * to; }
 
-inline std::size_t RowStride(std::uint32_t dim) {
-  return RoundUp(sizeof(BlockHeader) + std::size_t{dim} * sizeof(float), kCacheLine);
+// Bytes of one row in a shard (rows are dense).
+inline std::size_t RowBytes(std::uint32_t dim) { return std::size_t{dim} * sizeof(float); }
+
+// Where a shard's headers start in its region, and the region's size.
+inline std::size_t ShardHeadersOffset(std::uint64_t rows, std::uint32_t dim) {
+  return RoundUp(rows * RowBytes(dim), kCacheLine);
+}
+inline std::size_t ShardBytes(std::uint64_t rows, std::uint32_t dim) {
+  return ShardHeadersOffset(rows, dim) + rows * sizeof(BlockHeader);
 }
 
 // ---- Handshake and bootstrap -----------------------------------------------
@@ -187,11 +201,12 @@ struct DirectoryTable {
   std::uint64_t shard_begin;
   std::uint64_t shard_rows;
   std::uint32_t staleness;
-  std::uint32_t row_stride;
-  WireRegion shard;
-  char name[32];  // NUL-terminated
+  std::uint32_t row_bytes;       // RowBytes(dim)
+  WireRegion shard;              // rows, then headers at headers_offset
+  std::uint64_t headers_offset;  // ShardHeadersOffset(shard_rows, dim)
+  char name[32];                 // NUL-terminated
 };
-static_assert(std::is_trivially_copyable_v<DirectoryTable> && sizeof(DirectoryTable) == 96);
+static_assert(std::is_trivially_copyable_v<DirectoryTable> && sizeof(DirectoryTable) == 104);
 
 struct DirectoryWorker {
   WireRegion ring;

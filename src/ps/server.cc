@@ -48,18 +48,28 @@ internal::WireRegion Wire(const transport::MemoryRegion& mr) {
   return {reinterpret_cast<std::uint64_t>(mr.data()), mr.size(), mr.rkey(), 0};
 }
 
+// A shard in registered memory: dense rows, then one header per row
+// (src/ps/layout.h).
 struct TableState {
   TableOptions options;
   internal::ShardRange shard;
-  std::size_t stride = 0;
-  AlignedBuffer rows;
+  std::size_t headers_offset = 0;
+  AlignedBuffer memory;
   std::unique_ptr<transport::MemoryRegion> mr;
   std::optional<internal::Optimizer> optimizer;
   std::vector<float> state;  // shard.count * optimizer->state_floats()
 
-  std::byte* row(std::uint64_t local) const { return rows.get() + local * stride; }
+  std::size_t row_bytes() const { return internal::RowBytes(options.dim); }
   float* data(std::uint64_t local) const {
-    return reinterpret_cast<float*>(row(local) + sizeof(BlockHeader));
+    return reinterpret_cast<float*>(memory.get() + local * row_bytes());
+  }
+  BlockHeader* header(std::uint64_t local) const {
+    return reinterpret_cast<BlockHeader*>(memory.get() + headers_offset) + local;
+  }
+  // Re-seals a row after its data changed (data first, then header).
+  void Seal(std::uint64_t local) const {
+    BlockHeader* h = header(local);
+    internal::SealRow(h, h->version + 1, data(local), row_bytes());
   }
 };
 
@@ -122,6 +132,7 @@ class ServerImpl final : public Server {
   // Apply thread only (apply_mu_ guards the shard contents against ReadLocal).
   std::vector<WorkerState> workers_;
   std::uint64_t control_version_ = 0;
+  std::vector<ControlWorker> control_scratch_;  // PublishControl's
   mutable std::mutex apply_mu_;
 
   // Accept thread only.
@@ -228,18 +239,19 @@ Status ServerImpl::RegisterAll() {
     TableState& t = tables_[i];
     t.options = options_.tables[i];
     t.shard = internal::PartitionOf(t.options.rows, S, options_.server_index);
-    t.stride = internal::RowStride(t.options.dim);
+    t.headers_offset = internal::ShardHeadersOffset(t.shard.count, t.options.dim);
     t.optimizer.emplace(t.options.optimizer, t.options.dim);
     table_index_[t.options.id] = i;
-    RDMAPS_RETURN_IF_ERROR(alloc_register(t.shard.count * t.stride, transport::kRemoteRead,
-                                          "shard of table '" + t.options.name + "'", &t.rows,
+    RDMAPS_RETURN_IF_ERROR(alloc_register(internal::ShardBytes(t.shard.count, t.options.dim),
+                                          transport::kRemoteRead,
+                                          "shard of table '" + t.options.name + "'", &t.memory,
                                           &t.mr));
     const std::size_t sf = t.optimizer->state_floats();
     t.state.assign(t.shard.count * sf, 0.0f);
     for (std::uint64_t r = 0; r < t.shard.count; ++r) {
       internal::InitRow(t.options.init, t.options.id, t.shard.begin + r, t.data(r),
                         t.options.dim);
-      internal::SealBlock(t.row(r), 0, std::size_t{t.options.dim} * sizeof(float));
+      internal::SealRow(t.header(r), 0, t.data(r), t.row_bytes());
       if (sf > 0) t.optimizer->InitState(t.state.data() + r * sf);
     }
   }
@@ -283,8 +295,9 @@ Status ServerImpl::RegisterAll() {
     d.shard_begin = t.shard.begin;
     d.shard_rows = t.shard.count;
     d.staleness = t.options.staleness;
-    d.row_stride = static_cast<std::uint32_t>(t.stride);
+    d.row_bytes = static_cast<std::uint32_t>(t.row_bytes());
     d.shard = Wire(*t.mr);
+    d.headers_offset = t.headers_offset;
     std::memcpy(d.name, t.options.name.data(), t.options.name.size());
     std::memcpy(p, &d, sizeof(d));
     p += sizeof(d);
@@ -371,10 +384,8 @@ void ServerImpl::AcceptLoop() {
 
 void ServerImpl::ApplyRow(TableState& t, std::uint64_t local, const float* grad) {
   const std::size_t sf = t.optimizer->state_floats();
-  BlockHeader h;
-  std::memcpy(&h, t.row(local), sizeof(h));
   t.optimizer->Apply(t.data(local), sf ? t.state.data() + local * sf : nullptr, grad);
-  internal::SealBlock(t.row(local), h.version + 1, std::size_t{t.options.dim} * sizeof(float));
+  t.Seal(local);
 }
 
 bool ServerImpl::ApplySlot(std::uint32_t w, const SlotHeader& h, const std::byte* payload) {
@@ -431,24 +442,27 @@ bool ServerImpl::ApplySlot(std::uint32_t w, const SlotHeader& h, const std::byte
 
 void ServerImpl::PublishControl() {
   const std::uint32_t W = options_.num_workers;
-  std::byte* payload = control_.get() + sizeof(BlockHeader);
   ControlHead head{};
   head.num_workers = W;
   head.min_clock = internal::kClockDone;
+  control_scratch_.resize(W);
   for (std::uint32_t w = 0; w < W; ++w) {
-    ControlWorker cw{};
+    ControlWorker& cw = control_scratch_[w];
     cw.clock = workers_[w].done ? internal::kClockDone : workers_[w].clock;
     cw.applied_seq = workers_[w].next_seq - 1;
     head.min_clock = std::min(head.min_clock, cw.clock);
-    std::memcpy(payload + sizeof(ControlHead) + w * sizeof(ControlWorker), &cw, sizeof(cw));
   }
+  {
+    // Stats first: once a worker can read the new block, stats() shows at
+    // least as much.
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.min_clock = head.min_clock;
+    for (std::uint32_t w = 0; w < W; ++w) stats_.worker_clocks[w] = control_scratch_[w].clock;
+  }
+  std::byte* payload = control_.get() + sizeof(BlockHeader);
   std::memcpy(payload, &head, sizeof(head));
+  std::memcpy(payload + sizeof(ControlHead), control_scratch_.data(), W * sizeof(ControlWorker));
   internal::SealBlock(control_.get(), ++control_version_, internal::ControlPayloadBytes(W));
-  std::lock_guard<std::mutex> lock(mu_);
-  stats_.min_clock = head.min_clock;
-  for (std::uint32_t w = 0; w < W; ++w) {
-    stats_.worker_clocks[w] = workers_[w].done ? internal::kClockDone : workers_[w].clock;
-  }
 }
 
 void ServerImpl::ApplyLoop() {
@@ -598,11 +612,9 @@ Status ServerImpl::TEST_SetRow(std::uint32_t table, std::uint64_t row, float val
   if (row < t.shard.begin || row >= t.shard.end()) return InvalidArgumentError("row not here");
   std::lock_guard<std::mutex> lock(apply_mu_);
   const std::uint64_t local = row - t.shard.begin;
-  BlockHeader h;
-  std::memcpy(&h, t.row(local), sizeof(h));
   float* d = t.data(local);
   for (std::uint32_t i = 0; i < t.options.dim; ++i) d[i] = value;
-  internal::SealBlock(t.row(local), h.version + 1, std::size_t{t.options.dim} * sizeof(float));
+  t.Seal(local);
   return Status::OK();
 }
 

@@ -76,12 +76,16 @@ TEST(PartitionTest, HugeTablesDoNotOverflow) {
   EXPECT_EQ(ServerOfRow(rows, servers, 0), 0u);
 }
 
-TEST(RowStrideTest, CacheLinePaddedAndLargeEnough) {
+TEST(ShardLayoutTest, DenseRowsThenAlignedHeaders) {
   for (std::uint32_t dim : {1u, 2u, 11u, 12u, 13u, 100u, 1000u}) {
-    const std::size_t s = RowStride(dim);
-    EXPECT_EQ(s % 64, 0u);
-    EXPECT_GE(s, 16 + 4 * std::size_t{dim});
-    EXPECT_LT(s, 16 + 4 * std::size_t{dim} + 64);
+    for (std::uint64_t rows : {0ull, 1ull, 7ull, 1000ull}) {
+      EXPECT_EQ(RowBytes(dim), 4 * std::size_t{dim});
+      const std::size_t h = ShardHeadersOffset(rows, dim);
+      EXPECT_EQ(h % 64, 0u);
+      EXPECT_GE(h, rows * RowBytes(dim));
+      EXPECT_LT(h, rows * RowBytes(dim) + 64);
+      EXPECT_EQ(ShardBytes(rows, dim), h + rows * sizeof(BlockHeader));
+    }
   }
 }
 
@@ -121,6 +125,34 @@ TEST(CheckedBlockTest, EveryMixOfTwoVersionsAtCacheLineGranularityIsRejected) {
     const bool whole = mask == 0 || mask == (1u << lines) - 1;
     EXPECT_EQ(VerifyBlock(mix.data(), floats * 4), whole) << "mask " << mask;
   }
+}
+
+TEST(CheckedRowTest, RowAndSeparatelyReadHeaderAgreeOnlyForOneWholeVersion) {
+  // A pull READs a row and its header separately: any line mix of two
+  // versions, paired with either version's header, must be accepted only
+  // when the row bytes are exactly that header's version.
+  const std::size_t floats = 48;  // 192 bytes = 3 lines
+  std::vector<float> v1(floats, 1.0f), v2(floats, 2.0f);
+  BlockHeader h1{}, h2{};
+  SealRow(&h1, 1, v1.data(), floats * 4);
+  SealRow(&h2, 2, v2.data(), floats * 4);
+  EXPECT_TRUE(VerifyRow(h1, v1.data(), floats * 4));
+  EXPECT_TRUE(VerifyRow(h2, v2.data(), floats * 4));
+  const std::size_t lines = floats * 4 / 64;
+  for (unsigned mask = 0; mask < (1u << lines); ++mask) {
+    std::vector<float> mix(floats);
+    for (std::size_t l = 0; l < lines; ++l) {
+      const auto& src = (mask >> l) & 1 ? v2 : v1;
+      std::memcpy(mix.data() + l * 16, src.data() + l * 16, 64);
+    }
+    EXPECT_EQ(VerifyRow(h1, mix.data(), floats * 4), mask == 0) << "mask " << mask;
+    EXPECT_EQ(VerifyRow(h2, mix.data(), floats * 4), mask == (1u << lines) - 1)
+        << "mask " << mask;
+  }
+  // A torn header (version of one, checksum of the other) matches nothing.
+  const BlockHeader torn{h2.version, h1.checksum};
+  EXPECT_FALSE(VerifyRow(torn, v1.data(), floats * 4));
+  EXPECT_FALSE(VerifyRow(torn, v2.data(), floats * 4));
 }
 
 }  // namespace

@@ -136,19 +136,18 @@ TEST(PsFakeTest, TornReadIsDetectedAndRetried) {
   auto c = StartCluster("fake", 1, 1, {MakeTable(1, "w", 4, 40, kAsp, Initializer::Constant(1.0f))});
   ASSERT_EQ(c.clients.size(), 1u);
   Server& server = *c.servers[0];
-  const std::size_t stride = internal::RowStride(40);
-  // Split every row-sized READ in 4 pieces; after the first piece, the
-  // "server" rewrites row 2 (data then header, as the apply thread does).
-  // Split READs in 8 pieces; when row 2 is half copied, the "server" rewrites
-  // it (data then header, as the apply thread does). Three times in a row.
+  const std::size_t row = internal::RowBytes(40);
+  // Split READs of rows in 8 pieces; when row 2 is half copied, the "server"
+  // rewrites it (data then header, as the apply thread does). Three times in
+  // a row: the first READ of rows 0-3 and two re-READs of row 2.
   int rewrites = 0;
   transport::fake::Faults f;
   f.inbound = true;
   f.read_pieces = 8;
-  f.read_split_min_bytes = stride;
+  f.read_split_min_bytes = row;
   f.between_read_pieces = [&](const transport::fake::ReadPiece& p) {
-    const bool mid_row2 = (p.length == 4 * stride && p.bytes_copied == 2 * stride + stride / 2) ||
-                          (p.length == stride && p.bytes_copied == stride / 2);
+    const bool mid_row2 = (p.length == 4 * row && p.bytes_copied == 2 * row + row / 2) ||
+                          (p.length == row && p.bytes_copied == row / 2);
     if (mid_row2 && rewrites < 3) {
       ++rewrites;
       ASSERT_TRUE(internal::TEST_SetRow(server, 1, 2, 1.0f + rewrites).ok());
@@ -166,6 +165,102 @@ TEST(PsFakeTest, TornReadIsDetectedAndRetried) {
   }
   EXPECT_EQ(out[0], 1.0f);
   EXPECT_EQ(out[2 * 40], 4.0f);
+}
+
+TEST(PsFakeTest, TornReadIntoARegisteredBufferIsRetried) {
+  // Zero-copy: the torn row lands in the caller's buffer first; the client
+  // must notice (its header disagrees) and re-read it in place.
+  auto c = StartCluster("fake", 1, 1, {MakeTable(1, "w", 4, 40, kAsp, Initializer::Constant(1.0f))});
+  ASSERT_EQ(c.clients.size(), 1u);
+  Server& server = *c.servers[0];
+  Client& cl = *c.clients[0];
+  const std::size_t row = internal::RowBytes(40);
+  int rewrites = 0;
+  transport::fake::Faults f;
+  f.inbound = true;
+  f.read_pieces = 8;
+  f.read_split_min_bytes = row;
+  f.between_read_pieces = [&](const transport::fake::ReadPiece& p) {
+    // First READ: row 2 half copied. Re-READ: row 2 wholly copied (old),
+    // rewritten before its header is read.
+    const bool mid_row2 = p.length == 4 * row && p.bytes_copied == 2 * row + row / 2;
+    const bool after_row2 = p.length == row && p.bytes_copied == row - row / 8;
+    if ((mid_row2 || after_row2) && rewrites < 2) {
+      ++rewrites;
+      ASSERT_TRUE(internal::TEST_SetRow(server, 1, 2, 1.0f + rewrites).ok());
+    }
+  };
+  ASSERT_TRUE(transport::fake::SetFaults(*internal::TEST_ServerEndpoint(server), f).ok());
+  std::vector<float> out(4 * 40);
+  ASSERT_TRUE(cl.RegisterBuffer(out).ok());
+  ASSERT_TRUE(cl.Pull(1, RowRange{0, 4}, out).ok());
+  EXPECT_EQ(rewrites, 2);
+  EXPECT_EQ(cl.stats().torn_retries, 2u);
+  EXPECT_EQ(cl.stats().bytes_staged, 0u) << "the pull copied through staging";
+  EXPECT_EQ(cl.stats().zero_copy_calls, 1u);
+  for (int r = 0; r < 4; ++r) {
+    for (int k = 1; k < 40; ++k) ASSERT_EQ(out[r * 40 + k], out[r * 40]) << "torn row " << r;
+  }
+  EXPECT_EQ(out[2 * 40], 3.0f);
+}
+
+TEST(PsFakeTest, RegisteredBuffersSkipTheStagingCopy) {
+  auto c = StartCluster("fake", 2, 1, {MakeTable(1, "w", 9, 3)});
+  ASSERT_EQ(c.clients.size(), 1u);
+  Client& cl = *c.clients[0];
+  // One registered arena holding gradients and the pull destination.
+  std::vector<float> arena(2 * 9 * 3, 0.0f);
+  std::span<float> grads(arena.data(), 9 * 3), out(arena.data() + 9 * 3, 9 * 3);
+  ASSERT_TRUE(cl.RegisterBuffer(arena).ok());
+  for (std::size_t i = 0; i < grads.size(); ++i) grads[i] = -static_cast<float>(i);
+  ASSERT_TRUE(cl.Push(1, RowRange{0, 9}, grads).ok());
+  // Scattered rows: 8, 2, 3, 4 (gradients in two pieces) and a duplicate.
+  std::vector<std::uint64_t> ids = {8, 2, 3, 4, 8};
+  ASSERT_TRUE(cl.Push(1, ids, grads.subspan(0, ids.size() * 3)).ok());
+  ASSERT_TRUE(cl.Pull(1, RowRange{0, 9}, out).ok());
+  ClientStats st = cl.stats();
+  EXPECT_EQ(st.bytes_staged, 0u);
+  EXPECT_EQ(st.zero_copy_calls, 3u);
+  std::vector<float> want(9 * 3);
+  for (std::size_t i = 0; i < want.size(); ++i) want[i] = static_cast<float>(i);
+  for (std::size_t k = 0; k < ids.size(); ++k) {
+    for (int d = 0; d < 3; ++d) want[ids[k] * 3 + d] += static_cast<float>(k * 3 + d);
+  }
+  for (std::size_t i = 0; i < want.size(); ++i) ASSERT_EQ(out[i], want[i]) << i;
+  // Scattered pulls land in place too.
+  std::vector<float> expect(out.begin(), out.end());
+  std::fill(out.begin(), out.end(), 0.0f);
+  ASSERT_TRUE(cl.Pull(1, std::span<const std::uint64_t>(ids), out.subspan(0, ids.size() * 3)).ok());
+  for (std::size_t k = 0; k < ids.size(); ++k) {
+    for (int d = 0; d < 3; ++d) ASSERT_EQ(out[k * 3 + d], expect[ids[k] * 3 + d]);
+  }
+  EXPECT_EQ(cl.stats().bytes_staged, 0u);
+  // Unregistered memory is staged (and still correct).
+  std::vector<float> plain(9 * 3);
+  ASSERT_TRUE(cl.Pull(1, RowRange{0, 9}, plain).ok());
+  EXPECT_EQ(cl.stats().bytes_staged, plain.size() * sizeof(float));
+  EXPECT_EQ(plain, expect);
+  // A push whose gradients are in more pieces than a slot gathers is copied:
+  // rows alternate between the servers, so each server's gradients are 10
+  // separate pieces of the caller's buffer.
+  std::vector<std::uint64_t> many;
+  for (int k = 0; k < 20; ++k) many.push_back(k % 2 == 0 ? 0 : 8);
+  std::vector<float> many_grads(many.size() * 3, -1.0f);
+  ASSERT_TRUE(cl.RegisterBuffer(many_grads).ok());
+  const std::uint64_t before = cl.stats().bytes_staged;
+  ASSERT_TRUE(cl.Push(1, many, many_grads).ok());
+  EXPECT_EQ(cl.stats().bytes_staged - before, many_grads.size() * sizeof(float));
+  ASSERT_TRUE(cl.Pull(1, RowRange{0, 9}, out).ok());
+  EXPECT_EQ(out[0], expect[0] + 10.0f);
+  EXPECT_EQ(out[8 * 3 + 2], expect[8 * 3 + 2] + 10.0f);
+  // Registration errors.
+  EXPECT_EQ(cl.RegisterBuffer(out.subspan(1, 4)).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(cl.RegisterBuffer({}).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(cl.UnregisterBuffer(out).code(), StatusCode::kNotFound);
+  ASSERT_TRUE(cl.UnregisterBuffer(arena).ok());
+  const std::uint64_t staged = cl.stats().bytes_staged;
+  ASSERT_TRUE(cl.Pull(1, RowRange{0, 9}, out).ok());
+  EXPECT_GT(cl.stats().bytes_staged, staged) << "an unregistered buffer was used zero-copy";
 }
 
 TEST(PsFakeTest, FastPushersAreFlowControlledAndEveryPushAppliesOnce) {
@@ -249,6 +344,7 @@ TEST(PsFakeTest, ClockBarrierAndStats) {
 TEST(PsFakeTest, BspPullTimesOutNamingTheLaggingWorker) {
   auto c = StartCluster("fake", 1, 2, {MakeTable(1, "w", 4, 1, 0)}, 8, [](ClientOptions& o) {
     o.wait_timeout = std::chrono::milliseconds(300);
+    o.clock_waits = false;  // this test is about the pull's wait
   });
   ASSERT_EQ(c.clients.size(), 2u);
   Client& w0 = *c.clients[0];
@@ -264,6 +360,58 @@ TEST(PsFakeTest, BspPullTimesOutNamingTheLaggingWorker) {
   // Once worker 1 clocks, the pull goes through.
   ASSERT_TRUE(c.clients[1]->Clock().ok());
   EXPECT_TRUE(w0.Pull(1, RowRange{0, 4}, out).ok());
+}
+
+TEST(PsFakeTest, ClockHoldsAWorkerWithinTheStalenessBound) {
+  // Staleness 1: worker 0 may finish clock 1 while worker 1 is at 0, but not
+  // clock 2 - even though it never pulls.
+  auto c = StartCluster("fake", 2, 2, {MakeTable(1, "w", 4, 1, 1), MakeTable(2, "v", 4, 1, kAsp)},
+                        8, [](ClientOptions& o) { o.wait_timeout = std::chrono::milliseconds(1000); });
+  ASSERT_EQ(c.clients.size(), 2u);
+  Client& w0 = *c.clients[0];
+  Client& w1 = *c.clients[1];
+  auto clk = w0.Clock();
+  ASSERT_TRUE(clk.ok()) << clk.status();
+  EXPECT_EQ(w0.stats().pull_waits, 0u);
+  auto late = w0.Clock();
+  ASSERT_EQ(late.status().code(), StatusCode::kTimedOut) << late.status();
+  EXPECT_NE(late.status().message().find("worker 1 (clock 0)"), std::string::npos)
+      << late.status();
+  EXPECT_NE(late.status().message().find("staleness bound 1"), std::string::npos)
+      << late.status();
+  // The clock did advance (the servers know it); the wait is what failed.
+  EXPECT_EQ(w0.clock(), 2u);
+  // Once worker 1 catches up, worker 0's next Clock (to 3) waits for worker 1
+  // to reach 2; run it on another thread and release it.
+  ASSERT_TRUE(w1.Clock().ok());
+  auto next = std::async(std::launch::async, [&] { return w0.Clock(); });
+  ASSERT_TRUE(w1.Clock().ok());
+  auto third = next.get();
+  ASSERT_TRUE(third.ok()) << third.status();
+  EXPECT_EQ(*third, 3u);
+}
+
+TEST(PsFakeTest, BspClockIsALockstep) {
+  constexpr int kWorkers = 3, kClocks = 20;
+  auto c = StartCluster("fake", 2, kWorkers, {MakeTable(1, "w", 4, 1, 0)});
+  ASSERT_EQ(c.clients.size(), static_cast<std::size_t>(kWorkers));
+  // After Clock() returns c on any worker, every server has seen clock >= c
+  // from every worker: check it through the servers' stats.
+  std::atomic<int> violations{0};
+  std::vector<std::thread> threads;
+  for (int w = 0; w < kWorkers; ++w) {
+    threads.emplace_back([&, w] {
+      for (int i = 1; i <= kClocks; ++i) {
+        auto clk = c.clients[w]->Clock();
+        ASSERT_TRUE(clk.ok()) << clk.status();
+        for (auto& s : c.servers) {
+          if (s->stats().min_clock < *clk) ++violations;
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(violations.load(), 0);
 }
 
 TEST(PsFakeTest, AsyncHandlesAndCallbacks) {
