@@ -93,6 +93,7 @@ class PsTrainTest : public ::testing::Test {
       EXPECT_GE(r.test_accuracy, 0.72);
       EXPECT_GT(r.store.bytes_pulled, 0u);
       EXPECT_GT(r.store.bytes_pushed, 0u);
+      EXPECT_EQ(r.store.bytes_staged, 0u) << "PsStore should pull and push zero-copy";
     }
   }
 

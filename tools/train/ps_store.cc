@@ -77,11 +77,26 @@ Result<std::unique_ptr<PsStore>> PsStore::Connect(const ClientOptions& options,
 
 PsStore::~PsStore() { (void)Close(); }
 
+Status PsStore::EnsureRegistered(std::span<const float> buffer, std::span<float>* slot) {
+  if (slot->data() == buffer.data() && slot->size() == buffer.size()) return Status::OK();
+  if (!slot->empty()) {
+    RDMAPS_RETURN_IF_ERROR(client_->UnregisterBuffer(*slot));
+    *slot = {};
+  }
+  // The Client only reads a push buffer; the API takes one span type.
+  std::span<float> b(const_cast<float*>(buffer.data()), buffer.size());
+  RDMAPS_RETURN_IF_ERROR(client_->RegisterBuffer(b));
+  *slot = b;
+  return Status::OK();
+}
+
 Status PsStore::Pull(Params<float>& params) {
   params.resize(tables_.size());
   for (std::size_t t = 0; t < tables_.size(); ++t) {
     const TableInfo& info = tables_[t];
     params[t].resize(info.rows * info.dim);
+    pull_buffers_.resize(tables_.size());
+    RDMAPS_RETURN_IF_ERROR(EnsureRegistered(params[t], &pull_buffers_[t]));
     RDMAPS_RETURN_IF_ERROR(client_->Pull(info.id, RowRange{0, info.rows}, params[t]));
   }
   return Status::OK();
@@ -95,6 +110,8 @@ Status PsStore::Push(const Params<float>& grads) {
   }
   for (std::size_t t = 0; t < tables_.size(); ++t) {
     const TableInfo& info = tables_[t];
+    push_buffers_.resize(tables_.size());
+    RDMAPS_RETURN_IF_ERROR(EnsureRegistered(grads[t], &push_buffers_[t]));
     RDMAPS_RETURN_IF_ERROR(client_->Push(info.id, RowRange{0, info.rows}, grads[t]));
   }
   return Status::OK();
@@ -111,6 +128,7 @@ StoreStats PsStore::stats() const {
   s.pushes = c.pushes;
   s.bytes_pulled = c.bytes_read;
   s.bytes_pushed = c.bytes_written;
+  s.bytes_staged = c.bytes_staged;
   s.staleness_mean = c.staleness_samples == 0 ? 0.0
                                               : static_cast<double>(c.staleness_sum) /
                                                     static_cast<double>(c.staleness_samples);

@@ -6,12 +6,16 @@
 // gradient with one range Push; the servers apply the gradient with the
 // table's optimizer (the worker runs no optimizer). Table ids are 1, 2, ...
 // in ParameterTables order; names are "w0", "b0", ...
+// The parameter and gradient buffers are registered with the Client the
+// first time they are seen (Client::RegisterBuffer), so steady-state pulls
+// and pushes are zero-copy.
 //
 // Thread safety: a PsStore is used by one thread (the training loop).
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "rdmaps/client.h"
@@ -56,8 +60,13 @@ class PsStore : public ParameterStore {
   PsStore(std::unique_ptr<Client> client, std::vector<TableInfo> tables)
       : client_(std::move(client)), tables_(std::move(tables)) {}
 
+  // Registers `buffer` unless it is already; a buffer that moved since is
+  // unregistered first. `slot` remembers what is registered for one use.
+  Status EnsureRegistered(std::span<const float> buffer, std::span<float>* slot);
+
   std::unique_ptr<Client> client_;
   const std::vector<TableInfo> tables_;  // In ParameterTables order.
+  std::vector<std::span<float>> pull_buffers_, push_buffers_;  // Registered, per table.
 };
 
 }  // namespace rdmaps::train

@@ -133,6 +133,7 @@ nlohmann::json ReportJson(const TrainOptions& o, const TrainReport& r, const std
   j["pushes_per_second"] = static_cast<double>(r.store.pushes) / t;
   j["bytes_pulled"] = r.store.bytes_pulled;
   j["bytes_pushed"] = r.store.bytes_pushed;
+  j["bytes_staged"] = r.store.bytes_staged;
   j["staleness_mean"] = r.store.staleness_mean;
   j["staleness_max"] = r.store.staleness_max;
   j["blocked_seconds"] = r.store.blocked_seconds;

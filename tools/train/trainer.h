@@ -34,6 +34,7 @@ struct StoreStats {
   std::uint64_t pushes = 0;
   std::uint64_t bytes_pulled = 0;
   std::uint64_t bytes_pushed = 0;
+  std::uint64_t bytes_staged = 0;  // Copied through staging (0: all zero-copy).
   double staleness_mean = 0;  // Worker clock minus the slowest clock seen at pulls.
   std::uint64_t staleness_max = 0;
   double blocked_seconds = 0;  // Time pulls/clocks waited for other workers.
