@@ -59,7 +59,9 @@ using transport::Deadline;
 using transport::Op;
 using SteadyClock = std::chrono::steady_clock;
 
-constexpr std::size_t kMaxOpsPerPost = 128;
+// Ops one pull batch posts to a server (bounded by the connection's
+// max_outstanding): a scattered pull of up to 256 rows is one round trip.
+constexpr std::size_t kMaxOpsPerPost = 512;
 // Large pulls are cut into READs of at most this size, so checking the rows of
 // one overlaps the transfer of the next.
 constexpr std::size_t kMaxReadBytes = 256 * 1024;
@@ -765,7 +767,8 @@ Status ClientImpl::ReadRuns(const TableMeta& t, std::vector<Run> runs, std::span
       const ShardRemote& shard = t.shards[si];
       std::uint64_t used = 0;
       ops.clear();
-      while (!q.empty() && used < cap && ops.size() + 2 <= kMaxOpsPerPost) {
+      const std::size_t max_ops = std::min(kMaxOpsPerPost, s.conn->max_outstanding());
+      while (!q.empty() && used < cap && ops.size() + 2 <= max_ops) {
         Run& r = q.front();
         const std::uint64_t n = std::min({r.count, cap - used, max_rows_per_op});
         pieces[si].push_back({used, r.local, n, r.out_row});
@@ -819,9 +822,10 @@ Status ClientImpl::ReadRuns(const TableMeta& t, std::vector<Run> runs, std::span
                                " read torn until the deadline (" + std::to_string(retries) +
                                " retries): the server rewrites it faster than it can be read");
         }
-        for (std::size_t off = 0; off < torn.size(); off += kMaxOpsPerPost / 2) {
+        const std::size_t per_post = std::min(kMaxOpsPerPost, s.conn->max_outstanding()) / 2;
+        for (std::size_t off = 0; off < torn.size(); off += per_post) {
           ops.clear();
-          const std::size_t end = std::min(torn.size(), off + kMaxOpsPerPost / 2);
+          const std::size_t end = std::min(torn.size(), off + per_post);
           for (std::size_t k = off; k < end; ++k) {
             const Piece& pc = torn[k];
             ops.push_back(Op::Read(place.Row(pc.slot, pc.out_row), place.row_mr(), row_bytes,
