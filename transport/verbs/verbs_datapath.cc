@@ -177,7 +177,7 @@ Status VerbsConnection::Post(std::span<const Op> ops) {
   }
 
   ibv_send_wr* bad = nullptr;
-  int rc = ibv_post_send(id_->qp, wrs_.data(), &bad);  // one doorbell
+  int rc = ibv_post_send(qp_.get(), wrs_.data(), &bad);  // one doorbell
   std::size_t posted = n;
   if (rc != 0) posted = static_cast<std::size_t>(bad - wrs_.data());
   for (std::size_t i = 0; i < posted; ++i) {
