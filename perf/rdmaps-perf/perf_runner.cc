@@ -98,6 +98,8 @@ class Client {
     eo.peer_id = kClientPeerId;
     eo.op_timeout = options_.timeout;
     eo.max_outstanding = std::max<std::size_t>(eo.max_outstanding, options_.tx_depth);
+    // verbs: open the device that routes to the server (unless --ib_dev says).
+    if (eo.address_hint.empty()) eo.address_hint = address;
     RDMAPS_ASSIGN_OR_RETURN(endpoint_, Endpoint::Create(eo));
     reporter_.SetExtra("transport", std::string(endpoint_->kind()));
 
@@ -455,6 +457,8 @@ Result<std::string> PerfServer::Listen(const std::string& address) {
   transport::EndpointOptions eo = options_.endpoint;
   eo.peer_id = kServerPeerId;
   eo.op_timeout = options_.timeout;
+  // verbs: open the device that owns the listen address (unless --ib_dev says).
+  if (eo.address_hint.empty()) eo.address_hint = address;
   RDMAPS_ASSIGN_OR_RETURN(endpoint_, Endpoint::Create(eo));
   auto listening = endpoint_->Listen(address);
   if (!listening.ok()) return listening.status().WithContext("listening on " + address);
