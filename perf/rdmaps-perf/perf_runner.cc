@@ -1,5 +1,9 @@
 #include "perf/rdmaps-perf/perf_runner.h"
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <x86intrin.h>
+#endif
+
 #include <algorithm>
 #include <array>
 #include <cstring>
@@ -64,6 +68,35 @@ class AlignedBuffer {
 };
 
 bool IsAtomic(PerfOp op) { return op == PerfOp::kFetchAdd || op == PerfOp::kCompareSwap; }
+
+// The ruler of latency samples: the TSC where there is one, like perftest's
+// get_cycles(). A steady_clock read costs ~20 ns on a host whose clocksource
+// is the TSC but 1.5-3.5 us in a VM on the HPET (the Soft-RoCE test VM), and
+// one whole read sits inside every sample; rdtsc costs ~10 ns in both.
+// Ticks become nanoseconds by the ratio of steady_clock to ticks over the
+// whole run of one size (TickRuler).
+std::uint64_t Ticks() {
+#if defined(__x86_64__) || defined(__i386__)
+  return __rdtsc();
+#else
+  return static_cast<std::uint64_t>(NanosSince(SteadyClock::time_point{}));
+#endif
+}
+
+class TickRuler {
+ public:
+  TickRuler() : steady0_(SteadyClock::now()), ticks0_(Ticks()) {}
+  // Nanoseconds per tick since construction.
+  double NanosPerTick() const {
+    const std::uint64_t ticks = Ticks() - ticks0_;
+    const double ns = static_cast<double>(NanosSince(steady0_));
+    return ticks > 0 ? ns / static_cast<double>(ticks) : 1.0;
+  }
+
+ private:
+  SteadyClock::time_point steady0_;
+  std::uint64_t ticks0_;
+};
 
 Status CompletionError(const Completion& c, std::uint64_t bytes) {
   return c.status.WithContext(std::string(transport::OpTypeName(c.type)) + " of " +
@@ -322,27 +355,32 @@ class Client {
     const auto end =
         SteadyClock::now() +
         std::chrono::duration_cast<SteadyClock::duration>(options_.duration);
-    std::vector<std::int64_t> samples;
+    std::vector<std::int64_t> samples;  // in ticks until the loop ends
     samples.reserve(timed ? 1 << 16 : options_.lat_iters);
     std::uint64_t i = options_.warmup;
     Completion c;
+    const TickRuler ruler;
     for (;; ++i) {
-      // One clock read per op outside the timed span: clock reads are costly
-      // in VMs (HPET clocksource), and perftest's ruler is the TSC.
-      auto t0 = SteadyClock::now();
-      if (HeartbeatDue(t0)) {
+      // One steady_clock read per op, outside the timed span (see Ticks).
+      auto now = SteadyClock::now();
+      if (HeartbeatDue(now)) {
         RDMAPS_RETURN_IF_ERROR(SendControl(kImmProgress));
-        t0 = SteadyClock::now();
+        now = SteadyClock::now();
       }
-      if (timed ? t0 >= end : samples.size() >= options_.lat_iters) break;
+      if (timed ? now >= end : samples.size() >= options_.lat_iters) break;
       const Op op = MakeOp(size, i);
+      const std::uint64_t t0 = Ticks();
       RDMAPS_RETURN_IF_ERROR(conn_->Post(std::span<const Op>(&op, 1)));
-      auto n = conn_->Wait(std::span<Completion>(&c, 1), t0 + options_.timeout);
-      const auto t1 = SteadyClock::now();
+      auto n = conn_->Wait(std::span<Completion>(&c, 1), now + options_.timeout);
+      const std::uint64_t t1 = Ticks();
       if (!n.ok()) return n.status().WithContext("waiting for a completion");
       if (*n == 0) return StallError();
       RDMAPS_RETURN_IF_ERROR(Check(c, size));
-      samples.push_back(std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count());
+      samples.push_back(static_cast<std::int64_t>(t1 - t0));
+    }
+    const double ns_per_tick = ruler.NanosPerTick();
+    for (std::int64_t& s : samples) {
+      s = static_cast<std::int64_t>(static_cast<double>(s) * ns_per_tick + 0.5);
     }
     RDMAPS_RETURN_IF_ERROR(Verify(size, i));
     reporter_.AddLatency(ComputeLatency(size, samples), true);
