@@ -294,11 +294,22 @@ struct EndpointOptions {
   // Completion waits spin this long before sleeping in the kernel.
   std::chrono::microseconds busy_poll{50};
 
-  // verbs only: device name (empty: the one owning the connect/listen
-  // address), port, GID index (-1: let rdma_cm choose).
+  // verbs only: device name, port, GID index. Memory is registered before
+  // any address is known, so the device is chosen at Create: `ib_dev` (with
+  // `ib_port`) when set; else the device that owns `address_hint` (a listen
+  // address) or routes to it (a peer address), and its port; else, with no
+  // hint, the first device whose `ib_port` is ACTIVE. `gid_index` >= 0 forces
+  // the source GID of every queue pair (and the source IP rdma_cm uses);
+  // -1 lets rdma_cm pick the GID that matches the address.
   std::string ib_dev;
   int ib_port = 1;
   int gid_index = -1;
+  // verbs only: an address this endpoint will listen on or connect to
+  // ("host:port", "[v6]:port" or a bare host); with ib_dev empty, the device
+  // that owns it (listen address) or routes to it (peer address) is used. A
+  // wildcard host (0.0.0.0, ::, "") says nothing and counts as no hint. An
+  // address no RDMA device owns or reaches fails Create with Unavailable.
+  std::string address_hint;
 };
 
 struct ConnectOptions {

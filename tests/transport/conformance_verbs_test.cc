@@ -17,6 +17,9 @@ ConformanceBackend VerbsBackend() {
   std::string why;
   std::string addr = rdmaps::testing::VerbsTestAddress(&why);
   b.listen_address = addr.empty() ? std::string("0.0.0.0:0") : addr + ":0";
+  // Every endpoint of the suite listens on or connects to that address: the
+  // device that owns it is the one to open (the VM has a second device).
+  b.options.address_hint = addr;
   b.skip_reason = [addr, why]() -> std::string {
     std::string reason;
     if (!VerbsUsable(&reason)) return "verbs backend not usable here: " + reason;

@@ -1,8 +1,8 @@
 // rdmaps-doctor: is this machine ready for --transport=verbs, and if not,
 // what exactly to do about it. Run it before anything else.
 //
-//   rdmaps-doctor [--memory=BYTES] [--peer=HOST[:PORT]] [--ib-dev=DEV]
-//                 [--ib-port=N] [--gid-index=N] [--timeout-ms=MS]
+//   rdmaps-doctor [--memory=BYTES] [--peer=HOST[:PORT]] [--listen=HOST[:PORT]]
+//                 [--ib-dev=DEV] [--ib-port=N] [--gid-index=N] [--timeout-ms=MS]
 //
 // Checks, each reported as OK / WARN / FAIL with the fix:
 //   devices      RDMA devices and their ports' states, link layer, MTU
@@ -10,7 +10,10 @@
 //   memlock      RLIMIT_MEMLOCK against --memory (what the server registers)
 //   /dev         /dev/infiniband/uverbs* and rdma_cm present and accessible
 //   rdma_cm      an event channel opens; with --peer, address and route
-//                resolution to the peer within --timeout-ms
+//                resolution to the peer within --timeout-ms and the local
+//                device that routes there; with --listen, the device that
+//                owns that address (each is the device the verbs transport
+//                opens with EndpointOptions::address_hint = that address)
 //   soft-roce    whether rdma_rxe could be set up here, with the exact
 //                `rdma link add` command
 //   auto         which transport --transport=auto would pick
@@ -43,6 +46,7 @@
 DEFINE_uint64(memory, 256ull << 20,
               "bytes the configured server would register (checked against the memlock limit)");
 DEFINE_string(peer, "", "HOST[:PORT] of a peer to check rdma_cm address/route resolution to");
+DEFINE_string(listen, "", "HOST[:PORT] a server here will listen on: which RDMA device owns it");
 DEFINE_string(ib_dev, "", "RDMA device to check (default: all)");
 DEFINE_int32(ib_port, 1, "port of --ib-dev to check");
 DEFINE_int32(gid_index, -1, "GID index the job will use (-1: rdma_cm chooses)");
@@ -347,8 +351,9 @@ void CheckRdmaCm(Report& r, bool have_devices) {
            fix);
   } else {
     std::string dev = id->verbs ? ibv_get_device_name(id->verbs->device) : "?";
-    r.Ok(FLAGS_peer + " resolves to local device " + dev + " port " +
-         std::to_string(id->port_num));
+    r.Ok("address " + FLAGS_peer + " -> device " + dev + " port " +
+         std::to_string(id->port_num) + " (routes there; what address_hint=" + FLAGS_peer +
+         " opens)");
     if (rdma_resolve_route(id, FLAGS_timeout_ms) != 0 || !WaitEvent(ch, &type, &status) ||
         type != RDMA_CM_EVENT_ROUTE_RESOLVED) {
       r.Fail("route resolution to " + FLAGS_peer + " failed (" +
@@ -362,6 +367,48 @@ void CheckRdmaCm(Report& r, bool have_devices) {
   if (id) rdma_destroy_id(id);
   freeaddrinfo(ai);
   rdma_destroy_event_channel(ch);
+}
+
+// Which device owns --listen: rdma_bind_addr sets id->verbs when the IP is
+// local to an RDMA device's netdev.
+void CheckListen(Report& r, bool have_devices) {
+  if (FLAGS_listen.empty() || !have_devices) return;
+  r.Section("listen address");
+  std::string host = FLAGS_listen;
+  if (!host.empty() && host.front() == '[') {
+    host = host.substr(1, host.find(']') - 1);
+  } else if (auto c = host.rfind(':'); c != std::string::npos && host.find(':') == c) {
+    host = host.substr(0, c);
+  }
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* ai = nullptr;
+  if (int rc = getaddrinfo(host.c_str(), "0", &hints, &ai); rc != 0) {
+    r.Fail("cannot resolve " + FLAGS_listen + ": " + gai_strerror(rc), "check the host name");
+    return;
+  }
+  rdma_event_channel* ch = rdma_create_event_channel();
+  rdma_cm_id* id = nullptr;
+  if (ch == nullptr || rdma_create_id(ch, &id, nullptr, RDMA_PS_TCP) != 0) {
+    r.Fail(std::string("rdma_cm: ") + std::strerror(errno), "`modprobe rdma_ucm`");
+  } else if (rdma_bind_addr(id, ai->ai_addr) != 0) {
+    r.Fail("listen address " + FLAGS_listen + " is not an address of this machine (" +
+               std::strerror(errno) + ")",
+           "listen on the IP of an RDMA device's netdev (`rdma link`, `ip -br addr`)");
+  } else if (id->verbs == nullptr) {
+    r.Fail("listen address " + FLAGS_listen + " is not on an RDMA device's netdev" +
+               (host == "0.0.0.0" || host == "::" ? " (a wildcard: every device)" : ""),
+           "listen on the IP of an RDMA device's netdev (`rdma link`), or add Soft-RoCE "
+           "to its interface: `rdma link add rxe0 type rxe netdev IFACE`");
+  } else {
+    r.Ok("address " + FLAGS_listen + " -> device " + ibv_get_device_name(id->verbs->device) +
+         " port " + std::to_string(id->port_num) + " (owns it; what address_hint=" +
+         FLAGS_listen + " opens)");
+  }
+  if (id) rdma_destroy_id(id);
+  if (ch) rdma_destroy_event_channel(ch);
+  freeaddrinfo(ai);
 }
 
 void CheckSoftRoce(Report& r, bool have_active) {
@@ -427,6 +474,7 @@ int Main() {
   CheckDevNodes(r, active > 0);
   CheckMemlock(r);
   CheckRdmaCm(r, active > 0);
+  CheckListen(r, active > 0);
   CheckSoftRoce(r, active > 0);
 
   r.Section("transport selection");

@@ -12,8 +12,17 @@
 // Errors. A failed WR always produces a CQE, signaled or not. Ops before it
 // completed (RC completes in order); it carries the mapped error; the QP is
 // now in the error state, so every later op flushes and becomes Cancelled.
+//
+// Clock reads. Where the clocksource is not the TSC - virtual machines, e.g.
+// the TCG VM of our Soft-RoCE tests, whose clocksource is the HPET -
+// steady_clock::now() is a syscall plus an emulated device read, 1.5-3.5 us,
+// comparable to a whole rxe round trip. So the per-op path reads no precise
+// clock: Post stamps ops with the coarse clock (a memory read in the vDSO;
+// op_timeout has millisecond granularity anyway), and Wait polls first and
+// then reads the clock only every kPollsPerClockRead polls while spinning.
 #include <endian.h>
 #include <poll.h>
+#include <time.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -25,6 +34,24 @@ namespace rdmaps::transport::verbs::internal {
 namespace {
 
 constexpr int kPollBatch = 32;
+// Polls between two clock reads while Wait spins: a poll of an empty CQ is a
+// few loads, a clock read can cost a thousand times more (see above).
+constexpr std::uint32_t kPollsPerClockRead = 64;
+
+// CLOCK_MONOTONIC_COARSE (steady_clock's epoch, <= one tick behind) plus one
+// tick, so it is never earlier than steady_clock::now(): an op's timeout can
+// fire up to a tick late, never early.
+SteadyClock::time_point CoarseNowCeil() {
+  static const std::chrono::nanoseconds tick = [] {
+    timespec res{};
+    clock_getres(CLOCK_MONOTONIC_COARSE, &res);
+    return std::chrono::seconds(res.tv_sec) + std::chrono::nanoseconds(res.tv_nsec);
+  }();
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+  return SteadyClock::time_point(std::chrono::duration_cast<SteadyClock::duration>(
+      std::chrono::seconds(ts.tv_sec) + std::chrono::nanoseconds(ts.tv_nsec) + tick));
+}
 
 ibv_wr_opcode ToOpcode(OpType t) {
   switch (t) {
@@ -137,7 +164,7 @@ Status VerbsConnection::Post(std::span<const Op> ops) {
   const std::size_t n = ops.size();
   wrs_.assign(n, ibv_send_wr{});
   sges_.assign(n, ibv_sge{});
-  const auto now = SteadyClock::now();
+  const auto now = CoarseNowCeil();
   const std::uint64_t first_seq = next_seq_;
   for (std::size_t i = 0; i < n; ++i) {
     const Op& op = ops[i];
@@ -177,7 +204,7 @@ Status VerbsConnection::Post(std::span<const Op> ops) {
   }
 
   ibv_send_wr* bad = nullptr;
-  int rc = ibv_post_send(id_->qp, wrs_.data(), &bad);  // one doorbell
+  int rc = ibv_post_send(qp_.get(), wrs_.data(), &bad);  // one doorbell
   std::size_t posted = n;
   if (rc != 0) posted = static_cast<std::size_t>(bad - wrs_.data());
   for (std::size_t i = 0; i < posted; ++i) {
@@ -294,18 +321,31 @@ Result<std::size_t> VerbsConnection::Wait(std::span<Completion> out,
     return FailedPreconditionError("Wait with no outstanding ops: post first");
   }
   if (out.empty()) return InvalidArgumentError("Wait needs room for one completion");
-  const auto spin_until = SteadyClock::now() + shared_->options.busy_poll;
+  SteadyClock::time_point spin_until{};  // set at the first clock read
+  bool clock_read = false;
+  std::uint32_t polls_left = 0;  // polls before the next clock read
   while (true) {
     std::size_t n = Poll(out);
     if (n > 0) return n;
+    if (polls_left > 0) {
+      --polls_left;
+      continue;
+    }
     const auto now = SteadyClock::now();
+    if (!clock_read) {
+      spin_until = now + shared_->options.busy_poll;
+      clock_read = true;
+    }
     if (!pending_.empty() &&
         now >= pending_.front().posted + shared_->options.op_timeout) {
       FailOldestForTimeout();
       continue;
     }
     if (now >= deadline) return std::size_t{0};
-    if (now < spin_until) continue;
+    if (now < spin_until) {
+      polls_left = kPollsPerClockRead;
+      continue;
+    }
 
     // Sleep in the kernel: arm, re-check (a CQE may have raced the arm), wait.
     if (ibv_req_notify_cq(cq_.get(), 0) != 0) {

@@ -8,8 +8,17 @@
 // the device's PD, the SRQ and CQ that receive WRITE_WITH_IMM notifications).
 // Connections and MemoryRegions hold the same shared_ptr, so the PD outlives
 // every MR and QP created from it, whatever order the caller destroys things
-// in. One device per endpoint: options.ib_dev, else the first device with an
-// ACTIVE port (memory is registered before any address is known).
+// in. One device per endpoint, chosen at creation because memory is
+// registered before any address is known: options.ib_dev, else the device
+// that owns or routes to options.address_hint, else the first device with an
+// ACTIVE port.
+//
+// Queue pairs are ours, not rdma_cm's: created with ibv_create_qp on the
+// endpoint's PD and moved INIT -> RTR -> RTS by us with the attributes
+// rdma_init_qp_attr returns, so that EndpointOptions::gid_index can override
+// the source GID index (rdma_cm alone always picks the GID of the IP address).
+// The connector therefore gets RDMA_CM_EVENT_CONNECT_RESPONSE and completes
+// with rdma_establish; the acceptor passes the QP number to rdma_accept.
 //
 // Threads. The progress thread handles rdma_cm events (connect requests,
 // establishment, disconnects), async device events and the notification CQ.
@@ -20,6 +29,7 @@
 
 #include <infiniband/verbs.h>
 #include <rdma/rdma_cma.h>
+#include <sys/socket.h>
 
 #include <atomic>
 #include <condition_variable>
@@ -57,12 +67,16 @@ struct SrqDeleter {
 struct MrDeleter {
   void operator()(ibv_mr* m) const { ibv_dereg_mr(m); }
 };
-// Destroys the QP (if one was created on the id) and then the id.
+// Destroys the QP if rdma_cm created one on the id (ours are separate), then
+// the id.
 struct CmIdDeleter {
   void operator()(rdma_cm_id* id) const {
     if (id->qp != nullptr) rdma_destroy_qp(id);
     rdma_destroy_id(id);
   }
+};
+struct QpDeleter {
+  void operator()(ibv_qp* q) const { ibv_destroy_qp(q); }
 };
 struct FdCloser {
   int fd = -1;
@@ -81,6 +95,7 @@ using CqPtr = std::unique_ptr<ibv_cq, CqDeleter>;
 using SrqPtr = std::unique_ptr<ibv_srq, SrqDeleter>;
 using MrPtr = std::unique_ptr<ibv_mr, MrDeleter>;
 using CmIdPtr = std::unique_ptr<rdma_cm_id, CmIdDeleter>;
+using QpPtr = std::unique_ptr<ibv_qp, QpDeleter>;
 
 // --- Handshake wire format (rdma_cm private data, <= 56 bytes) ------------
 // Connector -> acceptor in the CM REQ; all integers big-endian.
@@ -145,6 +160,12 @@ struct Shared {
   std::string dev_name;
   int port = 1;
   ibv_device_attr dev_attr{};
+  ibv_port_attr port_attr{};
+  // options.gid_index >= 0: that GID, and the source address it stands for
+  // (RoCE GIDs are IP addresses; an IPv4 one is ::ffff:a.b.c.d). Connect
+  // resolves from this address so rdma_cm's path carries the same GID.
+  ibv_gid forced_gid{};
+  sockaddr_storage forced_src{};
   PdPtr pd;
   CompChannelPtr recv_channel;
   CqPtr recv_cq;
@@ -188,8 +209,15 @@ class VerbsConnection final : public Connection {
   VerbsConnection(std::shared_ptr<Shared> shared, PeerInfo peer);
   ~VerbsConnection() override;
 
-  // Creates the CQ and the QP on `id` (which this connection then owns).
+  // Creates the CQ and the QP for `id` (which this connection then owns) and
+  // moves the QP to INIT.
   Status Init(CmIdPtr id);
+
+  // Moves the QP to RTR and RTS with the attributes rdma_cm computed for the
+  // id (after CONNECT_RESPONSE on the connector, before rdma_accept on the
+  // acceptor), overriding the source GID index when options.gid_index >= 0
+  // and the READ/atomic depths when given (>= 0).
+  Status ConnectQp(int responder_resources, int initiator_depth);
 
   // Registers in Shared's maps once established (takes Shared::mu).
   void Register();
@@ -209,6 +237,7 @@ class VerbsConnection final : public Connection {
   bool OnConnectionLost_locked(Status why);
 
   rdma_cm_id* id() const { return id_.get(); }
+  ibv_qp* qp() const { return qp_.get(); }
   std::uint32_t qp_num() const { return qp_num_; }
   // Takes Shared::mu: the progress thread reads peer ids of registered QPs.
   void set_peer_id(std::uint32_t id);
@@ -236,7 +265,8 @@ class VerbsConnection final : public Connection {
   PeerInfo peer_;
   CompChannelPtr channel_;
   CqPtr cq_;
-  CmIdPtr id_;  // owns the QP; destroyed first (QP before its CQ)
+  QpPtr qp_;    // destroyed before its CQ
+  CmIdPtr id_;  // destroyed first
   std::uint32_t qp_num_ = 0;
   std::uint32_t max_inline_ = 0;
   std::size_t max_outstanding_ = 0;

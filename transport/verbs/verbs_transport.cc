@@ -50,6 +50,8 @@ constexpr int kSrqDepth = 1024;
 constexpr int kListenBacklog = 128;
 constexpr std::uint32_t kWantInline[] = {256, 64, 0};
 constexpr auto kCloseDrain = std::chrono::seconds(2);
+// How long Create may spend resolving EndpointOptions::address_hint.
+constexpr auto kHintResolveTimeout = std::chrono::milliseconds(2000);
 
 Status SetNonBlocking(int fd, std::string_view what) {
   int flags = fcntl(fd, F_GETFL);
@@ -174,6 +176,192 @@ int ClampMs(Deadline deadline, int cap_ms) {
   return static_cast<int>(std::clamp<std::int64_t>(left.count(), 1, cap_ms));
 }
 
+// --- GIDs as IP addresses (RoCE) -----------------------------------------
+
+bool IsIpv4MappedGid(const ibv_gid& g) {
+  static constexpr std::uint8_t kPrefix[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+  return std::memcmp(g.raw, kPrefix, sizeof kPrefix) == 0;
+}
+
+std::string GidToString(const ibv_gid& g) {
+  char buf[INET6_ADDRSTRLEN] = "?";
+  inet_ntop(AF_INET6, g.raw, buf, sizeof buf);
+  return buf;
+}
+
+// The GID an IP address stands for: IPv4 as ::ffff:a.b.c.d, IPv6 as is.
+bool SockaddrToGid(const sockaddr* sa, ibv_gid* out) {
+  *out = ibv_gid{};
+  if (sa->sa_family == AF_INET) {
+    out->raw[10] = 0xff;
+    out->raw[11] = 0xff;
+    std::memcpy(out->raw + 12, &reinterpret_cast<const sockaddr_in*>(sa)->sin_addr, 4);
+    return true;
+  }
+  if (sa->sa_family == AF_INET6) {
+    std::memcpy(out->raw, &reinterpret_cast<const sockaddr_in6*>(sa)->sin6_addr, 16);
+    return true;
+  }
+  return false;
+}
+
+bool IsWildcard(const sockaddr* sa) {
+  if (sa->sa_family == AF_INET) {
+    return reinterpret_cast<const sockaddr_in*>(sa)->sin_addr.s_addr == htonl(INADDR_ANY);
+  }
+  return sa->sa_family == AF_INET6 &&
+         IN6_IS_ADDR_UNSPECIFIED(&reinterpret_cast<const sockaddr_in6*>(sa)->sin6_addr);
+}
+
+const char* FamilyName(int family) { return family == AF_INET ? "IPv4" : "IPv6"; }
+
+// The host part of an address hint: "host:port", "[v6]:port", "[v6]", a bare
+// IPv6 address (several colons) or a bare host.
+std::string HintHost(std::string_view hint) {
+  if (!hint.empty() && hint.front() == '[') {
+    auto close = hint.find(']');
+    return std::string(hint.substr(1, close == std::string_view::npos ? std::string_view::npos
+                                                                     : close - 1));
+  }
+  auto colon = hint.find(':');
+  if (colon == std::string_view::npos) return std::string(hint);
+  if (hint.find(':', colon + 1) != std::string_view::npos) return std::string(hint);  // bare v6
+  return std::string(hint.substr(0, colon));
+}
+
+// Which device owns or routes to an address, as rdma_cm sees it.
+struct AddressDevice {
+  std::string dev_name;  // empty: the hint was a wildcard, it says nothing
+  int port = 0;
+  std::string how;  // "owns 10.0.0.1" / "routes to 10.0.0.2"
+};
+
+// Binds a temporary id to the hint's address (id->verbs is set when the IP is
+// local to an RDMA netdev), else resolves a route to it (id->verbs is the
+// device the route leaves through), each on a private event channel.
+Result<AddressDevice> DeviceForAddress(const std::string& hint) {
+  const std::string host = HintHost(hint);
+  AddressDevice out;
+  if (host.empty() || host == "*") return out;
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  if (int rc = getaddrinfo(host.c_str(), "0", &hints, &res); rc != 0) {
+    return InvalidArgumentError("EndpointOptions::address_hint '" + hint +
+                                "': cannot resolve '" + host + "': " + gai_strerror(rc) +
+                                "; give an IP address or a resolvable host name");
+  }
+  std::unique_ptr<addrinfo, AddrInfoDeleter> ai(res);
+  const sockaddr* sa = ai->ai_addr;
+  if (IsWildcard(sa)) return out;
+  char ip[INET6_ADDRSTRLEN] = "?";
+  inet_ntop(sa->sa_family,
+            sa->sa_family == AF_INET
+                ? static_cast<const void*>(&reinterpret_cast<const sockaddr_in*>(sa)->sin_addr)
+                : static_cast<const void*>(&reinterpret_cast<const sockaddr_in6*>(sa)->sin6_addr),
+            ip, sizeof ip);
+
+  EventChannelPtr ch(rdma_create_event_channel());
+  if (!ch) return ErrnoError("rdma_create_event_channel (choosing the device)", errno);
+  RDMAPS_RETURN_IF_ERROR(SetNonBlocking(ch->fd, "rdma_cm event channel"));
+  std::string bind_why;
+  {
+    rdma_cm_id* raw = nullptr;
+    if (rdma_create_id(ch.get(), &raw, nullptr, RDMA_PS_TCP) != 0) {
+      return ErrnoError("rdma_create_id (choosing the device)", errno);
+    }
+    CmIdPtr id(raw);
+    if (rdma_bind_addr(id.get(), const_cast<sockaddr*>(sa)) == 0) {
+      if (id->verbs != nullptr) {
+        out.dev_name = ibv_get_device_name(id->verbs->device);
+        out.port = id->port_num;
+        out.how = std::string("owns ") + ip;
+        return out;
+      }
+      bind_why = std::string(ip) + " is a local address, but of a netdev without an RDMA device";
+    } else {
+      bind_why = std::string(ip) + " is not a local address (" + std::strerror(errno) + ")";
+    }
+  }
+  rdma_cm_id* raw = nullptr;
+  if (rdma_create_id(ch.get(), &raw, nullptr, RDMA_PS_TCP) != 0) {
+    return ErrnoError("rdma_create_id (choosing the device)", errno);
+  }
+  CmIdPtr id(raw);
+  const auto deadline = SteadyClock::now() + kHintResolveTimeout;
+  std::string resolve_why;
+  if (rdma_resolve_addr(id.get(), nullptr, const_cast<sockaddr*>(sa),
+                        static_cast<int>(kHintResolveTimeout.count())) != 0) {
+    resolve_why = std::string("rdma_resolve_addr failed: ") + std::strerror(errno);
+  } else {
+    auto ev = WaitCmEvent(ch.get(), deadline + std::chrono::milliseconds(500),
+                          "resolving the address hint " + hint);
+    if (!ev.ok()) {
+      resolve_why = ev.status().message();
+    } else if (ev->type != RDMA_CM_EVENT_ADDR_RESOLVED || id->verbs == nullptr) {
+      resolve_why = std::string("no RDMA route to it (") + rdma_event_str(ev->type) +
+                    ", status " + std::to_string(ev->status) + ")";
+    } else {
+      out.dev_name = ibv_get_device_name(id->verbs->device);
+      out.port = id->port_num;
+      out.how = std::string("routes to ") + ip;
+      return out;
+    }
+  }
+  return UnavailableError(
+      "EndpointOptions::address_hint '" + hint + "': no RDMA device owns or reaches " + ip +
+      ": " + bind_why + ", and " + resolve_why +
+      ". Use the IP of an RDMA device's netdev (listen) or of a peer reachable through one "
+      "(connect) - see `rdma link` and `ip route` - or name the device with ib_dev "
+      "(--ib-dev); `rdmaps-doctor --peer " + host + "` checks reachability");
+}
+
+// options.gid_index >= 0: the entry must exist and hold a GID; records it
+// and, on RoCE, the source address it stands for.
+Status CheckForcedGid(Shared* sh) {
+  const int idx = sh->options.gid_index;
+  const std::string where = sh->dev_name + " port " + std::to_string(sh->port);
+  if (idx >= sh->port_attr.gid_tbl_len) {
+    return InvalidArgumentError(
+        "gid_index " + std::to_string(idx) + " is out of range on " + where +
+        " (its GID table has " + std::to_string(sh->port_attr.gid_tbl_len) +
+        " entries); list the GIDs with `ibv_devinfo -v` or `rdmaps-doctor`, or set "
+        "gid_index=-1 to let rdma_cm choose");
+  }
+  ibv_gid_entry entry{};
+  ibv_gid gid{};
+  std::uint32_t ifindex = 0;
+  if (ibv_query_gid_ex(sh->ctx, static_cast<std::uint32_t>(sh->port),
+                       static_cast<std::uint32_t>(idx), &entry, 0) == 0) {
+    gid = entry.gid;
+    ifindex = entry.ndev_ifindex;
+  } else if (ibv_query_gid(sh->ctx, static_cast<std::uint8_t>(sh->port), idx, &gid) != 0) {
+    gid = ibv_gid{};
+  }
+  if (gid.global.subnet_prefix == 0 && gid.global.interface_id == 0) {
+    return FailedPreconditionError(
+        "gid_index " + std::to_string(idx) + " on " + where +
+        " holds no GID: on RoCE every GID is an IP address of the device's netdev "
+        "(`ip addr add ... dev IFACE`); list the GIDs with `ibv_devinfo -v` and pick a "
+        "filled one, or set gid_index=-1 to let rdma_cm choose");
+  }
+  sh->forced_gid = gid;
+  if (sh->port_attr.link_layer != IBV_LINK_LAYER_ETHERNET) return Status::OK();
+  sh->forced_src = sockaddr_storage{};
+  if (IsIpv4MappedGid(gid)) {
+    auto* in = reinterpret_cast<sockaddr_in*>(&sh->forced_src);
+    in->sin_family = AF_INET;
+    std::memcpy(&in->sin_addr, gid.raw + 12, 4);
+  } else {
+    auto* in6 = reinterpret_cast<sockaddr_in6*>(&sh->forced_src);
+    in6->sin6_family = AF_INET6;
+    std::memcpy(&in6->sin6_addr, gid.raw, 16);
+    if (IN6_IS_ADDR_LINKLOCAL(&in6->sin6_addr)) in6->sin6_scope_id = ifindex;
+  }
+  return Status::OK();
+}
+
 }  // namespace
 
 // --- VerbsConnection: setup half ----------------------------------------
@@ -221,7 +409,8 @@ Status VerbsConnection::Init(CmIdPtr id) {
     attr.cap.max_recv_wr = 1;
     attr.cap.max_recv_sge = 1;
     attr.cap.max_inline_data = want;
-    if (rdma_create_qp(id_.get(), shared_->pd.get(), &attr) == 0) {
+    qp_.reset(ibv_create_qp(shared_->pd.get(), &attr));
+    if (qp_) {
       max_inline_ = attr.cap.max_inline_data;
       err = 0;
       break;
@@ -229,11 +418,21 @@ Status VerbsConnection::Init(CmIdPtr id) {
     err = errno;
   }
   if (err != 0) {
-    return ErrnoError("rdma_create_qp (RC, " + std::to_string(depth) + " send WRs) on " +
+    return ErrnoError("ibv_create_qp (RC, " + std::to_string(depth) + " send WRs) on " +
                           shared_->dev_name + "; lower EndpointOptions::max_outstanding",
                       err);
   }
-  qp_num_ = id_->qp->qp_num;
+  // INIT: port, P_Key index and access flags as rdma_cm computes them.
+  ibv_qp_attr qa{};
+  int mask = 0;
+  qa.qp_state = IBV_QPS_INIT;
+  if (rdma_init_qp_attr(id_.get(), &qa, &mask) != 0) {
+    return ErrnoError("rdma_init_qp_attr(INIT) on " + shared_->dev_name, errno);
+  }
+  if (int rc = ibv_modify_qp(qp_.get(), &qa, mask); rc != 0) {
+    return ErrnoError("ibv_modify_qp(INIT) on " + shared_->dev_name, rc);
+  }
+  qp_num_ = qp_->qp_num;
   {
     // Known by QP number from now on: a peer's WRITE_WITH_IMM can arrive
     // before the progress thread has seen ESTABLISHED.
@@ -243,6 +442,69 @@ Status VerbsConnection::Init(CmIdPtr id) {
   }
   max_outstanding_ = depth;
   signal_every_ = static_cast<std::uint32_t>(std::clamp<std::size_t>(depth / 2, 1, 16));
+  return Status::OK();
+}
+
+Status VerbsConnection::ConnectQp(int responder_resources, int initiator_depth) {
+  // INIT again first, as librdmacm does: on the connector the QP reached INIT
+  // before the CM exchange, when rdma_cm knew no access flags yet (remote
+  // READ/atomic rights come from the negotiated responder resources).
+  ibv_qp_attr qa{};
+  int mask = 0;
+  qa.qp_state = IBV_QPS_INIT;
+  if (rdma_init_qp_attr(id_.get(), &qa, &mask) != 0) {
+    return ErrnoError("rdma_init_qp_attr(INIT) for " + peer_.address, errno);
+  }
+  if (int rc = ibv_modify_qp(qp_.get(), &qa, mask); rc != 0) {
+    return ErrnoError("ibv_modify_qp(INIT) for " + peer_.address, rc);
+  }
+  qa = ibv_qp_attr{};
+  mask = 0;
+  qa.qp_state = IBV_QPS_RTR;
+  if (rdma_init_qp_attr(id_.get(), &qa, &mask) != 0) {
+    return ErrnoError("rdma_init_qp_attr(RTR) for " + peer_.address, errno);
+  }
+  if (shared_->port_attr.link_layer == IBV_LINK_LAYER_INFINIBAND) {
+    // librdmacm's workaround for an old rdma_ucm bug: bits 21-24 are RoCE only.
+    mask &= ~0xe00000;
+  }
+  if (responder_resources >= 0) {
+    qa.max_dest_rd_atomic = static_cast<std::uint8_t>(responder_resources);
+  }
+  const int forced = shared_->options.gid_index;
+  if (forced >= 0 && (mask & IBV_QP_AV) && qa.ah_attr.is_global &&
+      qa.ah_attr.grh.sgid_index != forced) {
+    // rdma_cm chose the GID of the address this connection uses. The forced
+    // one must hold the same GID (on RoCE: the same IP; Connect resolves from
+    // it, Listen checks it) - it may differ in type, e.g. RoCE v1 vs v2 -
+    // else the peer, which addresses the GID it saw in the CM exchange,
+    // would drop our packets.
+    ibv_gid chosen{};
+    if (ibv_query_gid(shared_->ctx, static_cast<std::uint8_t>(shared_->port),
+                      qa.ah_attr.grh.sgid_index, &chosen) == 0 &&
+        std::memcmp(chosen.raw, shared_->forced_gid.raw, 16) != 0) {
+      return FailedPreconditionError(
+          "gid_index " + std::to_string(forced) + " on " + shared_->dev_name + " is GID " +
+          GidToString(shared_->forced_gid) + ", but the connection with " + peer_.address +
+          " runs over GID " + GidToString(chosen) + " (index " +
+          std::to_string(qa.ah_attr.grh.sgid_index) +
+          "); listen on / connect from the forced GID's address, or set gid_index=-1");
+    }
+    qa.ah_attr.grh.sgid_index = static_cast<std::uint8_t>(forced);
+  }
+  if (int rc = ibv_modify_qp(qp_.get(), &qa, mask); rc != 0) {
+    return ErrnoError("ibv_modify_qp(RTR) for " + peer_.address, rc);
+  }
+  qa = ibv_qp_attr{};
+  mask = 0;
+  qa.qp_state = IBV_QPS_RTS;
+  if (rdma_init_qp_attr(id_.get(), &qa, &mask) != 0) {
+    return ErrnoError("rdma_init_qp_attr(RTS) for " + peer_.address, errno);
+  }
+  if (initiator_depth >= 0) qa.max_rd_atomic = static_cast<std::uint8_t>(initiator_depth);
+  if (int rc = ibv_modify_qp(qp_.get(), &qa, mask); rc != 0) {
+    return ErrnoError("ibv_modify_qp(RTS) for " + peer_.address, rc);
+  }
   return Status::OK();
 }
 
@@ -270,15 +532,16 @@ void VerbsConnection::SetHealth(Status s) {
 }
 
 void VerbsConnection::MoveQpToError() {
-  if (!id_ || id_->qp == nullptr) return;
+  if (!qp_) return;
   ibv_qp_attr attr{};
   attr.qp_state = IBV_QPS_ERR;
-  ibv_modify_qp(id_->qp, &attr, IBV_QP_STATE);
+  ibv_modify_qp(qp_.get(), &attr, IBV_QP_STATE);
 }
 
 bool VerbsConnection::OnConnectionLost_locked(Status why) {
   SetHealth(std::move(why));
-  if (id_) rdma_disconnect(id_.get());  // QP -> error (flush) and DREP
+  if (id_) rdma_disconnect(id_.get());  // DREP
+  MoveQpToError();  // the QP is ours, rdma_cm does not touch it: flush now
   return !closed_.load(std::memory_order_acquire);
 }
 
@@ -327,6 +590,7 @@ class VerbsEndpoint final : public Endpoint {
   void Interrupt() override;
 
   void TEST_SetProtocolVersion(std::uint16_t v) { version_.store(v); }
+  std::string TEST_DeviceName() const { return shared_->dev_name; }
 
  private:
   Status OpenDevice();
@@ -393,13 +657,32 @@ Status VerbsEndpoint::OpenDevice() {
         "`modprobe rdma_rxe && rdma link add rxe0 type rxe netdev IFACE`, or use "
         "--transport=tcp (run `rdmaps-doctor` for a full check)");
   }
+  // Which device: ib_dev, else the one that owns or routes to the hint,
+  // else the first with an ACTIVE port.
+  std::string want = options().ib_dev;
+  std::string why_this;
+  if (!want.empty()) {
+    why_this = "named by ib_dev";
+  } else if (!options().address_hint.empty()) {
+    RDMAPS_ASSIGN_OR_RETURN(AddressDevice hinted, DeviceForAddress(options().address_hint));
+    if (!hinted.dev_name.empty()) {
+      want = hinted.dev_name;
+      sh->port = hinted.port;
+      why_this = hinted.how;
+    } else {
+      why_this = "first device with an ACTIVE port; address_hint '" + options().address_hint +
+                 "' is a wildcard";
+    }
+  } else {
+    why_this = "first device with an ACTIVE port; no ib_dev or address_hint given";
+  }
   std::string seen;
   std::string why_not;
   for (int i = 0; i < num; ++i) {
     ibv_context* ctx = sh->devices.get()[i];
     std::string name = ibv_get_device_name(ctx->device);
     seen += (seen.empty() ? "" : ", ") + name;
-    if (!options().ib_dev.empty() && name != options().ib_dev) continue;
+    if (!want.empty() && name != want) continue;
     ibv_port_attr pa{};
     if (ibv_query_port(ctx, static_cast<std::uint8_t>(sh->port), &pa) != 0) {
       why_not += " " + name + ": has no port " + std::to_string(sh->port) + ";";
@@ -412,41 +695,40 @@ Status VerbsEndpoint::OpenDevice() {
     }
     sh->ctx = ctx;
     sh->dev_name = name;
-    if (pa.link_layer == IBV_LINK_LAYER_ETHERNET || options().gid_index >= 0) {
-      int gid_index = std::max(options().gid_index, 0);
+    sh->port_attr = pa;
+    if (options().gid_index >= 0) {
+      RDMAPS_RETURN_IF_ERROR(CheckForcedGid(sh.get()));
+    } else if (pa.link_layer == IBV_LINK_LAYER_ETHERNET) {
       ibv_gid gid{};
       bool usable = false;
-      for (int g = gid_index; g < (options().gid_index >= 0 ? gid_index + 1 : pa.gid_tbl_len);
-           ++g) {
-        if (ibv_query_gid(ctx, static_cast<std::uint8_t>(sh->port), g, &gid) == 0 &&
-            (gid.global.subnet_prefix != 0 || gid.global.interface_id != 0)) {
-          usable = true;
-          break;
-        }
+      for (int g = 0; g < pa.gid_tbl_len && !usable; ++g) {
+        usable = ibv_query_gid(ctx, static_cast<std::uint8_t>(sh->port), g, &gid) == 0 &&
+                 (gid.global.subnet_prefix != 0 || gid.global.interface_id != 0);
       }
       if (!usable) {
         return FailedPreconditionError(
             "no usable GID on " + name + " port " + std::to_string(sh->port) +
-            (options().gid_index >= 0 ? " at index " + std::to_string(options().gid_index)
-                                      : std::string()) +
             ": RoCE needs an IP address on the device's netdev (`ip addr add ... dev "
-            "IFACE`); list GIDs with `ibv_devinfo -v` and set gid_index=-1 to let "
-            "rdma_cm choose");
+            "IFACE`); list GIDs with `ibv_devinfo -v`");
       }
     }
     break;
   }
   if (sh->ctx == nullptr) {
-    if (!options().ib_dev.empty() && seen.find(options().ib_dev) == std::string::npos) {
-      return NotFoundError("RDMA device '" + options().ib_dev + "' not found (devices: " +
-                           seen + "); pick one of them with --ib-dev");
+    if (!want.empty() && seen.find(want) == std::string::npos) {
+      return NotFoundError("RDMA device '" + want + "' not found (devices: " + seen +
+                           "); pick one of them with --ib-dev");
     }
     return UnavailableError(
-        "no RDMA device with an ACTIVE port:" + why_not +
+        "no RDMA device with an ACTIVE port" +
+        (want.empty() ? std::string() : " (wanted " + want + ": " + why_this + ")") + ":" +
+        why_not +
         " bring the link up (`ip link set IFACE up` for RoCE/rxe; a running subnet "
         "manager for InfiniBand), choose another --ib-port/--ib-dev, or use "
         "--transport=tcp");
   }
+  LOG(INFO) << "verbs: using device " << sh->dev_name << " port " << sh->port << " ("
+            << why_this << ")";
   if (ibv_query_device(sh->ctx, &sh->dev_attr) != 0) {
     return ErrnoError("ibv_query_device on " + sh->dev_name, errno);
   }
@@ -563,7 +845,21 @@ Result<std::string> VerbsEndpoint::Listen(std::string_view address) {
     return FailedPreconditionError(
         "listen address " + std::string(address) + " belongs to RDMA device " +
         ibv_get_device_name(id->verbs->device) + ", but this endpoint uses " +
-        shared_->dev_name + "; set EndpointOptions::ib_dev (--ib-dev) to match");
+        shared_->dev_name + "; create the endpoint with EndpointOptions::address_hint = "
+        "the listen address, or ib_dev (--ib-dev) = " +
+        ibv_get_device_name(id->verbs->device));
+  }
+  if (options().gid_index >= 0 && shared_->forced_src.ss_family != 0 && !IsWildcard(ai->ai_addr)) {
+    ibv_gid listen_gid{};
+    SockaddrToGid(ai->ai_addr, &listen_gid);
+    if (std::memcmp(listen_gid.raw, shared_->forced_gid.raw, 16) != 0) {
+      return FailedPreconditionError(
+          "listen address " + std::string(address) + " is GID " + GidToString(listen_gid) +
+          ", but gid_index " + std::to_string(options().gid_index) + " on " +
+          shared_->dev_name + " is " + GidToString(shared_->forced_gid) +
+          ": peers would reach us on one GID and our queue pairs answer from another; "
+          "listen on the forced GID's address or set gid_index=-1");
+    }
   }
   if (id->verbs == nullptr && !host.empty() && host != "0.0.0.0" && host != "::") {
     return FailedPreconditionError("listen address " + std::string(address) +
@@ -604,8 +900,29 @@ Result<std::unique_ptr<Connection>> VerbsEndpoint::Connect(std::string_view addr
   }
   CmIdPtr id(raw);
 
-  if (rdma_resolve_addr(id.get(), nullptr, ai->ai_addr, ClampMs(deadline, 5000)) != 0) {
-    return ErrnoError("rdma_resolve_addr(" + where + ")", errno);
+  // A forced GID is a source address: resolving from it makes rdma_cm's path
+  // (and so the GID the peer sees in the CM exchange) match the QP's.
+  sockaddr* src = nullptr;
+  if (options().gid_index >= 0 && shared_->forced_src.ss_family != 0) {
+    if (shared_->forced_src.ss_family != ai->ai_addr->sa_family) {
+      return FailedPreconditionError(
+          "gid_index " + std::to_string(options().gid_index) + " on " + shared_->dev_name +
+          " is GID " + GidToString(shared_->forced_gid) + ", an " +
+          FamilyName(shared_->forced_src.ss_family) + " address, but " + where + " is " +
+          FamilyName(ai->ai_addr->sa_family) +
+          ": a RoCE connection uses one IP family end to end; pick a GID of the peer's "
+          "family (`ibv_devinfo -v`, `rdmaps-doctor`) or set gid_index=-1");
+    }
+    src = reinterpret_cast<sockaddr*>(&shared_->forced_src);
+  }
+  if (rdma_resolve_addr(id.get(), src, ai->ai_addr, ClampMs(deadline, 5000)) != 0) {
+    int e = errno;
+    return UnavailableError(
+        "rdma_resolve_addr(" + where + ") failed: " + std::strerror(e) +
+        (src != nullptr ? "; the source is gid_index " + std::to_string(options().gid_index) +
+                              "'s address " + GidToString(shared_->forced_gid) +
+                              ", which must be able to reach the peer"
+                        : std::string()));
   }
   RDMAPS_ASSIGN_OR_RETURN(CmEvent ev, WaitCmEvent(ch.get(), deadline, "resolving " + where));
   if (ev.type != RDMA_CM_EVENT_ADDR_RESOLVED) {
@@ -617,11 +934,11 @@ Result<std::unique_ptr<Connection>> VerbsEndpoint::Connect(std::string_view addr
         "`ip route`), run `rdmaps-doctor --peer " + where + "`, or use --transport=tcp");
   }
   if (id->verbs != shared_->ctx) {
+    const std::string other = id->verbs ? ibv_get_device_name(id->verbs->device) : "?";
     return FailedPreconditionError(
-        where + " is reached through RDMA device " +
-        (id->verbs ? ibv_get_device_name(id->verbs->device) : "?") +
-        ", but this endpoint uses " + shared_->dev_name +
-        "; set EndpointOptions::ib_dev (--ib-dev) to match");
+        where + " is reached through RDMA device " + other + ", but this endpoint uses " +
+        shared_->dev_name + "; create the endpoint with EndpointOptions::address_hint = "
+        "the peer's address, or ib_dev (--ib-dev) = " + other);
   }
   if (rdma_resolve_route(id.get(), ClampMs(deadline, 5000)) != 0) {
     return ErrnoError("rdma_resolve_route(" + where + ")", errno);
@@ -656,6 +973,8 @@ Result<std::unique_ptr<Connection>> VerbsEndpoint::Connect(std::string_view addr
       static_cast<std::uint8_t>(std::min(shared_->dev_attr.max_qp_rd_atom, 255));
   param.retry_count = 7;
   param.rnr_retry_count = 7;  // infinite: notification receives are reposted
+  param.qp_num = conn->qp_num();  // our QP, not one on the id
+  param.srq = 1;
   if (rdma_connect(idp, &param) != 0) {
     return ErrnoError("rdma_connect(" + where + ")", errno);
   }
@@ -687,7 +1006,7 @@ Result<std::unique_ptr<Connection>> VerbsEndpoint::Connect(std::string_view addr
                             std::to_string(ev.status) +
                             "); start the server first or check the port");
   }
-  if (ev.type != RDMA_CM_EVENT_ESTABLISHED) {
+  if (ev.type != RDMA_CM_EVENT_CONNECT_RESPONSE) {
     return UnavailableError("connecting to " + where + " failed: " + rdma_event_str(ev.type) +
                             " (status " + std::to_string(ev.status) +
                             "); check that the peer is up and reachable (`rdmaps-doctor "
@@ -699,6 +1018,9 @@ Result<std::unique_ptr<Connection>> VerbsEndpoint::Connect(std::string_view addr
     return FailedPreconditionError("peer " + where + " accepted without an rdmaps handshake; "
                                    "is it an rdmaps endpoint?");
   }
+  // The REP arrived: our QP to RTR/RTS, then the RTU (rdma_establish).
+  RDMAPS_RETURN_IF_ERROR(conn->ConnectQp(-1, -1));
+  if (rdma_establish(idp) != 0) return ErrnoError("rdma_establish(" + where + ")", errno);
   conn->set_peer_id(be32toh(rep.peer_id));
   conn->Register();  // before the migrate: publishes the id under mu (see ProgressLoop)
   if (rdma_migrate_id(idp, shared_->channel.get()) != 0) {
@@ -841,6 +1163,15 @@ void VerbsEndpoint::HandleConnectRequest(CmEvent& ev) {
       std::min<int>({shared_->dev_attr.max_qp_init_rd_atom, ev.responder_resources, 255}));
   param.retry_count = 7;
   param.rnr_retry_count = 7;
+  param.qp_num = conn->qp_num();
+  param.srq = 1;
+  // Our QP goes to RTR and RTS before the REP, as rdma_accept would do
+  // with a QP of its own.
+  if (Status s = conn->ConnectQp(param.responder_resources, param.initiator_depth); !s.ok()) {
+    LOG(WARNING) << "verbs: cannot accept peer " << be32toh(req.peer_id) << ": " << s;
+    Reject(idp, kRejectNoResources);
+    return;
+  }
   if (rdma_accept(idp, &param) != 0) {
     LOG(WARNING) << "verbs: rdma_accept failed: " << std::strerror(errno);
     return;
@@ -1001,6 +1332,25 @@ Status TEST_SetProtocolVersion(Endpoint& endpoint, std::uint16_t version) {
   if (ep == nullptr) return InvalidArgumentError("TEST_SetProtocolVersion: not a verbs endpoint");
   ep->TEST_SetProtocolVersion(version);
   return Status::OK();
+}
+
+Result<std::string> TEST_DeviceName(const Endpoint& endpoint) {
+  const auto* ep = dynamic_cast<const internal::VerbsEndpoint*>(&endpoint);
+  if (ep == nullptr) return InvalidArgumentError("TEST_DeviceName: not a verbs endpoint");
+  return ep->TEST_DeviceName();
+}
+
+Result<int> TEST_SourceGidIndex(const Connection& connection) {
+  const auto* c = dynamic_cast<const internal::VerbsConnection*>(&connection);
+  if (c == nullptr || c->qp() == nullptr) {
+    return InvalidArgumentError("TEST_SourceGidIndex: not a connected verbs connection");
+  }
+  ibv_qp_attr attr{};
+  ibv_qp_init_attr init{};
+  if (int rc = ibv_query_qp(c->qp(), &attr, IBV_QP_AV, &init); rc != 0) {
+    return ErrnoError("ibv_query_qp", rc);
+  }
+  return static_cast<int>(attr.ah_attr.grh.sgid_index);
 }
 
 bool DeviceUsable(std::string* why) {

@@ -19,4 +19,10 @@ bool DeviceUsable(std::string* why);
 // handshakes. InvalidArgument when `endpoint` is not a verbs endpoint.
 Status TEST_SetProtocolVersion(Endpoint& endpoint, std::uint16_t version);
 
+// Test hooks: the RDMA device a verbs endpoint opened, and the source GID
+// index its connection's queue pair uses (ibv_query_qp). InvalidArgument for
+// another backend's objects.
+Result<std::string> TEST_DeviceName(const Endpoint& endpoint);
+Result<int> TEST_SourceGidIndex(const Connection& connection);
+
 }  // namespace rdmaps::transport::verbs
