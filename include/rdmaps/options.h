@@ -30,7 +30,8 @@ struct TransportOptions {
   std::chrono::milliseconds op_timeout{30000};
   // Completion waits spin this long before sleeping.
   std::chrono::microseconds busy_poll{50};
-  // verbs only: device (empty: the one owning the address), port, GID index
+  // verbs only: device (empty: the one owning the listen address, on a worker the
+  // one routing to its first server), port, GID index
   // (-1: rdma_cm chooses).
   std::string ib_dev;
   int ib_port = 1;

@@ -349,7 +349,7 @@ Status ClientImpl::Init() {
   if (!options_.tables.empty()) RDMAPS_RETURN_IF_ERROR(internal::ValidateTables(options_.tables));
   RDMAPS_ASSIGN_OR_RETURN(endpoint_,
                           transport::Endpoint::Create(internal::ToEndpointOptions(
-                              options_.transport, options_.worker_id)));
+                              options_.transport, options_.worker_id, options_.servers.front())));
   const Deadline deadline = SteadyClock::now() + options_.connect_timeout;
   RDMAPS_RETURN_IF_ERROR(ConnectAll(deadline));
   RDMAPS_RETURN_IF_ERROR(ReadDirectories(deadline));

@@ -42,8 +42,10 @@ Status ValidateTables(const std::vector<TableOptions>& tables) {
   return Status::OK();
 }
 
-transport::EndpointOptions ToEndpointOptions(const TransportOptions& t, std::uint32_t peer_id) {
+transport::EndpointOptions ToEndpointOptions(const TransportOptions& t, std::uint32_t peer_id,
+                                             std::string address_hint) {
   transport::EndpointOptions e;
+  e.address_hint = std::move(address_hint);
   e.transport = t.transport;
   e.job_token = t.job_token;
   e.peer_id = peer_id;

@@ -16,6 +16,10 @@ namespace rdmaps::internal {
 // 1 <= dim, name length, optimizer hyper-parameters).
 Status ValidateTables(const std::vector<TableOptions>& tables);
 
-transport::EndpointOptions ToEndpointOptions(const TransportOptions& t, std::uint32_t peer_id);
+// `address_hint`: the address the endpoint listens on (server) or first
+// connects to (worker); verbs picks the device that owns or routes to it
+// unless TransportOptions::ib_dev names one.
+transport::EndpointOptions ToEndpointOptions(const TransportOptions& t, std::uint32_t peer_id,
+                                             std::string address_hint);
 
 }  // namespace rdmaps::internal

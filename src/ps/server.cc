@@ -193,7 +193,8 @@ Status ServerImpl::Init() {
   }
   RDMAPS_ASSIGN_OR_RETURN(
       endpoint_, transport::Endpoint::Create(internal::ToEndpointOptions(
-                     options_.transport, internal::kServerPeerBase + options_.server_index)));
+                     options_.transport, internal::kServerPeerBase + options_.server_index,
+                     options_.listen_address)));
   seen_.assign(options_.num_workers, false);
   gone_.assign(options_.num_workers, false);
   stats_.worker_clocks.assign(options_.num_workers, 0);

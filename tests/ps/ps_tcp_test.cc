@@ -294,8 +294,9 @@ TEST(PS_CLUSTER_SUITE, LinearRegressionAsp) { RunCluster(kAsp, 0.05f); }
 // A writer thread rewrites rows (every float of a row holds the same value,
 // so any tear is visible) while a client pulls them over tcp. No pull may
 // return a torn row; the retries it needed are counted and printed.
-TEST(PS_STRESS_SUITE, ConcurrentRewritesNeverYieldTornRows) {
-  PS_SKIP_WITHOUT_TRANSPORT();
+// zero_copy: the pull destination is registered, so torn rows land in the
+// caller's buffer and are re-read in place.
+void RunTornReadStress(bool zero_copy) {
   constexpr std::uint32_t kDim = 1024, kRowsN = 16;
   auto c = testing::StartCluster(kTransport, 1, 1,
                                  {testing::MakeTable(1, "big", kRowsN, kDim, kAsp,
@@ -314,6 +315,9 @@ TEST(PS_STRESS_SUITE, ConcurrentRewritesNeverYieldTornRows) {
     writer_done.store(true);
   });
   std::vector<float> out(kRowsN * kDim);
+  if (zero_copy) {
+    ASSERT_TRUE(c.clients[0]->RegisterBuffer(out).ok());
+  }
   std::uint64_t torn_rows = 0;
   int pulls = 0;
   for (; pulls < 100 || !writer_done.load(); ++pulls) {
@@ -333,9 +337,45 @@ TEST(PS_STRESS_SUITE, ConcurrentRewritesNeverYieldTornRows) {
   }
   writer.join();
   EXPECT_EQ(torn_rows, 0u);
-  std::printf("torn-read retries over %d pulls of %u rows: %llu\n", pulls, kRowsN,
-              static_cast<unsigned long long>(c.clients[0]->stats().torn_retries));
+  const ClientStats st = c.clients[0]->stats();
+  EXPECT_EQ(st.bytes_staged == 0, zero_copy);
+  std::printf("torn-read retries over %d pulls of %u rows (%s): %llu\n", pulls, kRowsN,
+              zero_copy ? "zero-copy" : "staged",
+              static_cast<unsigned long long>(st.torn_retries));
 }
+
+TEST(PS_STRESS_SUITE, ConcurrentRewritesNeverYieldTornRows) {
+  PS_SKIP_WITHOUT_TRANSPORT();
+  RunTornReadStress(/*zero_copy=*/false);
+}
+
+TEST(PS_STRESS_SUITE, ConcurrentRewritesNeverYieldTornRowsInARegisteredBuffer) {
+  PS_SKIP_WITHOUT_TRANSPORT();
+  RunTornReadStress(/*zero_copy=*/true);
+}
+
+#ifdef PS_TEST_VERBS
+// With two RDMA devices (the VM has rxe0 and rxe1), a server listening on the
+// second device's address and a worker connecting to it must both pick that
+// device from the address (with the first device they would fail to listen
+// or to reach it).
+TEST(PS_STRESS_SUITE, ServerAndWorkerPickTheDeviceOfTheirAddress) {
+  const char* addr2 = std::getenv("RDMAPS_TEST_VERBS_ADDR2");
+  if (addr2 == nullptr) GTEST_SKIP() << "RDMAPS_TEST_VERBS_ADDR2 is not set (one RDMA device)";
+  auto so = testing::MakeServerOptions(kTransport, 0, 1, 1,
+                                       {testing::MakeTable(1, "w", 8, 4, kAsp,
+                                                           Initializer::Constant(3.0f))});
+  so.listen_address = std::string(addr2) + ":0";
+  auto server = Server::Start(so);
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto client = Client::Connect(
+      testing::MakeClientOptions(kTransport, 0, 1, {(*server)->address()}));
+  ASSERT_TRUE(client.ok()) << client.status();
+  std::vector<float> out(8 * 4);
+  ASSERT_TRUE((*client)->Pull(1, RowRange{0, 8}, out).ok());
+  for (float v : out) EXPECT_EQ(v, 3.0f);
+}
+#endif
 
 }  // namespace
 }  // namespace rdmaps
