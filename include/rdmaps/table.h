@@ -118,6 +118,21 @@ struct OptimizerOptions {
 // "sgd", "momentum", "adagrad", "adam".
 const char* OptimizerKindName(OptimizerOptions::Kind kind);
 
+// How a server keeps a table's rows (see docs/ps.md, "Row layouts").
+enum class RowLayout : std::uint32_t {
+  // Dense rows, checksummed headers apart: a pull lands in the caller's
+  // registered buffer (zero-copy) and a contiguous range is two READs per
+  // server; a scattered row costs a row READ and a 16-byte header READ.
+  kDense = 0,
+  // Each row with its header beside it (padded to 16 bytes): one READ per
+  // scattered row, always staged (one copy). For embedding tables of small
+  // rows pulled a few scattered rows at a time.
+  kInline = 1,
+};
+
+// "dense", "inline".
+const char* RowLayoutName(RowLayout layout);
+
 // The longest table name the server directory carries.
 inline constexpr std::size_t kMaxTableNameLength = 31;
 
@@ -132,6 +147,7 @@ struct TableOptions {
   // <= c - staleness - 1 (kBsp = 0, kAsp = never wait). A client may tighten
   // it (ClientOptions::staleness_override).
   std::uint32_t staleness = kAsp;
+  RowLayout layout = RowLayout::kDense;
 };
 
 // A contiguous run of rows [begin, begin + count).

@@ -36,6 +36,9 @@ DEFINE_int32(apply_mib, 64, "table size for the optimizer apply measurement, MiB
 DEFINE_bool(zero_copy, true,
             "register each shape's buffer with Client::RegisterBuffer (pulls land in it, "
             "pushes are sent from it); --nozero_copy measures the staged path");
+DEFINE_string(scatter_layout, "dense",
+              "row layout of the tables the scattered shapes use: dense (zero-copy, a header "
+              "READ per row) or inline (one READ per row, staged)");
 DEFINE_bool(raw_consumer, false,
             "a thread on the raw server endpoint consumes notifications, as the ps apply "
             "thread does (shows the cost of waking a consumer on a co-located server)");
@@ -150,6 +153,7 @@ int Main() {
     t.rows = shapes[i].scattered ? 65536 : shapes[i].rows;
     t.dim = shapes[i].dim;
     t.optimizer = OptimizerOptions::Sgd(0.001f);
+    if (shapes[i].scattered && FLAGS_scatter_layout == "inline") t.layout = RowLayout::kInline;
     tables.push_back(t);
   }
   ServerOptions so;

@@ -150,7 +150,7 @@ Result<std::vector<TableOptions>> ParseTablesJson(std::string_view text) {
     std::string where = "table #" + std::to_string(i);
     if (!t.is_object()) return InvalidArgumentError("tables: " + where + " is " + Quote(t));
     RDMAPS_RETURN_IF_ERROR(CheckKeys(
-        t, {"id", "name", "rows", "dim", "init", "optimizer", "staleness"}, where));
+        t, {"id", "name", "rows", "dim", "init", "optimizer", "staleness", "layout"}, where));
     TableOptions o;
     o.id = static_cast<std::uint32_t>(i);
     RDMAPS_RETURN_IF_ERROR(Get(t, "id", where, &o.id));
@@ -177,6 +177,17 @@ Result<std::vector<TableOptions>> ParseTablesJson(std::string_view text) {
       } else {
         return InvalidArgumentError("tables: " + where + " staleness " + Quote(s) +
                                     " is not \"bsp\", \"asp\" or a non-negative integer");
+      }
+    }
+    if (t.contains("layout")) {
+      const json& l = t.at("layout");
+      if (l.is_string() && l.get<std::string>() == "dense") {
+        o.layout = RowLayout::kDense;
+      } else if (l.is_string() && l.get<std::string>() == "inline") {
+        o.layout = RowLayout::kInline;
+      } else {
+        return InvalidArgumentError("tables: " + where + " layout " + Quote(l) +
+                                    " is not \"dense\" or \"inline\"");
       }
     }
     if (!ids.insert(o.id).second) {
@@ -224,7 +235,8 @@ std::string TablesToJson(const std::vector<TableOptions>& tables) {
                     {"dim", t.dim},
                     {"init", init},
                     {"optimizer", opt},
-                    {"staleness", staleness}});
+                    {"staleness", staleness},
+                    {"layout", RowLayoutName(t.layout)}});
   }
   return json({{"tables", list}}).dump(2) + "\n";
 }

@@ -72,14 +72,17 @@ constexpr std::size_t kMaxGatherRuns = 8;
 struct ShardRemote {
   std::uint64_t begin = 0;
   std::uint64_t count = 0;
-  std::uint64_t addr = 0;     // row 0 of the shard
+  std::uint64_t addr = 0;     // row 0 of the shard (data)
   std::uint64_t headers = 0;  // header of row 0
   std::uint32_t rkey = 0;
 };
 
 struct TableMeta {
   TableInfo info;
+  std::uint32_t layout = internal::kLayoutDense;
+  std::size_t row_stride = 0;        // remote distance between rows (and, inline, headers)
   std::vector<ShardRemote> shards;  // per server
+  bool inline_headers() const { return layout == internal::kLayoutInline; }
 };
 
 // Caller memory registered with RegisterBuffer().
@@ -115,20 +118,24 @@ struct ServerLink {
   std::size_t slot_ops = 0;
 };
 
-// Where one pull batch puts the rows and headers it READs from a server:
-// headers in the first `cap` slots of the server's staging; rows in the
-// caller's buffer (zero-copy) or after the headers in staging.
+// Where one pull batch puts the rows and headers it READs from a server.
+// Dense tables: headers in the first `cap` slots of the server's staging;
+// rows in the caller's buffer (zero-copy) or after the headers in staging.
+// Inline tables: slot k of staging holds remote row k of the batch as it is
+// on the server (header, then data).
 struct RowPlace {
   const TableMeta& t;
   const ServerLink& s;
   std::uint64_t cap;
-  const transport::MemoryRegion* user_mr;
+  const transport::MemoryRegion* user_mr;  // null for inline tables
   std::span<float> out;
 
   BlockHeader* Header(std::uint64_t slot) const {
+    if (t.inline_headers()) return reinterpret_cast<BlockHeader*>(s.staging.get() + slot * t.row_stride);
     return reinterpret_cast<BlockHeader*>(s.staging.get()) + slot;
   }
   std::byte* Row(std::uint64_t slot, std::uint64_t out_row) const {
+    if (t.inline_headers()) return s.staging.get() + slot * t.row_stride + sizeof(BlockHeader);
     if (user_mr) return reinterpret_cast<std::byte*>(out.data() + out_row * t.info.dim);
     return s.staging.get() + cap * sizeof(BlockHeader) + slot * internal::RowBytes(t.info.dim);
   }
@@ -472,7 +479,8 @@ Status ClientImpl::ReadDirectories(Deadline deadline) {
       internal::DirectoryTable d;
       std::memcpy(&d, p, sizeof(d));
       d.name[sizeof(d.name) - 1] = '\0';
-      max_row = std::max(max_row, internal::RowBytes(d.dim) + sizeof(BlockHeader));
+      max_row = std::max<std::size_t>(
+          {max_row, internal::RowBytes(d.dim) + sizeof(BlockHeader), d.row_stride});
       auto it = tables_.find(d.id);
       if (first) {
         if (it != tables_.end()) {
@@ -485,28 +493,38 @@ Status ClientImpl::ReadDirectories(Deadline deadline) {
         m.info.rows = d.rows;
         m.info.dim = d.dim;
         m.info.staleness = d.staleness;
+        m.info.layout = static_cast<RowLayout>(d.layout);
+        m.layout = d.layout;
+        m.row_stride = d.row_stride;
+        if (d.layout != internal::kLayoutDense && d.layout != internal::kLayoutInline) {
+          return FailedPreconditionError(ServerName(s) + ": table '" + d.name +
+                                         "' has row layout " + std::to_string(d.layout) +
+                                         ", which this client does not know; run the same "
+                                         "rdmaps build everywhere");
+        }
         if (options_.staleness_override) {
           m.info.staleness = std::min(m.info.staleness, *options_.staleness_override);
         }
         m.shards.resize(S);
         it = tables_.emplace(d.id, std::move(m)).first;
       } else if (it == tables_.end() || it->second.info.rows != d.rows ||
-                 it->second.info.dim != d.dim || it->second.info.name != d.name) {
+                 it->second.info.dim != d.dim || it->second.info.name != d.name ||
+                 it->second.layout != d.layout) {
         return FailedPreconditionError(ServerName(s) + " publishes table " +
                                        std::to_string(d.id) + " ('" + d.name +
                                        "') differently from server 0; give every server the "
                                        "same table list");
       }
       const internal::ShardRange expect = internal::PartitionOf(d.rows, S, s.index);
+      const internal::ShardGeometry g = internal::GeometryOf(d.layout, d.shard_rows, d.dim);
       if (d.shard_begin != expect.begin || d.shard_rows != expect.count ||
-          d.row_bytes != internal::RowBytes(d.dim) ||
-          d.headers_offset != internal::ShardHeadersOffset(d.shard_rows, d.dim) ||
-          d.shard.length < internal::ShardBytes(d.shard_rows, d.dim)) {
+          d.row_bytes != internal::RowBytes(d.dim) || d.headers_offset != g.headers_offset ||
+          d.row_stride != g.row_stride || d.shard.length < g.bytes) {
         return FailedPreconditionError(ServerName(s) + ": shard of table '" + d.name +
                                        "' is not the range partition this client computes");
       }
-      it->second.shards[s.index] = {d.shard_begin, d.shard_rows, d.shard.addr,
-                                    d.shard.addr + d.headers_offset, d.shard.rkey};
+      it->second.shards[s.index] = {d.shard_begin, d.shard_rows, d.shard.addr + g.row_offset,
+                                    d.shard.addr + g.headers_offset, d.shard.rkey};
     }
     if (!first && h.num_tables != tables_.size()) {
       return FailedPreconditionError(ServerName(s) + " has " + std::to_string(h.num_tables) +
@@ -541,7 +559,8 @@ Status ClientImpl::ReadDirectories(Deadline deadline) {
   for (const TableOptions& want : options_.tables) {
     auto it = tables_.find(want.id);
     if (it == tables_.end() || it->second.info.name != want.name ||
-        it->second.info.rows != want.rows || it->second.info.dim != want.dim) {
+        it->second.info.rows != want.rows || it->second.info.dim != want.dim ||
+        it->second.info.layout != want.layout) {
       return FailedPreconditionError("table " + std::to_string(want.id) + " ('" + want.name +
                                      "') of ClientOptions.tables is not what the servers "
                                      "publish; give workers and servers the same table list");
@@ -730,6 +749,24 @@ Status ClientImpl::WaitReadable(const TableMeta& t, const std::vector<std::uint3
   return Status::OK();
 }
 
+// The READs of rows [local, local + n) of `shard` into batch slots
+// [slot, slot + n): for a dense table the rows (to `place`) and their
+// headers (to staging); for an inline table both at once.
+void AddRowReads(const TableMeta& t, const RowPlace& place, const ShardRemote& shard,
+                 std::uint64_t slot, std::uint64_t local, std::uint64_t out_row, std::uint64_t n,
+                 std::vector<Op>* ops) {
+  if (t.inline_headers()) {
+    ops->push_back(Op::Read(place.Header(slot), place.s.staging_mr.get(), n * t.row_stride,
+                            shard.headers + local * t.row_stride, shard.rkey));
+    return;
+  }
+  const std::size_t row_bytes = internal::RowBytes(t.info.dim);
+  ops->push_back(Op::Read(place.Row(slot, out_row), place.row_mr(), n * row_bytes,
+                          shard.addr + local * row_bytes, shard.rkey));
+  ops->push_back(Op::Read(place.Header(slot), place.s.staging_mr.get(), n * sizeof(BlockHeader),
+                          shard.headers + local * sizeof(BlockHeader), shard.rkey));
+}
+
 Status ClientImpl::ReadRuns(const TableMeta& t, std::vector<Run> runs, std::span<float> out,
                             Deadline deadline) {
   const std::uint32_t dim = t.info.dim;
@@ -737,8 +774,15 @@ Status ClientImpl::ReadRuns(const TableMeta& t, std::vector<Run> runs, std::span
   // Rows land straight in `out` when the caller registered it (zero-copy);
   // otherwise in staging, and are copied out once they verify. Headers always
   // go to staging.
-  const transport::MemoryRegion* user_mr = FindRegistered(out.data(), out.size_bytes());
-  const std::size_t staged_row = sizeof(BlockHeader) + (user_mr ? 0 : row_bytes);
+  // Inline tables READ header and row together into staging (one op per run).
+  const bool inl = t.inline_headers();
+  const transport::MemoryRegion* user_mr =
+      inl ? nullptr : FindRegistered(out.data(), out.size_bytes());
+  const std::size_t staged_row =
+      inl ? t.row_stride : sizeof(BlockHeader) + (user_mr ? 0 : row_bytes);
+  const std::size_t ops_per_run = inl ? 1 : 2;
+  // Remote bytes one READ moves per row.
+  const std::size_t read_row = inl ? t.row_stride : row_bytes;
   struct Piece {
     std::uint64_t slot, local, count, out_row;  // slot: staging row index
   };
@@ -748,7 +792,7 @@ Status ClientImpl::ReadRuns(const TableMeta& t, std::vector<Run> runs, std::span
   std::vector<std::vector<Piece>> pieces(servers_.size());
   std::vector<Op> ops;
   std::uint64_t retries = 0, bytes = 0, copied = 0;
-  const std::uint64_t max_rows_per_op = std::max<std::uint64_t>(1, kMaxReadBytes / row_bytes);
+  const std::uint64_t max_rows_per_op = std::max<std::uint64_t>(1, kMaxReadBytes / read_row);
   for (std::uint32_t si = 0; si < servers_.size(); ++si) {
     if (!queues[si].empty() && servers_[si].staging_bytes < staged_row) {
       return InternalError("staging smaller than one row");  // Init() sizes it
@@ -768,15 +812,12 @@ Status ClientImpl::ReadRuns(const TableMeta& t, std::vector<Run> runs, std::span
       std::uint64_t used = 0;
       ops.clear();
       const std::size_t max_ops = std::min(kMaxOpsPerPost, s.conn->max_outstanding());
-      while (!q.empty() && used < cap && ops.size() + 2 <= max_ops) {
+      while (!q.empty() && used < cap && ops.size() + ops_per_run <= max_ops) {
         Run& r = q.front();
         const std::uint64_t n = std::min({r.count, cap - used, max_rows_per_op});
         pieces[si].push_back({used, r.local, n, r.out_row});
-        ops.push_back(Op::Read(place.Row(used, r.out_row), place.row_mr(), n * row_bytes,
-                               shard.addr + r.local * row_bytes, shard.rkey));
-        ops.push_back(Op::Read(place.Header(used), s.staging_mr.get(), n * sizeof(BlockHeader),
-                               shard.headers + r.local * sizeof(BlockHeader), shard.rkey));
-        bytes += n * (row_bytes + sizeof(BlockHeader));
+        AddRowReads(t, place, shard, used, r.local, r.out_row, n, &ops);
+        bytes += n * (inl ? t.row_stride : row_bytes + sizeof(BlockHeader));
         used += n;
         r.local += n;
         r.out_row += n;
@@ -802,12 +843,12 @@ Status ClientImpl::ReadRuns(const TableMeta& t, std::vector<Run> runs, std::span
         }
         return true;
       };
-      // Verify the rows of each piece as its two READs complete (overlapping
+      // Verify the rows of each piece as its READs complete (overlapping
       // the check with the later READs' transfer); re-READ torn rows, data
       // and header, until they verify.
       std::vector<Piece> torn;
       for (const Piece& pc : pieces[si]) {
-        RDMAPS_RETURN_IF_ERROR(Drain(s, 2, deadline));
+        RDMAPS_RETURN_IF_ERROR(Drain(s, ops_per_run, deadline));
         for (std::uint64_t k = 0; k < pc.count; ++k) {
           if (!accept(pc.slot + k, pc.out_row + k)) {
             torn.push_back({pc.slot + k, pc.local + k, 1, pc.out_row + k});
@@ -822,18 +863,15 @@ Status ClientImpl::ReadRuns(const TableMeta& t, std::vector<Run> runs, std::span
                                " read torn until the deadline (" + std::to_string(retries) +
                                " retries): the server rewrites it faster than it can be read");
         }
-        const std::size_t per_post = std::min(kMaxOpsPerPost, s.conn->max_outstanding()) / 2;
+        const std::size_t per_post =
+            std::min(kMaxOpsPerPost, s.conn->max_outstanding()) / ops_per_run;
         for (std::size_t off = 0; off < torn.size(); off += per_post) {
           ops.clear();
           const std::size_t end = std::min(torn.size(), off + per_post);
           for (std::size_t k = off; k < end; ++k) {
             const Piece& pc = torn[k];
-            ops.push_back(Op::Read(place.Row(pc.slot, pc.out_row), place.row_mr(), row_bytes,
-                                   shard.addr + pc.local * row_bytes, shard.rkey));
-            ops.push_back(Op::Read(place.Header(pc.slot), s.staging_mr.get(),
-                                   sizeof(BlockHeader),
-                                   shard.headers + pc.local * sizeof(BlockHeader), shard.rkey));
-            bytes += row_bytes + sizeof(BlockHeader);
+            AddRowReads(t, place, shard, pc.slot, pc.local, pc.out_row, 1, &ops);
+            bytes += inl ? t.row_stride : row_bytes + sizeof(BlockHeader);
           }
           RDMAPS_RETURN_IF_ERROR(Exec(s, ops, deadline));
         }

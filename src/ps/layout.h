@@ -28,6 +28,10 @@
 // whose header was read (up to a 64-bit hash collision). A seqlock would need
 // three fenced READs (version, data, version) per range, i.e. three round
 // trips, and could not land in a dense buffer; see docs/ps.md.
+// A table with RowLayout::kInline keeps each header beside its row instead:
+//     [ header | dim floats | pad to 16 B ] x count
+// so a scattered row is one READ (into staging, then copied out).
+// ShardGeometry describes either layout; the directory carries it.
 
 // == Bootstrap ==
 // 1. The worker registers a bootstrap region (num_servers * 64 bytes,
@@ -139,15 +143,53 @@ bool VerifyRow(const BlockHeader& header, const void* payload, std::size_t bytes
 
 inline std::size_t RoundUp(std::size_t n, std::size_t to) { return (n + to - 1) / to * to; }
 
-// Bytes of one row in a shard (rows are dense).
+// Bytes of one row's data.
 inline std::size_t RowBytes(std::uint32_t dim) { return std::size_t{dim} * sizeof(float); }
 
-// Where a shard's headers start in its region, and the region's size.
+// Where a shard's headers start in its region, and the region's size
+// (RowLayout::kDense).
 inline std::size_t ShardHeadersOffset(std::uint64_t rows, std::uint32_t dim) {
   return RoundUp(rows * RowBytes(dim), kCacheLine);
 }
 inline std::size_t ShardBytes(std::uint64_t rows, std::uint32_t dim) {
   return ShardHeadersOffset(rows, dim) + rows * sizeof(BlockHeader);
+}
+
+inline constexpr std::uint32_t kLayoutDense = 0;   // RowLayout::kDense
+inline constexpr std::uint32_t kLayoutInline = 1;  // RowLayout::kInline
+
+// Where row `local` of a shard and its header are, relative to the shard's
+// region: row at local * row_stride + row_offset, header at headers_offset +
+// local * header_stride.
+struct ShardGeometry {
+  std::uint32_t layout = kLayoutDense;
+  std::size_t row_stride = 0;
+  std::size_t row_offset = 0;
+  std::size_t header_stride = 0;
+  std::size_t headers_offset = 0;
+  std::size_t bytes = 0;  // of the region
+  bool inline_headers() const { return layout == kLayoutInline; }
+  std::size_t row(std::uint64_t local) const { return local * row_stride + row_offset; }
+  std::size_t header(std::uint64_t local) const { return headers_offset + local * header_stride; }
+};
+
+inline ShardGeometry GeometryOf(std::uint32_t layout, std::uint64_t rows, std::uint32_t dim) {
+  ShardGeometry g;
+  g.layout = layout;
+  if (layout == kLayoutInline) {
+    g.row_stride = RoundUp(sizeof(BlockHeader) + RowBytes(dim), 16);
+    g.row_offset = sizeof(BlockHeader);
+    g.header_stride = g.row_stride;
+    g.headers_offset = 0;
+    g.bytes = rows * g.row_stride;
+  } else {
+    g.row_stride = RowBytes(dim);
+    g.row_offset = 0;
+    g.header_stride = sizeof(BlockHeader);
+    g.headers_offset = ShardHeadersOffset(rows, dim);
+    g.bytes = ShardBytes(rows, dim);
+  }
+  return g;
 }
 
 // ---- Handshake and bootstrap -----------------------------------------------
@@ -202,11 +244,13 @@ struct DirectoryTable {
   std::uint64_t shard_rows;
   std::uint32_t staleness;
   std::uint32_t row_bytes;       // RowBytes(dim)
-  WireRegion shard;              // rows, then headers at headers_offset
-  std::uint64_t headers_offset;  // ShardHeadersOffset(shard_rows, dim)
+  WireRegion shard;              // the region GeometryOf(layout, shard_rows, dim) describes
+  std::uint64_t headers_offset;  // GeometryOf(...).headers_offset
+  std::uint32_t layout;          // kLayoutDense or kLayoutInline
+  std::uint32_t row_stride;      // GeometryOf(...).row_stride
   char name[32];                 // NUL-terminated
 };
-static_assert(std::is_trivially_copyable_v<DirectoryTable> && sizeof(DirectoryTable) == 104);
+static_assert(std::is_trivially_copyable_v<DirectoryTable> && sizeof(DirectoryTable) == 112);
 
 struct DirectoryWorker {
   WireRegion ring;

@@ -48,12 +48,12 @@ internal::WireRegion Wire(const transport::MemoryRegion& mr) {
   return {reinterpret_cast<std::uint64_t>(mr.data()), mr.size(), mr.rkey(), 0};
 }
 
-// A shard in registered memory: dense rows, then one header per row
-// (src/ps/layout.h).
+// A shard in registered memory, laid out as `geometry` says (dense rows then
+// headers, or each header beside its row; src/ps/layout.h).
 struct TableState {
   TableOptions options;
   internal::ShardRange shard;
-  std::size_t headers_offset = 0;
+  internal::ShardGeometry geometry;
   AlignedBuffer memory;
   std::unique_ptr<transport::MemoryRegion> mr;
   std::optional<internal::Optimizer> optimizer;
@@ -61,10 +61,10 @@ struct TableState {
 
   std::size_t row_bytes() const { return internal::RowBytes(options.dim); }
   float* data(std::uint64_t local) const {
-    return reinterpret_cast<float*>(memory.get() + local * row_bytes());
+    return reinterpret_cast<float*>(memory.get() + geometry.row(local));
   }
   BlockHeader* header(std::uint64_t local) const {
-    return reinterpret_cast<BlockHeader*>(memory.get() + headers_offset) + local;
+    return reinterpret_cast<BlockHeader*>(memory.get() + geometry.header(local));
   }
   // Re-seals a row after its data changed (data first, then header).
   void Seal(std::uint64_t local) const {
@@ -240,10 +240,11 @@ Status ServerImpl::RegisterAll() {
     TableState& t = tables_[i];
     t.options = options_.tables[i];
     t.shard = internal::PartitionOf(t.options.rows, S, options_.server_index);
-    t.headers_offset = internal::ShardHeadersOffset(t.shard.count, t.options.dim);
+    t.geometry = internal::GeometryOf(static_cast<std::uint32_t>(t.options.layout),
+                                      t.shard.count, t.options.dim);
     t.optimizer.emplace(t.options.optimizer, t.options.dim);
     table_index_[t.options.id] = i;
-    RDMAPS_RETURN_IF_ERROR(alloc_register(internal::ShardBytes(t.shard.count, t.options.dim),
+    RDMAPS_RETURN_IF_ERROR(alloc_register(t.geometry.bytes,
                                           transport::kRemoteRead,
                                           "shard of table '" + t.options.name + "'", &t.memory,
                                           &t.mr));
@@ -298,7 +299,9 @@ Status ServerImpl::RegisterAll() {
     d.staleness = t.options.staleness;
     d.row_bytes = static_cast<std::uint32_t>(t.row_bytes());
     d.shard = Wire(*t.mr);
-    d.headers_offset = t.headers_offset;
+    d.headers_offset = t.geometry.headers_offset;
+    d.layout = t.geometry.layout;
+    d.row_stride = static_cast<std::uint32_t>(t.geometry.row_stride);
     std::memcpy(d.name, t.options.name.data(), t.options.name.size());
     std::memcpy(p, &d, sizeof(d));
     p += sizeof(d);

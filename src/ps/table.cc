@@ -16,4 +16,14 @@ const char* OptimizerKindName(OptimizerOptions::Kind kind) {
   return "unknown";
 }
 
+const char* RowLayoutName(RowLayout layout) {
+  switch (layout) {
+    case RowLayout::kDense:
+      return "dense";
+    case RowLayout::kInline:
+      return "inline";
+  }
+  return "unknown";
+}
+
 }  // namespace rdmaps

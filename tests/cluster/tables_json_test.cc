@@ -18,6 +18,7 @@ TEST(TablesJsonTest, RoundTrips) {
   a.init = Initializer::Uniform(-0.5f, 0.5f, 7);
   a.optimizer = OptimizerOptions::Adam(0.01f);
   a.staleness = 2;
+  a.layout = RowLayout::kInline;
   TableOptions b;
   b.id = 4;
   b.name = "bias";
@@ -37,7 +38,9 @@ TEST(TablesJsonTest, RoundTrips) {
   EXPECT_EQ(x.optimizer.kind, OptimizerOptions::Kind::kAdam);
   EXPECT_FLOAT_EQ(x.optimizer.learning_rate, 0.01f);
   EXPECT_EQ(x.staleness, 2u);
+  EXPECT_EQ(x.layout, RowLayout::kInline);
   EXPECT_EQ((*r)[1].staleness, kAsp);
+  EXPECT_EQ((*r)[1].layout, RowLayout::kDense);
   EXPECT_FLOAT_EQ((*r)[1].init.value, 1.5f);
 }
 
@@ -57,6 +60,8 @@ TEST(TablesJsonTest, MalformedIsInvalidArgumentNamingThePart) {
       {"[{", "not valid JSON"},
       {R"({"tabels": []})", "unknown key \"tabels\""},
       {R"([{"name": "w", "rows": 0}])", "rows >= 1"},
+      {R"([{"name": "w", "rows": 2, "dim": 1, "layout": "sparse"}])",
+       "layout '\"sparse\"' is not \"dense\" or \"inline\""},
       {R"([{"name": "w", "rows": -3}])", "\"rows\" must be a non-negative integer, got '-3'"},
       {R"([{"name": "w", "dims": 3}])", "unknown key \"dims\""},
       {R"([{"name": "w", "optimizer": {"kind": "lamb"}}])", "kind 'lamb'"},

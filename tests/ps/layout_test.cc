@@ -127,6 +127,31 @@ TEST(CheckedBlockTest, EveryMixOfTwoVersionsAtCacheLineGranularityIsRejected) {
   }
 }
 
+TEST(ShardLayoutTest, GeometryOfBothLayouts) {
+  for (std::uint32_t dim : {1u, 3u, 4u, 16u, 100u}) {
+    const ShardGeometry d = GeometryOf(kLayoutDense, 10, dim);
+    EXPECT_FALSE(d.inline_headers());
+    EXPECT_EQ(d.row(3), 3 * RowBytes(dim));
+    EXPECT_EQ(d.header(3), ShardHeadersOffset(10, dim) + 3 * sizeof(BlockHeader));
+    EXPECT_EQ(d.bytes, ShardBytes(10, dim));
+    const ShardGeometry i = GeometryOf(kLayoutInline, 10, dim);
+    EXPECT_TRUE(i.inline_headers());
+    EXPECT_EQ(i.row_stride % 16, 0u);
+    EXPECT_GE(i.row_stride, sizeof(BlockHeader) + RowBytes(dim));
+    EXPECT_LT(i.row_stride, sizeof(BlockHeader) + RowBytes(dim) + 16);
+    EXPECT_EQ(i.header(3), 3 * i.row_stride);
+    EXPECT_EQ(i.row(3), 3 * i.row_stride + sizeof(BlockHeader));
+    EXPECT_EQ(i.bytes, 10 * i.row_stride);
+    // Rows and headers of a shard never overlap and fit in the region.
+    for (const ShardGeometry& g : {d, i}) {
+      for (std::uint64_t r = 0; r < 10; ++r) {
+        EXPECT_LE(g.row(r) + RowBytes(dim), g.bytes);
+        EXPECT_LE(g.header(r) + sizeof(BlockHeader), g.bytes);
+      }
+    }
+  }
+}
+
 TEST(CheckedRowTest, RowAndSeparatelyReadHeaderAgreeOnlyForOneWholeVersion) {
   // A pull READs a row and its header separately: any line mix of two
   // versions, paired with either version's header, must be accepted only

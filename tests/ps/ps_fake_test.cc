@@ -263,6 +263,84 @@ TEST(PsFakeTest, RegisteredBuffersSkipTheStagingCopy) {
   EXPECT_GT(cl.stats().bytes_staged, staged) << "an unregistered buffer was used zero-copy";
 }
 
+TableOptions InlineTable(std::uint32_t id, const std::string& name, std::uint64_t rows,
+                         std::uint32_t dim, Initializer init = Initializer::Zeros()) {
+  TableOptions t = MakeTable(id, name, rows, dim, kAsp, init);
+  t.layout = RowLayout::kInline;
+  return t;
+}
+
+TEST(PsFakeTest, InlineTablePullsPushesAndReportsItsLayout) {
+  const auto init = Initializer::Uniform(-1.0f, 1.0f, 5);
+  auto c = StartCluster("fake", 3, 1, {InlineTable(7, "emb", 10, 5, init), MakeTable(8, "d", 3, 2)});
+  ASSERT_EQ(c.clients.size(), 1u);
+  Client& cl = *c.clients[0];
+  auto info = cl.FindTable("emb");
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->layout, RowLayout::kInline);
+  EXPECT_EQ(cl.FindTable("d")->layout, RowLayout::kDense);
+  std::vector<float> out(10 * 5), want(5);
+  ASSERT_TRUE(cl.Pull(7, RowRange{0, 10}, out).ok());
+  for (std::uint64_t r = 0; r < 10; ++r) {
+    internal::InitRow(init, 7, r, want.data(), 5);
+    for (int k = 0; k < 5; ++k) ASSERT_EQ(out[r * 5 + k], want[k]) << "row " << r;
+  }
+  // Scattered pull with repeats, range and scattered pushes.
+  std::vector<std::uint64_t> ids = {9, 0, 4, 4, 3};
+  std::vector<float> g(ids.size() * 5, -1.0f), range_g(10 * 5, -2.0f);
+  ASSERT_TRUE(cl.Push(7, ids, g).ok());
+  ASSERT_TRUE(cl.Push(7, RowRange{0, 10}, range_g).ok());
+  std::vector<float> sc(ids.size() * 5);
+  ASSERT_TRUE(cl.RegisterBuffer(sc).ok());  // inline tables are staged anyway
+  ASSERT_TRUE(cl.Pull(7, ids, sc).ok());
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    const float times = static_cast<float>(std::count(ids.begin(), ids.end(), ids[i]));
+    for (int k = 0; k < 5; ++k) {
+      EXPECT_EQ(sc[i * 5 + k], out[ids[i] * 5 + k] + 2.0f + times) << i;
+    }
+  }
+  // Staged: both pulls (inline rows always are) and both pushes (unregistered).
+  EXPECT_EQ(cl.stats().bytes_staged, 2 * (10 + ids.size()) * 5 * sizeof(float));
+  EXPECT_EQ(cl.stats().zero_copy_calls, 0u);
+  // Every server holds its rows where ReadLocal finds them.
+  for (std::uint32_t s = 0; s < 3; ++s) {
+    const auto shard = internal::PartitionOf(10, 3, s);
+    std::vector<float> local;
+    ASSERT_TRUE(c.servers[s]->ReadLocal(7, RowRange{shard.begin, shard.count}, &local).ok());
+    ASSERT_EQ(local.size(), shard.count * 5);
+  }
+}
+
+TEST(PsFakeTest, TornInlineRowIsDetectedAndRetried) {
+  auto c = StartCluster("fake", 1, 1, {InlineTable(1, "w", 4, 40, Initializer::Constant(1.0f))});
+  ASSERT_EQ(c.clients.size(), 1u);
+  Server& server = *c.servers[0];
+  const std::size_t stride = internal::GeometryOf(internal::kLayoutInline, 4, 40).row_stride;
+  int rewrites = 0;
+  transport::fake::Faults f;
+  f.inbound = true;
+  f.read_pieces = 8;
+  f.read_split_min_bytes = stride;
+  f.between_read_pieces = [&](const transport::fake::ReadPiece& p) {
+    // Half way through row 2 of the 4-row READ, then of each 1-row re-READ.
+    const bool mid_row2 = (p.length == 4 * stride && p.bytes_copied == 2 * stride + stride / 2) ||
+                          (p.length == stride && p.bytes_copied == stride / 2);
+    if (mid_row2 && rewrites < 3) {
+      ++rewrites;
+      ASSERT_TRUE(internal::TEST_SetRow(server, 1, 2, 1.0f + rewrites).ok());
+    }
+  };
+  ASSERT_TRUE(transport::fake::SetFaults(*internal::TEST_ServerEndpoint(server), f).ok());
+  std::vector<float> out(4 * 40);
+  ASSERT_TRUE(c.clients[0]->Pull(1, RowRange{0, 4}, out).ok());
+  EXPECT_EQ(rewrites, 3);
+  EXPECT_EQ(c.clients[0]->stats().torn_retries, 3u);
+  for (int r = 0; r < 4; ++r) {
+    for (int k = 1; k < 40; ++k) ASSERT_EQ(out[r * 40 + k], out[r * 40]) << "torn row " << r;
+  }
+  EXPECT_EQ(out[2 * 40], 4.0f);
+}
+
 TEST(PsFakeTest, FastPushersAreFlowControlledAndEveryPushAppliesOnce) {
   constexpr int kWorkers = 3, kPushes = 400;
   auto c = StartCluster("fake", 2, kWorkers, {MakeTable(1, "ctr", 5, 3)}, /*push_slots=*/2);
