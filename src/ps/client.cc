@@ -241,6 +241,10 @@ class ClientImpl final : public Client {
   Status PostOps(ServerLink& s, std::span<const Op> ops);
   Status Drain(ServerLink& s, std::size_t n, Deadline deadline);
   Status Exec(ServerLink& s, std::span<const Op> ops, Deadline deadline);
+  // Takes at least `at_least` and at most `at_most` completions of s (adds
+  // how many to *completed); the first failed op fails the call.
+  Status DrainSome(ServerLink& s, std::size_t at_least, std::size_t at_most,
+                   std::size_t* completed, Deadline deadline);
   Status ReadControl(const std::vector<std::uint32_t>& servers, Deadline deadline);
   // Takes the control block in s.ctrl; false when it is torn.
   bool ParseControl(ServerLink& s);
@@ -619,6 +623,25 @@ Status ClientImpl::Drain(ServerLink& s, std::size_t n, Deadline deadline) {
   return Status::OK();
 }
 
+Status ClientImpl::DrainSome(ServerLink& s, std::size_t at_least, std::size_t at_most,
+                             std::size_t* completed, Deadline deadline) {
+  Completion c[64];
+  std::size_t got = 0;
+  Status first;
+  while (got < at_least) {
+    auto r = s.conn->Wait({c, std::min<std::size_t>(at_most - got, 64)}, deadline);
+    if (!r.ok()) return Fail(s, r.status());
+    if (*r == 0) return Fail(s, TimedOutError("no completion by the deadline"));
+    for (std::size_t i = 0; i < *r; ++i) {
+      if (!c[i].status.ok() && first.ok()) first = c[i].status;
+    }
+    got += *r;
+  }
+  *completed += got;
+  if (!first.ok()) return Fail(s, first);
+  return Status::OK();
+}
+
 Status ClientImpl::Exec(ServerLink& s, std::span<const Op> ops, Deadline deadline) {
   RDMAPS_RETURN_IF_ERROR(PostOps(s, ops));
   return Drain(s, ops.size(), deadline);
@@ -847,8 +870,16 @@ Status ClientImpl::ReadRuns(const TableMeta& t, std::vector<Run> runs, std::span
       // the check with the later READs' transfer); re-READ torn rows, data
       // and header, until they verify.
       std::vector<Piece> torn;
+      // Completions are taken in bulk (up to all of this server's), so many
+      // small pieces cost few Waits.
+      const std::size_t total_ops = pieces[si].size() * ops_per_run;
+      std::size_t completed = 0, needed = 0;
       for (const Piece& pc : pieces[si]) {
-        RDMAPS_RETURN_IF_ERROR(Drain(s, ops_per_run, deadline));
+        needed += ops_per_run;
+        if (completed < needed) {
+          RDMAPS_RETURN_IF_ERROR(
+              DrainSome(s, needed - completed, total_ops - completed, &completed, deadline));
+        }
         for (std::uint64_t k = 0; k < pc.count; ++k) {
           if (!accept(pc.slot + k, pc.out_row + k)) {
             torn.push_back({pc.slot + k, pc.local + k, 1, pc.out_row + k});
