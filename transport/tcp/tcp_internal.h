@@ -281,7 +281,10 @@ class EndpointCore {
 
   // Guarded by mu_.
   std::mutex mu_;
-  std::condition_variable cv_;
+  // Two condition variables, so that a notification wakes only the thread
+  // waiting for notifications, not an Accept waiter too (and vice versa).
+  std::condition_variable accept_cv_;
+  std::condition_variable notes_cv_;
   bool stop_ = false;
   std::vector<Fd> new_listeners_;
   std::vector<std::shared_ptr<Inbound>> new_served_;

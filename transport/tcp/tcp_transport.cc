@@ -107,7 +107,8 @@ void EndpointCore::Stop() {
     Wake();
     thread_.join();
   }
-  cv_.notify_all();
+  accept_cv_.notify_all();
+  notes_cv_.notify_all();
   std::deque<std::unique_ptr<Connection>> accepted;
   {
     std::lock_guard lock(mu_);
@@ -159,14 +160,14 @@ void EndpointCore::DeliverNotifications() {
     notifications_.insert(notifications_.end(), round_notes_.begin(), round_notes_.end());
   }
   round_notes_.clear();
-  cv_.notify_all();
+  notes_cv_.notify_all();
 }
 
 Result<std::size_t> EndpointCore::WaitNotifications(std::span<Notification> out,
                                                     Deadline deadline) {
   if (out.empty()) return InvalidArgumentError("WaitNotifications with an empty output span");
   std::unique_lock lock(mu_);
-  cv_.wait_until(lock, deadline,
+  notes_cv_.wait_until(lock, deadline,
                  [&] { return !notifications_.empty() || interrupted_ || stop_; });
   std::size_t n = 0;
   while (n < out.size() && !notifications_.empty()) {
@@ -180,7 +181,8 @@ Result<std::size_t> EndpointCore::WaitNotifications(std::span<Notification> out,
 Result<std::unique_ptr<Connection>> EndpointCore::Accept(Deadline deadline) {
   std::unique_lock lock(mu_);
   if (!listening_) return FailedPreconditionError("Accept before Listen; call Listen first");
-  cv_.wait_until(lock, deadline, [&] { return !accepted_.empty() || interrupted_ || stop_; });
+  accept_cv_.wait_until(lock, deadline,
+                        [&] { return !accepted_.empty() || interrupted_ || stop_; });
   if (!accepted_.empty()) {
     auto conn = std::move(accepted_.front());
     accepted_.pop_front();
@@ -200,7 +202,8 @@ void EndpointCore::Interrupt() {
     std::lock_guard lock(mu_);
     interrupted_ = true;
   }
-  cv_.notify_all();
+  accept_cv_.notify_all();
+  notes_cv_.notify_all();
 }
 
 void EndpointCore::Run() {
@@ -537,7 +540,7 @@ Status EndpointCore::HandleHello(const std::shared_ptr<Inbound>& in) {
     std::lock_guard lock(mu_);
     accepted_.push_back(std::move(conn));
   }
-  cv_.notify_all();
+  accept_cv_.notify_all();
   return Status::OK();
 }
 

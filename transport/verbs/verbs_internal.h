@@ -173,7 +173,10 @@ struct Shared {
   int srq_depth = 0;
 
   std::mutex mu;
-  std::condition_variable cv;
+  // Accept waiters and notification waiters wait apart, so a notification
+  // wakes only the thread that waits for notifications.
+  std::condition_variable accept_cv;
+  std::condition_variable notes_cv;
   // Protected by mu.
   std::map<std::uint32_t, VerbsConnection*> by_qp;  // qp_num -> live conn
   std::map<rdma_cm_id*, VerbsConnection*> by_id;    // established conns

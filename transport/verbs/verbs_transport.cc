@@ -1031,7 +1031,7 @@ Result<std::unique_ptr<Connection>> VerbsEndpoint::Connect(std::string_view addr
 
 Result<std::unique_ptr<Connection>> VerbsEndpoint::Accept(Deadline deadline) {
   std::unique_lock<std::mutex> lock(shared_->mu);
-  shared_->cv.wait_until(lock, deadline, [&] {
+  shared_->accept_cv.wait_until(lock, deadline, [&] {
     return !shared_->accepted.empty() || shared_->interrupted;
   });
   if (!shared_->accepted.empty()) {
@@ -1049,7 +1049,7 @@ Result<std::unique_ptr<Connection>> VerbsEndpoint::Accept(Deadline deadline) {
 Result<std::size_t> VerbsEndpoint::WaitNotifications(std::span<Notification> out,
                                                      Deadline deadline) {
   std::unique_lock<std::mutex> lock(shared_->mu);
-  shared_->cv.wait_until(lock, deadline, [&] {
+  shared_->notes_cv.wait_until(lock, deadline, [&] {
     return !shared_->notifications.empty() || shared_->interrupted;
   });
   std::size_t n = std::min(out.size(), shared_->notifications.size());
@@ -1064,7 +1064,8 @@ Result<std::size_t> VerbsEndpoint::WaitNotifications(std::span<Notification> out
 void VerbsEndpoint::Interrupt() {
   std::lock_guard<std::mutex> lock(shared_->mu);
   shared_->interrupted = true;  // sticky: wakes the next waiter if none waits now
-  shared_->cv.notify_all();
+  shared_->accept_cv.notify_all();
+  shared_->notes_cv.notify_all();
 }
 
 void VerbsEndpoint::ProgressLoop() {
@@ -1192,7 +1193,7 @@ void VerbsEndpoint::HandleCmEvent(CmEvent& ev) {
       conn->Register();
       std::lock_guard<std::mutex> lock(shared_->mu);
       shared_->accepted.push_back(std::move(conn));
-      shared_->cv.notify_all();
+      shared_->accept_cv.notify_all();
       return;
     }
     case RDMA_CM_EVENT_REJECTED:
@@ -1214,7 +1215,7 @@ void VerbsEndpoint::HandleCmEvent(CmEvent& ev) {
         n.kind = Notification::Kind::kDisconnected;
         n.peer_id = conn->peer().peer_id;
         shared_->notifications.push_back(n);
-        shared_->cv.notify_all();
+        shared_->notes_cv.notify_all();
       }
       return;
     }
@@ -1267,7 +1268,7 @@ void VerbsEndpoint::DrainRecvCq() {
       n.length = wc.byte_len;
       shared_->notifications.push_back(n);
     }
-    shared_->cv.notify_all();
+    shared_->notes_cv.notify_all();
   }
   if (consumed > 0) {
     if (Status s = PostReceives(consumed); !s.ok()) {
