@@ -19,14 +19,15 @@
 // - Read-my-writes: a Pull also waits until each server involved has applied
 //   every push this client sent it before the Pull started.
 // - Rows are never torn: each row carries a checksum; a torn READ is retried
-//   (Stats::torn_retries counts them).
+//   (ClientStats::torn_retries counts them).
 //
 // Buffers: `out` and `grads` are dense row-major [rows x dim] float spans of
 // exactly rows * dim floats, owned by the caller. Zero-copy: when the span
 // lies inside memory given to RegisterBuffer(), a Pull READs rows straight
-// into it and a Push WRITEs gradients straight from it (a push of scattered
-// rows whose gradients are in many separate pieces is still copied). Other
-// spans are staged through the client's registered memory (one copy).
+// into it (tables with RowLayout::kDense; kInline tables are always staged)
+// and a Push WRITEs gradients straight from it (a push of scattered rows
+// whose gradients are in many separate pieces is still copied). Other spans
+// are staged through the client's registered memory (one copy).
 // ClientStats::bytes_staged counts the copies. On error, the contents of
 // `out` are unspecified.
 //

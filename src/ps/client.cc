@@ -608,19 +608,8 @@ Status ClientImpl::PostOps(ServerLink& s, std::span<const Op> ops) {
 }
 
 Status ClientImpl::Drain(ServerLink& s, std::size_t n, Deadline deadline) {
-  Completion c[32];
-  Status first;
-  while (n > 0) {
-    auto r = s.conn->Wait({c, std::min<std::size_t>(n, 32)}, deadline);
-    if (!r.ok()) return Fail(s, r.status());
-    if (*r == 0) return Fail(s, TimedOutError("no completion by the deadline"));
-    for (std::size_t i = 0; i < *r; ++i) {
-      if (!c[i].status.ok() && first.ok()) first = c[i].status;
-    }
-    n -= *r;
-  }
-  if (!first.ok()) return Fail(s, first);
-  return Status::OK();
+  std::size_t completed = 0;
+  return DrainSome(s, n, n, &completed, deadline);
 }
 
 Status ClientImpl::DrainSome(ServerLink& s, std::size_t at_least, std::size_t at_most,
