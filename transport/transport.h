@@ -18,8 +18,8 @@
 //   Completion carrying its `context`, also when it fails.
 // - A READ is not atomic against the target CPU's concurrent stores: it may
 //   observe a concurrent write partially ("torn"), in any byte order. Callers
-//   that need a consistent snapshot use a protocol on top (see src/ for the
-//   seqlock with separately fenced READs).
+//   that need a consistent snapshot use a protocol on top (src/ps checks
+//   each row against a checksummed header; see docs/ps.md).
 // - kFence delays an op until every earlier READ and atomic on the same
 //   Connection has completed (IBV_SEND_FENCE).
 // - A WRITE_WITH_IMM's immediate is delivered to the target's notification
@@ -293,6 +293,12 @@ struct EndpointOptions {
   std::size_t max_outstanding = 1024;
   // Completion waits spin this long before sleeping in the kernel.
   std::chrono::microseconds busy_poll{50};
+  // tcp: notifications delivered but not yet taken by WaitNotifications are
+  // capped at this many; beyond it the backend stops executing inbound
+  // WRITE_WITH_IMMs (their initiators wait, like an RDMA sender meeting
+  // receiver-not-ready) until the queue is half empty. A flooding peer
+  // cannot grow the target's memory.
+  std::size_t max_queued_notifications = 65536;
 
   // verbs only: device name, port, GID index. Memory is registered before
   // any address is known, so the device is chosen at Create: `ib_dev` (with

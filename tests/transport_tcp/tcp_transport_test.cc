@@ -286,6 +286,74 @@ TEST(TcpDataPath, WriteWithImmNotifiesAfterTheData) {
   for (std::size_t i = 0; i < 30000; ++i) ASSERT_EQ(p.remote[i], std::byte{0x5a}) << i;
 }
 
+TEST(TcpDataPath, FullNotificationQueueHoldsWritersBackAndLosesNothing) {
+  // A target whose consumer does not keep up: at most 8 notifications are
+  // queued; further WRITE_WITH_IMMs wait unexecuted (their initiator sees no
+  // completion) until the consumer drains the queue. Nothing is lost or
+  // reordered.
+  EndpointOptions so;
+  so.transport = "tcp";
+  so.job_token = kToken;
+  so.peer_id = 1;
+  so.max_queued_notifications = 8;
+  auto server = Endpoint::Create(so);
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto client = MakeEndpoint(2);
+  ASSERT_TRUE(client);
+  constexpr std::uint32_t kOps = 100;
+  std::vector<std::uint64_t> remote(kOps, 0), local(kOps);
+  std::iota(local.begin(), local.end(), 1000);
+  auto rmr = (*server)->Register(remote.data(), remote.size() * 8, kRemoteWrite);
+  auto lmr = client->Register(local.data(), local.size() * 8, kAccessNone);
+  ASSERT_TRUE(rmr.ok() && lmr.ok());
+  auto address = (*server)->Listen("127.0.0.1:0");
+  ASSERT_TRUE(address.ok()) << address.status();
+  auto conn = client->Connect(*address, {}, DeadlineAfter(seconds(5)));
+  ASSERT_TRUE(conn.ok()) << conn.status();
+  auto accepted = (*server)->Accept(DeadlineAfter(seconds(5)));
+  ASSERT_TRUE(accepted.ok()) << accepted.status();
+  std::vector<Op> ops;
+  for (std::uint32_t i = 0; i < kOps; ++i) {
+    ops.push_back(Op::WriteWithImm(&local[i], lmr->get(), 8, (*rmr)->remote().addr + i * 8,
+                                   (*rmr)->rkey(), i, i));
+  }
+  ASSERT_TRUE((*conn)->Post(ops).ok());
+  // Exactly the first 8 complete while nobody consumes.
+  std::vector<Completion> done(kOps);
+  std::size_t completed = 0;
+  while (completed < 8) {
+    auto r = (*conn)->Wait({done.data() + completed, kOps - completed}, DeadlineAfter(seconds(5)));
+    ASSERT_TRUE(r.ok() && *r > 0) << "the first 8 WRITE_WITH_IMMs did not complete";
+    completed += *r;
+  }
+  auto more = (*conn)->Wait({done.data() + completed, kOps - completed},
+                            DeadlineAfter(milliseconds(300)));
+  ASSERT_TRUE(more.ok());
+  EXPECT_EQ(completed + *more, 8u) << "ops past the notification cap were executed";
+  completed += *more;
+  // Drain: every notification arrives once, in order, after its data.
+  std::uint32_t next = 0;
+  const Deadline deadline = DeadlineAfter(seconds(20));
+  while ((next < kOps || completed < kOps) && SteadyClock::now() < deadline) {
+    Notification n[16];
+    auto got = (*server)->WaitNotifications(n, DeadlineAfter(milliseconds(20)));
+    ASSERT_TRUE(got.ok()) << got.status();
+    for (std::size_t k = 0; k < *got; ++k) {
+      ASSERT_EQ(n[k].kind, Notification::Kind::kImmediate);
+      ASSERT_EQ(n[k].imm, next) << "lost or reordered notification";
+      ASSERT_EQ(remote[next], 1000u + next);
+      ++next;
+    }
+    completed += (*conn)->Poll({done.data() + completed, kOps - completed});
+  }
+  EXPECT_EQ(next, kOps);
+  ASSERT_EQ(completed, kOps);
+  for (std::uint32_t i = 0; i < kOps; ++i) {
+    EXPECT_TRUE(done[i].status.ok()) << done[i].status;
+    EXPECT_EQ(done[i].context, i);
+  }
+}
+
 TEST(TcpDataPath, ClosingAConnectionNotifiesThePeer) {
   Pair p;
   ASSERT_TRUE(p.conn);

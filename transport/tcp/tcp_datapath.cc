@@ -355,6 +355,25 @@ Status EndpointCore::Serve(Inbound& in) {
         RDMAPS_ASSIGN_OR_RETURN(bool sent, in.tx.Flush(in.fd.get()));
         if (!sent) return Status::OK();
       }
+      if (req.opcode == static_cast<std::uint8_t>(WireOp::kWriteWithImm) &&
+          NotificationsFull()) {
+        // Like a receiver that is not ready: leave the request unread until
+        // WaitNotifications has drained the queue (ResumePaused).
+        in.paused = true;
+        if (!in.paused_listed) {
+          in.paused_listed = true;
+          paused_.push_back(&in);
+        }
+        // Publish the pause, then look again: either the consumer sees
+        // any_paused_ when it drains, or we see the drained queue here.
+        any_paused_.store(true);
+        if (NotificationsFull()) {
+          RDMAPS_ASSIGN_OR_RETURN(bool sent, in.tx.Flush(in.fd.get()));
+          (void)sent;  // UpdateEpoll waits for writability if needed
+          return Status::OK();
+        }
+      }
+      in.paused = false;
       if (IsMutation(req.opcode) && in.tx.HasRegionRanges()) {
         // A pending READ response still points at registered memory: send
         // it before this op may change that memory.

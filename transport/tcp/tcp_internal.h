@@ -9,6 +9,7 @@
 // thread (Post/Poll/Wait), so no socket is shared between threads.
 #pragma once
 
+#include <sys/epoll.h>
 #include <sys/uio.h>
 
 #include <atomic>
@@ -140,7 +141,11 @@ struct Inbound {
   bool paired = false;  // Part of an established Connection: report kDisconnected.
   bool refused = false;  // Its handshake was answered with a refusal.
   std::uint64_t session = 0;
-  bool writable_wait = false;  // Registered for EPOLLOUT instead of EPOLLIN.
+  std::uint32_t epoll_events = EPOLLIN;  // What epoll watches for now.
+  // Not reading: its next request is a WRITE_WITH_IMM and the notification
+  // queue is full (EndpointOptions::max_queued_notifications).
+  bool paused = false;
+  bool paused_listed = false;  // In EndpointCore::paused_.
   std::unique_ptr<std::byte[]> rx;
   std::size_t rx_begin = 0;
   std::size_t rx_end = 0;
@@ -237,6 +242,12 @@ class EndpointCore {
   // thread only.
   void PushNotification(const Notification& n);
   void DeliverNotifications();
+  // True when no further notification may be queued (progress thread).
+  bool NotificationsFull() const {
+    return queued_notes_.load() + round_notes_.size() >= options_.max_queued_notifications;
+  }
+  // Serves the inbounds paused by a full queue again (progress thread).
+  void ResumePaused();
   Result<std::size_t> WaitNotifications(std::span<Notification> out, Deadline deadline);
   Result<std::unique_ptr<Connection>> Accept(Deadline deadline);
   void Interrupt();
@@ -291,6 +302,12 @@ class EndpointCore {
   std::deque<Notification> notifications_;
   // Progress thread only: notifications of the current round, in order.
   std::vector<Notification> round_notes_;
+  // Progress thread only: inbounds paused because the queue was full.
+  std::vector<Inbound*> paused_;
+  // notifications_.size(), readable without mu_; and whether any inbound is
+  // paused (WaitNotifications wakes the progress thread when it drains).
+  std::atomic<std::size_t> queued_notes_{0};
+  std::atomic<bool> any_paused_{false};
   std::deque<std::unique_ptr<Connection>> accepted_;
   bool interrupted_ = false;  // Sticky until a waiter returns because of it.
   bool listening_ = false;

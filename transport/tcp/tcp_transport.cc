@@ -158,6 +158,7 @@ void EndpointCore::DeliverNotifications() {
   {
     std::lock_guard lock(mu_);
     notifications_.insert(notifications_.end(), round_notes_.begin(), round_notes_.end());
+    queued_notes_.store(notifications_.size());
   }
   round_notes_.clear();
   notes_cv_.notify_all();
@@ -174,8 +175,36 @@ Result<std::size_t> EndpointCore::WaitNotifications(std::span<Notification> out,
     out[n++] = notifications_.front();
     notifications_.pop_front();
   }
+  queued_notes_.store(notifications_.size());
   if (n == 0 && interrupted_) interrupted_ = false;
+  // Half empty again: let the progress thread serve the paused peers.
+  if (n > 0 && notifications_.size() <= options_.max_queued_notifications / 2 &&
+      any_paused_.load()) {
+    lock.unlock();
+    Wake();
+  }
   return n;
+}
+
+void EndpointCore::ResumePaused() {
+  if (!any_paused_.exchange(false)) return;
+  std::vector<Inbound*> paused;
+  paused.swap(paused_);
+  for (Inbound* p : paused) {
+    auto it = inbound_.find(p);
+    if (it == inbound_.end()) continue;  // closed meanwhile
+    std::shared_ptr<Inbound> in = it->second;
+    in->paused_listed = false;
+    if (!in->paused) continue;  // went on by itself
+    in->paused = false;
+    in->last_progress = SteadyClock::now();
+    Status s = Serve(*in);  // may pause it again
+    if (!s.ok()) {
+      CloseInbound(in, s.message(), s.code() != StatusCode::kCancelled);
+      continue;
+    }
+    UpdateEpoll(*in);
+  }
 }
 
 Result<std::unique_ptr<Connection>> EndpointCore::Accept(Deadline deadline) {
@@ -253,6 +282,7 @@ void EndpointCore::Run() {
           }
           inbound_[in.get()] = in;
         }
+        ResumePaused();  // WaitNotifications drained the queue (or a spurious wake)
       } else if (tag == &kListenerTag) {
         AcceptNew();
       } else {
@@ -346,12 +376,13 @@ void EndpointCore::Handle(const std::shared_ptr<Inbound>& in, std::uint32_t even
 }
 
 void EndpointCore::UpdateEpoll(Inbound& in) {
-  bool want_out = !in.tx.empty();
-  if (want_out == in.writable_wait) return;
+  // Responses to send first; a paused inbound reads nothing.
+  const std::uint32_t want = !in.tx.empty() ? EPOLLOUT : in.paused ? 0u : EPOLLIN;
+  if (want == in.epoll_events) return;
   epoll_event ev{};
-  ev.events = want_out ? EPOLLOUT : EPOLLIN;
+  ev.events = want;
   ev.data.ptr = &in;
-  if (::epoll_ctl(epoll_.get(), EPOLL_CTL_MOD, in.fd.get(), &ev) == 0) in.writable_wait = want_out;
+  if (::epoll_ctl(epoll_.get(), EPOLL_CTL_MOD, in.fd.get(), &ev) == 0) in.epoll_events = want;
 }
 
 void EndpointCore::CloseInbound(const std::shared_ptr<Inbound>& in, const std::string& reason,
@@ -396,7 +427,9 @@ void EndpointCore::Sweep() {
         if (now >= in->deadline) expired.emplace_back(in, "");
         break;
       case Inbound::Phase::kServing: {
-        bool busy = !in->tx.empty() || in->in_payload || in->rx_end != in->rx_begin;
+        // A paused inbound waits for our consumer, not for its peer.
+        bool busy = !in->paused &&
+                    (!in->tx.empty() || in->in_payload || in->rx_end != in->rx_begin);
         if (busy && now - in->last_progress >= options_.op_timeout) {
           expired.emplace_back(in, std::string(in->tx.empty() ? "peer stalled mid-frame"
                                                               : "peer stopped reading responses") +
