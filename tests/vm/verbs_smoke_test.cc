@@ -103,6 +103,65 @@ TEST_F(VerbsSmokeTest, EveryOpOfLongBatchesCompletesInOrder) {
   for (std::size_t i = 0; i < ctx; ++i) ASSERT_EQ(target[i], i + 1) << i;
 }
 
+TEST_F(VerbsSmokeTest, UnconsumedNotificationsHoldSendersBackAndLoseNothing) {
+  // Nobody takes the target's notifications: once its SRQ's receives are
+  // used up (1024 at most), further WRITE_WITH_IMMs meet receiver-not-ready
+  // and wait. Taking the notifications lets them all through, in order.
+  constexpr std::size_t kOps = 1600;
+  std::vector<std::uint64_t> target(kOps, 0), local(kOps);
+  std::iota(local.begin(), local.end(), 7);
+  auto tmr = server_->Register(target.data(), target.size() * 8, kRemoteAll);
+  auto lmr = client_->Register(local.data(), local.size() * 8, kAccessNone);
+  ASSERT_TRUE(tmr.ok() && lmr.ok());
+  auto conn = Connect(*client_);
+  ASSERT_NE(conn, nullptr);
+  std::size_t posted = 0, completed = 0;
+  std::uint32_t taken = 0;
+  Completion buf[64];
+  // Post as the send queue allows until completions stop coming.
+  auto pump = [&](Deadline until) {
+    while (SteadyClock::now() < until && completed < kOps) {
+      std::vector<Op> ops;
+      while (posted < kOps && conn->outstanding() + ops.size() < conn->max_outstanding()) {
+        ops.push_back(Op::WriteWithImm(&local[posted], lmr->get(), 8,
+                                       (*tmr)->remote().addr + posted * 8, (*tmr)->rkey(),
+                                       static_cast<std::uint32_t>(posted), posted));
+        ++posted;
+      }
+      if (!ops.empty()) {
+        ASSERT_TRUE(conn->Post(ops).ok());
+      }
+      auto got = conn->Wait(buf, std::min(until, DeadlineAfter(milliseconds(20))));
+      ASSERT_TRUE(got.ok()) << got.status();
+      for (std::size_t i = 0; i < *got; ++i) {
+        ASSERT_TRUE(buf[i].status.ok()) << buf[i].status;
+        ASSERT_EQ(buf[i].context, completed + i);
+      }
+      completed += *got;
+    }
+  };
+  pump(DeadlineAfter(seconds(3)));
+  EXPECT_LT(completed, kOps) << "every WRITE_WITH_IMM completed though nobody took the "
+                                "notifications: the queue is unbounded";
+  EXPECT_GE(completed, 1u);
+  // Now consume; everything arrives exactly once, in order, after its data.
+  const Deadline deadline = DeadlineAfter(seconds(60));
+  while ((taken < kOps || completed < kOps) && SteadyClock::now() < deadline) {
+    Notification n[64];
+    auto got = server_->WaitNotifications(n, DeadlineAfter(milliseconds(5)));
+    ASSERT_TRUE(got.ok()) << got.status();
+    for (std::size_t k = 0; k < *got; ++k) {
+      ASSERT_EQ(n[k].kind, Notification::Kind::kImmediate);
+      ASSERT_EQ(n[k].imm, taken) << "lost or reordered notification";
+      ASSERT_EQ(target[taken], 7u + taken);
+      ++taken;
+    }
+    pump(DeadlineAfter(milliseconds(5)));
+  }
+  EXPECT_EQ(taken, kOps);
+  EXPECT_EQ(completed, kOps);
+}
+
 TEST_F(VerbsSmokeTest, ReadFetchAddCompareSwapAndImm) {
   std::vector<std::uint64_t> target(64);
   std::iota(target.begin(), target.end(), 100);

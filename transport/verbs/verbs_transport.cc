@@ -1053,11 +1053,20 @@ Result<std::size_t> VerbsEndpoint::WaitNotifications(std::span<Notification> out
     return !shared_->notifications.empty() || shared_->interrupted;
   });
   std::size_t n = std::min(out.size(), shared_->notifications.size());
+  int taken_receives = 0;
   for (std::size_t i = 0; i < n; ++i) {
     out[i] = shared_->notifications.front();
     shared_->notifications.pop_front();
+    if (out[i].kind == Notification::Kind::kImmediate) ++taken_receives;
   }
   if (n == 0 && shared_->interrupted) shared_->interrupted = false;
+  lock.unlock();
+  // Give the SRQ back the receives these notifications used (see DrainRecvCq).
+  if (taken_receives > 0) {
+    if (Status s = PostReceives(taken_receives); !s.ok()) {
+      LOG(ERROR) << "verbs: reposting notification receives failed: " << s;
+    }
+  }
   return n;
 }
 
@@ -1243,6 +1252,11 @@ void VerbsEndpoint::HandleRecvCq() {
   DrainRecvCq();
 }
 
+// A receive that delivered a notification is reposted only when
+// WaitNotifications hands the notification out, so at most srq_depth of them
+// wait in the queue; beyond that, senders meet receiver-not-ready and retry
+// (rnr_retry 7) until the consumer catches up. Other receives are reposted
+// here at once.
 void VerbsEndpoint::DrainRecvCq() {
   ibv_wc wcs[32];
   int consumed = 0;
@@ -1252,14 +1266,17 @@ void VerbsEndpoint::DrainRecvCq() {
     std::lock_guard<std::mutex> lock(shared_->mu);
     for (int i = 0; i < got; ++i) {
       const ibv_wc& wc = wcs[i];
-      ++consumed;
       if (wc.status != IBV_WC_SUCCESS) {
         // The peer's WRITE_WITH_IMM was refused (its rkey or rights were
         // wrong: the initiator sees the error) or the QP was flushed.
         VLOG(1) << "verbs: notification receive failed: " << ibv_wc_status_str(wc.status);
+        ++consumed;
         continue;
       }
-      if (wc.opcode != IBV_WC_RECV_RDMA_WITH_IMM) continue;
+      if (wc.opcode != IBV_WC_RECV_RDMA_WITH_IMM) {
+        ++consumed;
+        continue;
+      }
       Notification n;
       n.kind = Notification::Kind::kImmediate;
       auto it = shared_->by_qp.find(wc.qp_num);
