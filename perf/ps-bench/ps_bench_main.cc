@@ -36,6 +36,9 @@ DEFINE_int32(apply_mib, 64, "table size for the optimizer apply measurement, MiB
 DEFINE_bool(zero_copy, true,
             "register each shape's buffer with Client::RegisterBuffer (pulls land in it, "
             "pushes are sent from it); --nozero_copy measures the staged path");
+DEFINE_string(host, "127.0.0.1",
+              "address the ps server and the raw target listen on (verbs: an IP of the RDMA "
+              "device's netdev, e.g. inside the Soft-RoCE VM)");
 DEFINE_string(scatter_layout, "dense",
               "row layout of the tables the scattered shapes use: dense (zero-copy, a header "
               "READ per row) or inline (one READ per row, staged)");
@@ -102,7 +105,7 @@ struct Raw {
     auto l = client->Register(local_mem.get(), n, transport::kAccessNone);
     Check(l.status(), "register");
     local_mr = std::move(l).value();
-    auto addr = server->Listen(FLAGS_transport == "fake" ? "" : "127.0.0.1:0");
+    auto addr = server->Listen(FLAGS_transport == "fake" ? "" : FLAGS_host + ":0");
     Check(addr.status(), "listen");
     auto cn = client->Connect(*addr, {}, transport::DeadlineAfter(std::chrono::seconds(10)));
     Check(cn.status(), "connect");
@@ -158,7 +161,7 @@ int Main() {
   }
   ServerOptions so;
   so.transport.transport = FLAGS_transport;
-  so.listen_address = FLAGS_transport == "fake" ? "" : "127.0.0.1:0";
+  so.listen_address = FLAGS_transport == "fake" ? "" : FLAGS_host + ":0";
   so.tables = tables;
   so.push_slot_bytes = 8 << 20;
   so.push_slots = static_cast<std::uint32_t>(FLAGS_push_slots);  // default as ServerOptions
