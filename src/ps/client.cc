@@ -878,6 +878,13 @@ Status ClientImpl::ReadRuns(const TableMeta& t, std::vector<Run> runs, std::span
       while (!torn.empty()) {
         retries += torn.size();
         if (SteadyClock::now() >= deadline) {
+          // Complete what the later servers still have in flight, so their
+          // connections stay in step for the next call.
+          for (std::uint32_t sj = si + 1; sj < servers_.size(); ++sj) {
+            if (pieces[sj].empty()) continue;
+            RDMAPS_RETURN_IF_ERROR(Drain(servers_[sj], pieces[sj].size() * ops_per_run,
+                                         SteadyClock::now() + std::chrono::seconds(10)));
+          }
           return TimedOutError("row " + std::to_string(shard.begin + torn[0].local) +
                                " of table '" + t.info.name + "' on " + ServerName(s) +
                                " read torn until the deadline (" + std::to_string(retries) +

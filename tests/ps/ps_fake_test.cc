@@ -167,6 +167,39 @@ TEST(PsFakeTest, TornReadIsDetectedAndRetried) {
   EXPECT_EQ(out[2 * 40], 4.0f);
 }
 
+TEST(PsFakeTest, RowTornUntilTheDeadlineIsTimedOutAndTheClientStaysUsable) {
+  // Row 1 (server 0) is rewritten during every READ of it: the pull gives up
+  // at wait_timeout naming the row; rows on server 1 were read meanwhile.
+  auto c = StartCluster("fake", 2, 1, {MakeTable(1, "w", 4, 40, kAsp, Initializer::Constant(1.0f))},
+                        8, [](ClientOptions& o) { o.wait_timeout = std::chrono::milliseconds(300); });
+  ASSERT_EQ(c.clients.size(), 1u);
+  Server& server = *c.servers[0];
+  const std::size_t row = internal::RowBytes(40);
+  float value = 1.0f;
+  transport::fake::Faults f;
+  f.inbound = true;
+  f.read_pieces = 4;  // every row READ is copied in several pieces
+  f.read_split_min_bytes = row;
+  f.between_read_pieces = [&](const transport::fake::ReadPiece&) {
+    ASSERT_TRUE(internal::TEST_SetRow(server, 1, 1, value += 1.0f).ok());
+  };
+  ASSERT_TRUE(transport::fake::SetFaults(*internal::TEST_ServerEndpoint(server), f).ok());
+  std::vector<float> out(4 * 40);
+  Status s = c.clients[0]->Pull(1, RowRange{0, 4}, out);
+  EXPECT_EQ(s.code(), StatusCode::kTimedOut) << s;
+  EXPECT_NE(s.message().find("row 1 of table 'w'"), std::string::npos) << s;
+  ASSERT_TRUE(transport::fake::SetFaults(*internal::TEST_ServerEndpoint(server), {}).ok());
+  // Every connection is still in step: the next pulls work and are whole.
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(c.clients[0]->Pull(1, RowRange{0, 4}, out).ok());
+    for (int r = 0; r < 4; ++r) {
+      for (int k = 1; k < 40; ++k) ASSERT_EQ(out[r * 40 + k], out[r * 40]) << "row " << r;
+    }
+    EXPECT_EQ(out[1 * 40], value);
+    EXPECT_EQ(out[3 * 40], 1.0f);
+  }
+}
+
 TEST(PsFakeTest, TornReadIntoARegisteredBufferIsRetried) {
   // Zero-copy: the torn row lands in the caller's buffer first; the client
   // must notice (its header disagrees) and re-read it in place.
