@@ -132,6 +132,16 @@ TEST(PsFakeTest, ServerRejectsBadOptions) {
   EXPECT_EQ(Server::Start(o).status().code(), StatusCode::kInvalidArgument);  // slot too small
 }
 
+// Every row of `out` (rows of `dim` floats) holds one value throughout, as
+// the torn-read tests write them: a torn row would mix two values.
+void ExpectWholeRows(const std::vector<float>& out, std::size_t dim) {
+  for (std::size_t r = 0; r < out.size() / dim; ++r) {
+    for (std::size_t k = 1; k < dim; ++k) {
+      ASSERT_EQ(out[r * dim + k], out[r * dim]) << "torn row " << r;
+    }
+  }
+}
+
 // A pull of rows 0-3 while the "server" rewrites row 2 (data then header, as
 // the apply thread does) half way through copying it, three times in a row:
 // in the first READ and in two re-READs. The client must return one whole
@@ -165,9 +175,7 @@ void ExpectTornRowRetried(RowLayout layout) {
   ASSERT_TRUE(c.clients[0]->Pull(1, RowRange{0, 4}, out).ok());
   EXPECT_EQ(rewrites, 3);
   EXPECT_EQ(c.clients[0]->stats().torn_retries, 3u);
-  for (int r = 0; r < 4; ++r) {
-    for (int k = 1; k < 40; ++k) ASSERT_EQ(out[r * 40 + k], out[r * 40]) << "torn row " << r;
-  }
+  ExpectWholeRows(out, 40);
   EXPECT_EQ(out[0], 1.0f);
   EXPECT_EQ(out[2 * 40], 4.0f);
 }
@@ -199,9 +207,7 @@ TEST(PsFakeTest, RowTornUntilTheDeadlineIsTimedOutAndTheClientStaysUsable) {
   // Every connection is still in step: the next pulls work and are whole.
   for (int i = 0; i < 3; ++i) {
     ASSERT_TRUE(c.clients[0]->Pull(1, RowRange{0, 4}, out).ok());
-    for (int r = 0; r < 4; ++r) {
-      for (int k = 1; k < 40; ++k) ASSERT_EQ(out[r * 40 + k], out[r * 40]) << "row " << r;
-    }
+    ExpectWholeRows(out, 40);
     EXPECT_EQ(out[1 * 40], value);
     EXPECT_EQ(out[3 * 40], 1.0f);
   }
@@ -238,9 +244,7 @@ TEST(PsFakeTest, TornReadIntoARegisteredBufferIsRetried) {
   EXPECT_EQ(cl.stats().torn_retries, 2u);
   EXPECT_EQ(cl.stats().bytes_staged, 0u) << "the pull copied through staging";
   EXPECT_EQ(cl.stats().zero_copy_calls, 1u);
-  for (int r = 0; r < 4; ++r) {
-    for (int k = 1; k < 40; ++k) ASSERT_EQ(out[r * 40 + k], out[r * 40]) << "torn row " << r;
-  }
+  ExpectWholeRows(out, 40);
   EXPECT_EQ(out[2 * 40], 3.0f);
 }
 

@@ -146,6 +146,19 @@ class VerbsDeviceTest : public ::testing::Test {
     return std::move(conn).value();
   }
 
+  // A server whose hint is the second device's address, listening there.
+  std::unique_ptr<Endpoint> ServerOnSecondDevice(std::string* listen) const {
+    EndpointOptions o = Options(1);
+    o.address_hint = addr2_;
+    auto server = Make(o);
+    if (!server) return nullptr;
+    auto l = server->Listen(addr2_ + ":0");
+    EXPECT_TRUE(l.ok()) << l.status();
+    if (!l.ok()) return nullptr;
+    *listen = *l;
+    return server;
+  }
+
   std::string addr1_, addr2_, alt_, routed2_;
 };
 
@@ -190,12 +203,9 @@ TEST_F(VerbsDeviceTest, ListenAddressHintPicksTheDeviceThatOwnsIt) {
 }
 
 TEST_F(VerbsDeviceTest, PeerAddressHintPicksTheDeviceThatRoutesToIt) {
-  EndpointOptions so = Options(1);
-  so.address_hint = addr2_;
-  auto server = Make(so);
+  std::string listen;
+  auto server = ServerOnSecondDevice(&listen);
   ASSERT_NE(server, nullptr);
-  auto listen = server->Listen(addr2_ + ":0");
-  ASSERT_TRUE(listen.ok()) << listen.status();
 
   // routed2_ is no local address: only rdma_resolve_addr can tell the device.
   EndpointOptions co = Options(2);
@@ -204,20 +214,17 @@ TEST_F(VerbsDeviceTest, PeerAddressHintPicksTheDeviceThatRoutesToIt) {
   ASSERT_NE(client, nullptr);
   EXPECT_EQ(Device(*client), Device(*server));
   EXPECT_NE(Device(*client), DeviceOwning(addr1_));
-  auto conn = ConnectAndRead(*server, *listen, *client);
+  auto conn = ConnectAndRead(*server, listen, *client);
   EXPECT_NE(conn, nullptr);
 }
 
 TEST_F(VerbsDeviceTest, ConnectWithoutHintToTheSecondDeviceNamesBoth) {
-  EndpointOptions so = Options(1);
-  so.address_hint = addr2_;
-  auto server = Make(so);
+  std::string listen;
+  auto server = ServerOnSecondDevice(&listen);
   ASSERT_NE(server, nullptr);
-  auto listen = server->Listen(addr2_ + ":0");
-  ASSERT_TRUE(listen.ok()) << listen.status();
   auto client = Make(Options(2));
   ASSERT_NE(client, nullptr);
-  auto conn = client->Connect(*listen, {}, DeadlineAfter(seconds(10)));
+  auto conn = client->Connect(listen, {}, DeadlineAfter(seconds(10)));
   ASSERT_FALSE(conn.ok());
   EXPECT_EQ(conn.status().code(), StatusCode::kFailedPrecondition) << conn.status();
   EXPECT_NE(conn.status().message().find(Device(*server)), std::string::npos) << conn.status();
