@@ -140,6 +140,13 @@ enum OpFlags : std::uint8_t {
   kFence = 1u << 0,  // Wait for earlier READs/atomics on this connection.
 };
 
+// One piece of the local side of a scattered READ (Op::ReadScatter).
+struct Segment {
+  void* addr = nullptr;
+  const MemoryRegion* mr = nullptr;  // registered on the same Endpoint
+  std::uint32_t length = 0;
+};
+
 // One one-sided operation. Build with the named constructors.
 // `local` must lie inside `local_mr`, a region registered on the same
 // Endpoint (any access rights); for atomics it is the 8-byte buffer that
@@ -156,6 +163,9 @@ struct Op {
   std::uint64_t compare_add = 0;  // FETCH_ADD: addend; COMPARE_SWAP: expected
   std::uint64_t swap = 0;         // COMPARE_SWAP: new value
   std::uint64_t context = 0;      // Returned in the Completion.
+  // ReadScatter only: the local side, filled in order (local/local_mr unused).
+  const Segment* segments = nullptr;
+  std::uint32_t num_segments = 0;
 
   static Op Read(void* local, const MemoryRegion* mr, std::uint64_t length,
                  std::uint64_t remote_addr, std::uint32_t rkey,
@@ -168,6 +178,18 @@ struct Op {
     op.remote_addr = remote_addr;
     op.rkey = rkey;
     op.context = context;
+    return op;
+  }
+  // One READ of `length` = the segments' total contiguous remote bytes,
+  // landing piece by piece in `segments` (on verbs, one work request's
+  // scatter list). At most Connection::max_read_segments() segments, each
+  // inside its mr; the array need only live until Post returns.
+  static Op ReadScatter(std::span<const Segment> segments, std::uint64_t remote_addr,
+                        std::uint32_t rkey, std::uint64_t context = 0) {
+    Op op = Read(nullptr, nullptr, 0, remote_addr, rkey, context);
+    op.segments = segments.data();
+    op.num_segments = static_cast<std::uint32_t>(segments.size());
+    for (const Segment& s : segments) op.length += s.length;
     return op;
   }
   static Op Write(const void* local, const MemoryRegion* mr,
@@ -264,6 +286,9 @@ class Connection {
   // Ops posted whose completions have not been polled yet.
   virtual std::size_t outstanding() const = 0;
   virtual std::size_t max_outstanding() const = 0;
+  // Segments one Op::ReadScatter may carry (verbs: the device's READ SGE
+  // limit, at least 1).
+  virtual std::size_t max_read_segments() const = 0;
 
   virtual const PeerInfo& peer() const = 0;
 

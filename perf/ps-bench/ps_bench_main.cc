@@ -42,6 +42,8 @@ DEFINE_string(host, "127.0.0.1",
 DEFINE_string(scatter_layout, "dense",
               "row layout of the tables the scattered shapes use: dense (zero-copy, a header "
               "READ per row) or inline (one READ per row, staged)");
+DEFINE_string(range_layout, "dense",
+              "row layout of the tables the range shapes use: dense or inline");
 DEFINE_bool(raw_consumer, false,
             "a thread on the raw server endpoint consumes notifications, as the ps apply "
             "thread does (shows the cost of waking a consumer on a co-located server)");
@@ -156,7 +158,8 @@ int Main() {
     t.rows = shapes[i].scattered ? 65536 : shapes[i].rows;
     t.dim = shapes[i].dim;
     t.optimizer = OptimizerOptions::Sgd(0.001f);
-    if (shapes[i].scattered && FLAGS_scatter_layout == "inline") t.layout = RowLayout::kInline;
+    const std::string& layout = shapes[i].scattered ? FLAGS_scatter_layout : FLAGS_range_layout;
+    if (layout == "inline") t.layout = RowLayout::kInline;
     tables.push_back(t);
   }
   ServerOptions so;

@@ -209,6 +209,112 @@ TEST_P(TransportConformance, WriteThenReadRoundTrips) {
   EXPECT_TRUE(HasPattern(l, 2));
 }
 
+// One READ scattered over every segment the connection allows, across two
+// regions, in an order unlike memory's; bytes between segments stay as they
+// were, and the segment array may be reused once Post returns.
+TEST_P(TransportConformance, ReadScatterFillsSegmentsInOrder) {
+  constexpr std::size_t kBig = 1 << 20;  // one segment past any receive buffer
+  World w;
+  ASSERT_NO_FATAL_FAILURE(Build(w, 2 * kBig));
+  ZeroedWords other_mem(kBig / 8 * 2);
+  auto other_mr = RegisterOn(*w.client, other_mem.data(), other_mem.size() * 8, kAccessNone);
+  ASSERT_TRUE(other_mr);
+  auto* other = reinterpret_cast<std::byte*>(other_mem.data());
+  Fill({w.remote(), w.bytes()}, 5);
+  const std::size_t n = std::min<std::size_t>(w.conn->max_read_segments(), 40);
+  ASSERT_GE(n, 1u);
+  // Segment k: length 1 + 13 * k (the middle one kBig, one of zero bytes),
+  // alternately at the back of `other` and the front of local, 3-byte gaps.
+  std::vector<Segment> segs;
+  std::size_t local_at = 0, other_at = other_mem.size() * 8, total = 0;
+  for (std::size_t k = 0; k < n; ++k) {
+    std::uint32_t len = static_cast<std::uint32_t>(1 + 13 * k);
+    if (k == n / 2) len = kBig;
+    if (k == 1) len = 0;
+    if (k % 2 == 0) {
+      other_at -= len + 3;
+      segs.push_back({other + other_at, other_mr.get(), len});
+    } else {
+      segs.push_back({w.local() + local_at, w.lmr.get(), len});
+      local_at += len + 3;
+    }
+    total += len;
+  }
+  ASSERT_LE(total + 100, w.bytes());
+  std::memset(w.local(), 0xEE, kBig + kBig / 2);
+  std::memset(other, 0xEE, other_mem.size() * 8);
+  const Op op = Op::ReadScatter(segs, w.raddr(100), w.rkey(), 7);
+  EXPECT_EQ(op.length, total);
+  ASSERT_OK(w.conn->Post(std::span(&op, 1)));
+  std::vector<Segment> want = segs;
+  std::fill(segs.begin(), segs.end(), Segment{});  // the backend took its copy
+  std::vector<Completion> c = WaitFor(*w.conn, 1);
+  ASSERT_EQ(c.size(), 1u);
+  ASSERT_OK(c[0].status);
+  EXPECT_EQ(c[0].context, 7u);
+  std::size_t remote_at = 100;
+  for (std::size_t k = 0; k < n; ++k) {
+    SCOPED_TRACE("segment " + std::to_string(k));
+    const Segment& seg = want[k];
+    EXPECT_EQ(std::memcmp(seg.addr, w.remote() + remote_at, seg.length), 0);
+    remote_at += seg.length;
+    // The gap behind each segment is untouched.
+    const auto* after = static_cast<const std::byte*>(seg.addr) + seg.length;
+    for (int g = 0; g < 3; ++g) EXPECT_EQ(after[g], std::byte{0xEE});
+  }
+}
+
+// As many segments as allowed, each a row's worth, every other one skipped
+// over in local memory (the shape of a pull into a caller's buffer).
+TEST_P(TransportConformance, ReadScatterManySegments) {
+  World w;
+  ASSERT_NO_FATAL_FAILURE(Build(w, 4 << 20));
+  Fill({w.remote(), w.bytes()}, 9);
+  const std::size_t n = w.conn->max_read_segments();
+  constexpr std::uint32_t kLen = 1000;
+  ASSERT_LE(n * kLen * 2, w.bytes());
+  std::vector<Segment> segs;
+  for (std::size_t k = 0; k < n; ++k) segs.push_back({w.local() + 2 * k * kLen, w.lmr.get(), kLen});
+  std::memset(w.local(), 0xEE, w.bytes());
+  ASSERT_OK(RunOne(*w.conn, Op::ReadScatter(segs, w.raddr(8), w.rkey(), 3)));
+  for (std::size_t k = 0; k < n; ++k) {
+    ASSERT_EQ(std::memcmp(w.local() + 2 * k * kLen, w.remote() + 8 + k * kLen, kLen), 0) << k;
+    ASSERT_EQ(w.local()[(2 * k + 1) * kLen], std::byte{0xEE}) << k;
+  }
+}
+
+TEST_P(TransportConformance, MalformedScatterIsInvalidArgument) {
+  World w;
+  ASSERT_NO_FATAL_FAILURE(Build(w));
+  const std::size_t n = w.conn->max_read_segments();
+  std::vector<Segment> too_many(n + 1, Segment{w.local(), w.lmr.get(), 8});
+  std::uint64_t unregistered = 0;
+  const Segment outside[] = {{w.local(), w.lmr.get(), 8},
+                             {w.local() + w.bytes() - 4, w.lmr.get(), 8}};
+  const Segment foreign[] = {{&unregistered, w.lmr.get(), 8}};
+  const Segment no_mr[] = {{w.local(), nullptr, 8}};
+  Op write = Op::ReadScatter(std::span(outside, 1), w.raddr(), w.rkey());
+  write.type = OpType::kWrite;
+  struct Case {
+    const char* what;
+    Op bad;
+  };
+  const Case cases[] = {
+      {"more segments than max_read_segments", Op::ReadScatter(too_many, w.raddr(), w.rkey())},
+      {"segment outside its mr", Op::ReadScatter(outside, w.raddr(), w.rkey())},
+      {"segment not in its mr", Op::ReadScatter(foreign, w.raddr(), w.rkey())},
+      {"segment without an mr", Op::ReadScatter(no_mr, w.raddr(), w.rkey())},
+      {"scattered WRITE", write},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    Status s = w.conn->Post(std::span(&c.bad, 1));
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s;
+    EXPECT_EQ(w.conn->outstanding(), 0u);
+    EXPECT_TRUE(w.conn->health().ok());
+  }
+}
+
 TEST_P(TransportConformance, RegionDescribesItsMemory) {
   World w;
   ASSERT_NO_FATAL_FAILURE(Build(w));

@@ -43,6 +43,7 @@ using std::chrono::milliseconds;
 
 // Largest single op, as on verbs (2^31 bytes).
 constexpr std::uint64_t kMaxMessageBytes = std::uint64_t{1} << 31;
+constexpr std::size_t kMaxReadSegments = 1024;  // as tcp
 
 std::string Hex(std::uint64_t v) {
   char buf[24];
@@ -94,6 +95,7 @@ struct Core {
 
 struct PendingOp {
   Op op;
+  std::vector<Segment> segments;  // op.segments, copied at Post.
   SteadyClock::time_point posted;
   SteadyClock::time_point not_before;
   std::shared_ptr<FaultState> faults;  // Null: posted without faults.
@@ -257,7 +259,19 @@ Status Execute(const PendingOp& p, const std::shared_ptr<Core>& target,
       if (f && f->read_pieces > 1 && op.length >= f->read_split_min_bytes && op.length > 1) {
         pieces = static_cast<std::size_t>(std::min<std::uint64_t>(f->read_pieces, op.length));
       }
-      auto* local = static_cast<std::byte*>(op.local);
+      // Local bytes [from, to) of the op: its buffer, or its segments in order.
+      auto copy_out = [&](const std::byte* src, std::uint64_t from, std::uint64_t to) {
+        if (p.segments.empty()) {
+          RacyCopyFrom(static_cast<std::byte*>(op.local) + from, src + from, to - from);
+          return;
+        }
+        std::uint64_t at = 0;
+        for (const Segment& seg : p.segments) {
+          const std::uint64_t lo = std::max(at, from), hi = std::min(at + seg.length, to);
+          if (lo < hi) RacyCopyFrom(static_cast<std::byte*>(seg.addr) + (lo - at), src + lo, hi - lo);
+          at += seg.length;
+        }
+      };
       std::uint64_t copied = 0;
       for (std::size_t i = 0; i < pieces; ++i) {
         const std::uint64_t end = op.length * (i + 1) / pieces;
@@ -265,7 +279,7 @@ Status Execute(const PendingOp& p, const std::shared_ptr<Core>& target,
           std::shared_lock<std::shared_mutex> lk(target->regions_mu);
           std::byte* src = nullptr;
           RDMAPS_RETURN_IF_ERROR(Resolve(*target, op.rkey, op.remote_addr, op.length, right, &src));
-          RacyCopyFrom(local + copied, src + copied, end - copied);
+          copy_out(src, copied, end);
         }
         copied = end;
         if (i + 1 < pieces && f != nullptr && f->between_read_pieces) {
@@ -378,6 +392,8 @@ class FakeConnection final : public Connection {
       for (const Op& op : ops) {
         PendingOp p;
         p.op = op;
+        p.segments.assign(op.segments, op.segments + op.num_segments);
+        p.op.segments = nullptr;  // the copy above outlives the caller's array
         p.posted = now;
         p.not_before = now;
         if (faults) {
@@ -435,6 +451,7 @@ class FakeConnection final : public Connection {
     return me.pending.size() + me.done.size();
   }
   std::size_t max_outstanding() const override { return max_outstanding_; }
+  std::size_t max_read_segments() const override { return kMaxReadSegments; }
   const PeerInfo& peer() const override { return peer_; }
 
   Status health() const override {
@@ -486,20 +503,39 @@ class FakeConnection final : public Connection {
       default:
         return InvalidArgumentError("unknown op type " + std::to_string(static_cast<int>(op.type)));
     }
+    if (op.num_segments > 0) {
+      if (op.type != OpType::kRead) {
+        return InvalidArgumentError("only a READ may scatter into segments");
+      }
+      if (op.num_segments > kMaxReadSegments) {
+        return InvalidArgumentError(std::to_string(op.num_segments) +
+                                    " segments exceed max_read_segments " +
+                                    std::to_string(kMaxReadSegments) + "; split the READ");
+      }
+      for (std::uint32_t i = 0; i < op.num_segments; ++i) {
+        const Segment& seg = op.segments[i];
+        Status s = ValidateLocal(seg.addr, seg.mr, seg.length);
+        if (!s.ok()) return InvalidArgumentError("segment " + std::to_string(i) + ": " + s.message());
+      }
+      return Status::OK();
+    }
     if (op.length == 0 && op.local_mr == nullptr) return Status::OK();
-    if (op.local_mr == nullptr) {
+    return ValidateLocal(op.local, op.local_mr, op.length);
+  }
+
+  Status ValidateLocal(const void* addr, const MemoryRegion* local_mr, std::uint64_t length) const {
+    if (local_mr == nullptr) {
       return InvalidArgumentError("local_mr is null; register the local buffer first");
     }
-    const auto* mr = dynamic_cast<const FakeMemoryRegion*>(op.local_mr);
+    const auto* mr = dynamic_cast<const FakeMemoryRegion*>(local_mr);
     if (mr == nullptr || mr->core() != own_core_) {
       return InvalidArgumentError(
           "local_mr was not registered on this connection's endpoint; register the local "
           "buffer with the same Endpoint");
     }
-    if (op.length > 0 && !mr->Contains(op.local, op.length)) {
-      return InvalidArgumentError("local buffer [" +
-                                  Hex(reinterpret_cast<std::uint64_t>(op.local)) + ", +" +
-                                  std::to_string(op.length) + ") lies outside local_mr");
+    if (length > 0 && !mr->Contains(addr, length)) {
+      return InvalidArgumentError("local buffer [" + Hex(reinterpret_cast<std::uint64_t>(addr)) +
+                                  ", +" + std::to_string(length) + ") lies outside local_mr");
     }
     return Status::OK();
   }

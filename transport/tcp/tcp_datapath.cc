@@ -451,15 +451,35 @@ Status TcpConnection::Validate(const Op& op) const {
     if (op.length != 8) return bad("atomics move exactly 8 bytes");
     if (op.remote_addr % 8 != 0) return bad("remote address is not 8-byte aligned");
   }
+  if (op.num_segments > 0) {
+    if (op.type != OpType::kRead) return bad("only a READ may scatter into segments");
+    if (op.num_segments > kMaxReadSegments) {
+      return bad(std::to_string(op.num_segments) + " segments exceed max_read_segments " +
+                 std::to_string(kMaxReadSegments) + "; split the READ");
+    }
+    for (std::uint32_t i = 0; i < op.num_segments; ++i) {
+      const Segment& seg = op.segments[i];
+      Status s = ValidateLocal(seg.addr, seg.mr, seg.length);
+      if (!s.ok()) return bad("segment " + std::to_string(i) + ": " + s.message());
+    }
+    return Status::OK();
+  }
   if (op.length > 0 || IsAtomic(op.type)) {
-    if (op.local_mr == nullptr) return bad("local_mr is null");
-    auto* mr = dynamic_cast<const TcpMemoryRegion*>(op.local_mr);
-    if (mr == nullptr || mr->table() != table_) {
-      return bad("local_mr was not registered on this endpoint");
-    }
-    if (op.local == nullptr || !mr->Contains(op.local, op.length)) {
-      return bad("local buffer lies outside local_mr");
-    }
+    Status s = ValidateLocal(op.local, op.local_mr, op.length);
+    if (!s.ok()) return bad(s.message());
+  }
+  return Status::OK();
+}
+
+Status TcpConnection::ValidateLocal(const void* addr, const MemoryRegion* local_mr,
+                                    std::uint64_t length) const {
+  if (local_mr == nullptr) return InvalidArgumentError("local_mr is null");
+  auto* mr = dynamic_cast<const TcpMemoryRegion*>(local_mr);
+  if (mr == nullptr || mr->table() != table_) {
+    return InvalidArgumentError("local_mr was not registered on this endpoint");
+  }
+  if (addr == nullptr || !mr->Contains(addr, length)) {
+    return InvalidArgumentError("local buffer lies outside local_mr");
   }
   return Status::OK();
 }
@@ -493,7 +513,8 @@ Status TcpConnection::Post(std::span<const Op> ops) {
       tx_.AppendExternal(op.local, op.length, 0);
     }
     pending_.push_back(Pending{op.context, op.type, static_cast<std::byte*>(op.local),
-                               static_cast<std::uint32_t>(op.length), now});
+                               static_cast<std::uint32_t>(op.length), now,
+                               {op.segments, op.segments + op.num_segments}});
   }
   auto sent = tx_.Flush(fd_.get());
   if (!sent.ok()) {
@@ -555,6 +576,7 @@ void TcpConnection::ReadResponses() {
         }
         have_header_ = true;
         payload_done_ = 0;
+        seg_index_ = seg_offset_ = 0;
         error_payload_.clear();
       }
       const Pending& p = pending_.front();
@@ -562,32 +584,19 @@ void TcpConnection::ReadResponses() {
       std::size_t avail = std::min<std::size_t>(rx_end_ - rx_begin_, len - payload_done_);
       if (header_.status == 0) {
         if (p.type == OpType::kRead) {
-          RacyCopyTo(p.local + payload_done_, rx_.get() + rx_begin_, avail);
+          TakePayload(p, rx_.get() + rx_begin_, avail);
+        } else {
+          payload_done_ += static_cast<std::uint32_t>(avail);
         }
       } else {
         error_payload_.append(reinterpret_cast<const char*>(rx_.get() + rx_begin_), avail);
+        payload_done_ += static_cast<std::uint32_t>(avail);
       }
       rx_begin_ += avail;
-      payload_done_ += static_cast<std::uint32_t>(avail);
       if (payload_done_ < len) {
         if (header_.status == 0 && p.type == OpType::kRead && rx_begin_ == rx_end_) {
           // Large READ: the rest goes straight into the caller's buffer.
-          rx_begin_ = rx_end_ = 0;
-          iovec iov[2] = {{p.local + payload_done_, len - payload_done_},
-                          {rx_.get(), kRxBufferBytes}};
-          ssize_t r = RacyReadv(fd_.get(), iov, 2);
-          if (r > 0) {
-            auto got = static_cast<std::size_t>(r);
-            std::size_t into_local = std::min<std::size_t>(got, len - payload_done_);
-            payload_done_ += static_cast<std::uint32_t>(into_local);
-            rx_end_ = got - into_local;
-            continue;
-          }
-          if (r == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
-            Fail(UnavailableError(Describe() + " vanished (the connection closed mid-response)"),
-                 StatusCode::kUnavailable, Describe() + " vanished");
-            return;
-          }
+          if (ReadPayloadDirect(p, len)) continue;
           return;
         }
         break;
@@ -626,6 +635,72 @@ void TcpConnection::ReadResponses() {
          Describe() + " vanished (" + why + ")");
     return;
   }
+}
+
+void TcpConnection::TakePayload(const Pending& p, const std::byte* src, std::size_t n) {
+  if (p.segments.empty()) {
+    RacyCopyTo(p.local + payload_done_, src, n);
+    payload_done_ += static_cast<std::uint32_t>(n);
+    return;
+  }
+  payload_done_ += static_cast<std::uint32_t>(n);
+  while (n > 0) {
+    const Segment& seg = p.segments[seg_index_];
+    const std::size_t take = std::min<std::size_t>(n, seg.length - seg_offset_);
+    RacyCopyTo(static_cast<std::byte*>(seg.addr) + seg_offset_, src, take);
+    src += take;
+    n -= take;
+    seg_offset_ += take;
+    if (seg_offset_ == seg.length) {
+      ++seg_index_;
+      seg_offset_ = 0;
+    }
+  }
+}
+
+bool TcpConnection::ReadPayloadDirect(const Pending& p, std::uint32_t len) {
+  rx_begin_ = rx_end_ = 0;
+  // The rest of the payload (its first kIov - 1 pieces), then rx_ for what
+  // follows it.
+  constexpr std::size_t kIov = 64;
+  iovec iov[kIov];
+  std::size_t n = 0, local_bytes = 0;
+  if (p.segments.empty()) {
+    iov[n++] = {p.local + payload_done_, len - payload_done_};
+    local_bytes = len - payload_done_;
+  } else {
+    std::size_t off = seg_offset_;
+    for (std::size_t i = seg_index_; i < p.segments.size() && n + 1 < kIov; ++i, off = 0) {
+      const Segment& seg = p.segments[i];
+      if (seg.length == off) continue;
+      iov[n++] = {static_cast<std::byte*>(seg.addr) + off, seg.length - off};
+      local_bytes += seg.length - off;
+    }
+  }
+  iov[n++] = {rx_.get(), kRxBufferBytes};
+  ssize_t r = RacyReadv(fd_.get(), iov, static_cast<int>(n));
+  if (r > 0) {
+    const auto got = static_cast<std::size_t>(r);
+    const std::size_t into_local = std::min(got, local_bytes);
+    payload_done_ += static_cast<std::uint32_t>(into_local);
+    for (std::size_t left = into_local; left > 0;) {  // advance the segment cursor
+      const Segment& seg = p.segments[seg_index_];
+      const std::size_t take = std::min<std::size_t>(left, seg.length - seg_offset_);
+      left -= take;
+      seg_offset_ += take;
+      if (seg_offset_ == seg.length) {
+        ++seg_index_;
+        seg_offset_ = 0;
+      }
+    }
+    rx_end_ = got - into_local;
+    return true;
+  }
+  if (r == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+    Fail(UnavailableError(Describe() + " vanished (the connection closed mid-response)"),
+         StatusCode::kUnavailable, Describe() + " vanished");
+  }
+  return false;
 }
 
 void TcpConnection::Progress() {

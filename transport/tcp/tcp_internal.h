@@ -168,6 +168,7 @@ class TcpConnection final : public Connection {
   Result<std::size_t> Wait(std::span<Completion> out, Deadline deadline) override;
   std::size_t outstanding() const override { return pending_.size() + ready_.size(); }
   std::size_t max_outstanding() const override { return max_outstanding_; }
+  std::size_t max_read_segments() const override { return kMaxReadSegments; }
   const PeerInfo& peer() const override { return peer_; }
   Status health() const override { return health_; }
   void Close() override;
@@ -179,8 +180,19 @@ class TcpConnection final : public Connection {
     std::byte* local;
     std::uint32_t length;
     SteadyClock::time_point posted;
+    std::vector<Segment> segments;  // A scattered READ's local side (else `local`).
   };
+  // Segments one READ may scatter into; a response fills them with one
+  // readv when it is large.
+  static constexpr std::size_t kMaxReadSegments = 1024;
   Status Validate(const Op& op) const;
+  Status ValidateLocal(const void* addr, const MemoryRegion* local_mr, std::uint64_t length) const;
+  // Puts the next n payload bytes of the READ at the head where they belong
+  // and advances payload_done_.
+  void TakePayload(const Pending& p, const std::byte* src, std::size_t n);
+  // Reads the rest of the head READ's payload straight into its buffer (and
+  // what follows into rx_). False when the connection failed.
+  bool ReadPayloadDirect(const Pending& p, std::uint32_t len);
   // Sends queued requests and consumes arrived responses, without blocking.
   void Progress();
   // Consumes responses in rx_; reads more when `may_read`. False on error.
@@ -213,6 +225,9 @@ class TcpConnection final : public Connection {
   bool have_header_ = false;
   ResponseWire header_{};
   std::uint32_t payload_done_ = 0;
+  // Where payload_done_ falls in the head READ's segments.
+  std::size_t seg_index_ = 0;
+  std::size_t seg_offset_ = 0;
   std::string error_payload_;
 };
 

@@ -110,16 +110,39 @@ Status WcStatusToStatus(const ibv_wc& wc, OpType type) {
   }
 }
 
-Status VerbsConnection::Validate(const Op& op) const {
-  const auto* mr = dynamic_cast<const VerbsMemoryRegion*>(op.local_mr);
+Status VerbsConnection::ValidateLocal(const void* addr, const MemoryRegion* local_mr,
+                                      std::uint64_t length) const {
+  const auto* mr = dynamic_cast<const VerbsMemoryRegion*>(local_mr);
   if (mr == nullptr || mr->shared() != shared_.get()) {
     return InvalidArgumentError(
         "op's local_mr is null or was not registered on this endpoint; register "
         "the local buffer with this Endpoint::Register");
   }
-  if (!mr->Contains(op.local, op.length)) {
-    return InvalidArgumentError("op's local buffer [" + std::to_string(op.length) +
+  if (!mr->Contains(addr, length)) {
+    return InvalidArgumentError("op's local buffer [" + std::to_string(length) +
                                 " bytes] lies outside its local_mr");
+  }
+  return Status::OK();
+}
+
+Status VerbsConnection::Validate(const Op& op) const {
+  if (op.num_segments > 0) {
+    if (op.type != OpType::kRead) {
+      return InvalidArgumentError("only a READ may scatter into segments");
+    }
+    if (op.num_segments > max_read_segments_) {
+      return InvalidArgumentError(std::to_string(op.num_segments) +
+                                  " segments exceed max_read_segments " +
+                                  std::to_string(max_read_segments_) + " of " +
+                                  shared_->dev_name + "; split the READ");
+    }
+    for (std::uint32_t i = 0; i < op.num_segments; ++i) {
+      const Segment& seg = op.segments[i];
+      Status st = ValidateLocal(seg.addr, seg.mr, seg.length);
+      if (!st.ok()) return InvalidArgumentError("segment " + std::to_string(i) + ": " + st.message());
+    }
+  } else {
+    RDMAPS_RETURN_IF_ERROR(ValidateLocal(op.local, op.local_mr, op.length));
   }
   if (op.length > shared_->dev_attr.max_mr_size || op.length > (1ull << 31)) {
     return InvalidArgumentError("op length " + std::to_string(op.length) +
@@ -162,19 +185,34 @@ Status VerbsConnection::Post(std::span<const Op> ops) {
   }
 
   const std::size_t n = ops.size();
+  std::size_t total_sges = 0;
+  for (const Op& op : ops) total_sges += std::max<std::size_t>(op.num_segments, 1);
   wrs_.assign(n, ibv_send_wr{});
-  sges_.assign(n, ibv_sge{});
+  sges_.assign(total_sges, ibv_sge{});  // not resized below: the WRs point into it
+  std::size_t next_sge = 0;
   const auto now = CoarseNowCeil();
   const std::uint64_t first_seq = next_seq_;
   for (std::size_t i = 0; i < n; ++i) {
     const Op& op = ops[i];
     ibv_send_wr& wr = wrs_[i];
-    ibv_sge& sge = sges_[i];
     const std::uint64_t seq = first_seq + i;
     wr.wr_id = seq;
     wr.next = (i + 1 < n) ? &wrs_[i + 1] : nullptr;
     wr.opcode = ToOpcode(op.type);
-    if (op.length > 0) {
+    if (op.num_segments > 0) {
+      wr.sg_list = &sges_[next_sge];
+      for (std::uint32_t k = 0; k < op.num_segments; ++k) {
+        const Segment& seg = op.segments[k];
+        if (seg.length == 0) continue;
+        ibv_sge& sge = sges_[next_sge++];
+        sge.addr = reinterpret_cast<std::uint64_t>(seg.addr);
+        sge.length = seg.length;
+        sge.lkey = seg.mr->lkey();
+        ++wr.num_sge;
+      }
+      if (wr.num_sge == 0) wr.sg_list = nullptr;
+    } else if (op.length > 0) {
+      ibv_sge& sge = sges_[next_sge++];
       sge.addr = reinterpret_cast<std::uint64_t>(op.local);
       sge.length = static_cast<std::uint32_t>(op.length);
       sge.lkey = op.local_mr->lkey();

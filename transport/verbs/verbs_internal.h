@@ -230,6 +230,7 @@ class VerbsConnection final : public Connection {
   Result<std::size_t> Wait(std::span<Completion> out, Deadline deadline) override;
   std::size_t outstanding() const override { return pending_.size() + ready_.size(); }
   std::size_t max_outstanding() const override { return max_outstanding_; }
+  std::size_t max_read_segments() const override { return max_read_segments_; }
   const PeerInfo& peer() const override { return peer_; }
   Status health() const override;
   void Close() override;
@@ -256,6 +257,7 @@ class VerbsConnection final : public Connection {
 
   // Data path (verbs_datapath.cc), owner thread only.
   Status Validate(const Op& op) const;
+  Status ValidateLocal(const void* addr, const MemoryRegion* local_mr, std::uint64_t length) const;
   std::size_t DrainCq();
   void OnWc(const ibv_wc& wc);
   std::size_t MoveReady(std::span<Completion> out);
@@ -273,6 +275,7 @@ class VerbsConnection final : public Connection {
   std::uint32_t qp_num_ = 0;
   std::uint32_t max_inline_ = 0;
   std::size_t max_outstanding_ = 0;
+  std::size_t max_read_segments_ = 1;  // SGEs per READ: the QP's and the device's limit
   std::uint32_t signal_every_ = 1;
 
   // Health: written by the progress thread and the owner.

@@ -49,6 +49,8 @@ namespace {
 constexpr int kSrqDepth = 1024;
 constexpr int kListenBacklog = 128;
 constexpr std::uint32_t kWantInline[] = {256, 64, 0};
+// SGEs a scattered READ may use (fewer when the device allows fewer).
+constexpr int kWantReadSges = 16;
 constexpr auto kCloseDrain = std::chrono::seconds(2);
 // How long Create may spend resolving EndpointOptions::address_hint.
 constexpr auto kHintResolveTimeout = std::chrono::milliseconds(2000);
@@ -396,8 +398,14 @@ Status VerbsConnection::Init(CmIdPtr id) {
                           shared_->dev_name + " (lower max_outstanding?)",
                       errno);
   }
+  // Scattered READs (Op::ReadScatter) use up to this many SGEs; a device
+  // that refuses them all still gets a QP with one.
+  const auto want_sges = static_cast<std::uint32_t>(
+      std::clamp(std::min(a.max_sge, a.max_sge_rd), 1, kWantReadSges));
   int err = 0;
-  for (std::uint32_t want : kWantInline) {
+  for (std::size_t attempt = 0; attempt < 2 * std::size(kWantInline); ++attempt) {
+    const std::uint32_t want = kWantInline[attempt % std::size(kWantInline)];
+    const std::uint32_t send_sges = attempt < std::size(kWantInline) ? want_sges : 1;
     ibv_qp_init_attr attr{};
     attr.send_cq = cq_.get();
     attr.recv_cq = shared_->recv_cq.get();
@@ -405,13 +413,16 @@ Status VerbsConnection::Init(CmIdPtr id) {
     attr.qp_type = IBV_QPT_RC;
     attr.sq_sig_all = 0;
     attr.cap.max_send_wr = static_cast<std::uint32_t>(depth);
-    attr.cap.max_send_sge = 1;
+    attr.cap.max_send_sge = send_sges;
     attr.cap.max_recv_wr = 1;
     attr.cap.max_recv_sge = 1;
     attr.cap.max_inline_data = want;
     qp_.reset(ibv_create_qp(shared_->pd.get(), &attr));
     if (qp_) {
       max_inline_ = attr.cap.max_inline_data;
+      max_read_segments_ = std::clamp<std::size_t>(
+          std::min<std::size_t>(attr.cap.max_send_sge, static_cast<std::size_t>(a.max_sge_rd)), 1,
+          kWantReadSges);
       err = 0;
       break;
     }
