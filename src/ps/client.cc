@@ -9,6 +9,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -65,6 +66,9 @@ constexpr std::size_t kMaxOpsPerPost = 512;
 // Large pulls are cut into READs of at most this size, so checking the rows of
 // one overlaps the transfer of the next.
 constexpr std::size_t kMaxReadBytes = 256 * 1024;
+// An inline-table pull into a registered buffer at least this large is
+// scattered (zero-copy) even when that takes more READs than staging.
+constexpr std::size_t kScatterAboveBytes = 64 * 1024;
 // A push WRITEs gradients straight from a registered caller buffer when they
 // are in at most this many pieces; more pieces are gathered by a copy.
 constexpr std::size_t kMaxGatherRuns = 8;
@@ -122,12 +126,13 @@ struct ServerLink {
 // Dense tables: headers in the first `cap` slots of the server's staging;
 // rows in the caller's buffer (zero-copy) or after the headers in staging.
 // Inline tables: slot k of staging holds remote row k of the batch as it is
-// on the server (header, then data).
+// on the server (header, then data), except that with `user_mr` the data
+// is scattered into the caller's buffer instead (zero-copy).
 struct RowPlace {
   const TableMeta& t;
   const ServerLink& s;
   std::uint64_t cap;
-  const transport::MemoryRegion* user_mr;  // null for inline tables
+  const transport::MemoryRegion* user_mr;  // the caller's registered buffer, or null
   std::span<float> out;
 
   BlockHeader* Header(std::uint64_t slot) const {
@@ -135,8 +140,8 @@ struct RowPlace {
     return reinterpret_cast<BlockHeader*>(s.staging.get()) + slot;
   }
   std::byte* Row(std::uint64_t slot, std::uint64_t out_row) const {
-    if (t.inline_headers()) return s.staging.get() + slot * t.row_stride + sizeof(BlockHeader);
     if (user_mr) return reinterpret_cast<std::byte*>(out.data() + out_row * t.info.dim);
+    if (t.inline_headers()) return s.staging.get() + slot * t.row_stride + sizeof(BlockHeader);
     return s.staging.get() + cap * sizeof(BlockHeader) + slot * internal::RowBytes(t.info.dim);
   }
   const transport::MemoryRegion* row_mr() const {
@@ -262,6 +267,7 @@ class ClientImpl final : public Client {
   Status EnsureCredit(ServerLink& s, Deadline deadline);
   // The registered caller buffer holding [p, p + bytes), or null.
   const transport::MemoryRegion* FindRegistered(const void* p, std::size_t bytes) const;
+  std::uint64_t ScatterInline(const TableMeta& t, const std::vector<Run>& runs) const;
   // Remote address of the ring slot of push `seq` on `s`.
   static std::uint64_t SlotAddress(const ServerLink& s, std::uint64_t seq) {
     return s.ring.addr + (seq - 1) % s.dir.ring_slots * s.dir.slot_bytes;
@@ -761,22 +767,92 @@ Status ClientImpl::WaitReadable(const TableMeta& t, const std::vector<std::uint3
   return Status::OK();
 }
 
+// The ops of one pull batch, and the segments of its scattered READs (an
+// op's `segments` point into `segments` only once Seal() has run: the
+// vector grows while the batch is built).
+struct ReadBatch {
+  std::vector<Op> ops;
+  std::vector<transport::Segment> segments;
+  std::vector<std::size_t> first_segment;  // per op
+
+  void clear() {
+    ops.clear();
+    segments.clear();
+    first_segment.clear();
+  }
+  void Add(const Op& op) {
+    ops.push_back(op);
+    first_segment.push_back(segments.size());
+  }
+  std::span<const Op> Seal() {
+    for (std::size_t i = 0; i < ops.size(); ++i) {
+      if (ops[i].num_segments > 0) ops[i].segments = segments.data() + first_segment[i];
+    }
+    return ops;
+  }
+};
+
 // The READs of rows [local, local + n) of `shard` into batch slots
 // [slot, slot + n): for a dense table the rows (to `place`) and their
-// headers (to staging); for an inline table both at once.
+// headers (to staging); for an inline table both at once, into staging or,
+// with a registered caller buffer, scattered: each header (and the row's
+// padding) to its staging slot, each row to the caller's buffer.
 void AddRowReads(const TableMeta& t, const RowPlace& place, const ShardRemote& shard,
                  std::uint64_t slot, std::uint64_t local, std::uint64_t out_row, std::uint64_t n,
-                 std::vector<Op>* ops) {
+                 ReadBatch* batch) {
   if (t.inline_headers()) {
-    ops->push_back(Op::Read(place.Header(slot), place.s.staging_mr.get(), n * t.row_stride,
-                            shard.headers + local * t.row_stride, shard.rkey));
+    const std::uint64_t remote = shard.headers + local * t.row_stride;
+    if (!place.user_mr) {
+      batch->Add(Op::Read(place.Header(slot), place.s.staging_mr.get(), n * t.row_stride,
+                          remote, shard.rkey));
+      return;
+    }
+    const auto row_bytes = static_cast<std::uint32_t>(internal::RowBytes(t.info.dim));
+    const auto pad = static_cast<std::uint32_t>(t.row_stride - sizeof(BlockHeader) - row_bytes);
+    const transport::MemoryRegion* staging = place.s.staging_mr.get();
+    Op op = Op::Read(nullptr, nullptr, n * t.row_stride, remote, shard.rkey);
+    batch->Add(op);
+    for (std::uint64_t k = 0; k < n; ++k) {
+      auto* header = reinterpret_cast<std::byte*>(place.Header(slot + k));
+      batch->segments.push_back({header, staging, sizeof(BlockHeader)});
+      batch->segments.push_back({place.Row(slot + k, out_row + k), place.user_mr, row_bytes});
+      if (pad > 0) batch->segments.push_back({header + sizeof(BlockHeader), staging, pad});
+    }
+    batch->ops.back().num_segments = static_cast<std::uint32_t>(n * (pad > 0 ? 3 : 2));
     return;
   }
   const std::size_t row_bytes = internal::RowBytes(t.info.dim);
-  ops->push_back(Op::Read(place.Row(slot, out_row), place.row_mr(), n * row_bytes,
-                          shard.addr + local * row_bytes, shard.rkey));
-  ops->push_back(Op::Read(place.Header(slot), place.s.staging_mr.get(), n * sizeof(BlockHeader),
-                          shard.headers + local * sizeof(BlockHeader), shard.rkey));
+  batch->Add(Op::Read(place.Row(slot, out_row), place.row_mr(), n * row_bytes,
+                      shard.addr + local * row_bytes, shard.rkey));
+  batch->Add(Op::Read(place.Header(slot), place.s.staging_mr.get(), n * sizeof(BlockHeader),
+                      shard.headers + local * sizeof(BlockHeader), shard.rkey));
+}
+
+// Whether a pull of an inline table into a registered buffer scatters each
+// row READ into header and row (zero-copy) or stages it: a scattered READ
+// carries at most max_read_segments() / (2 or 3, with padding) rows, so it
+// is chosen when that takes no more ops than staging (always on tcp), or
+// when the pull is large enough for the copy to cost more than the extra
+// ops (verbs, whose READs take 16 segments). Returns rows per scattered
+// READ, or 0 to stage.
+std::uint64_t ClientImpl::ScatterInline(const TableMeta& t, const std::vector<Run>& runs) const {
+  const std::size_t row_bytes = internal::RowBytes(t.info.dim);
+  const std::size_t segs_per_row = t.row_stride > sizeof(BlockHeader) + row_bytes ? 3 : 2;
+  std::uint64_t rows_per_read = std::numeric_limits<std::uint64_t>::max();
+  for (const Run& r : runs) {
+    rows_per_read =
+        std::min<std::uint64_t>(rows_per_read, servers_[r.server].conn->max_read_segments() / segs_per_row);
+  }
+  if (runs.empty() || rows_per_read == 0) return 0;
+  const std::uint64_t staged_rows_per_read = std::max<std::size_t>(1, kMaxReadBytes / t.row_stride);
+  std::uint64_t bytes = 0;
+  bool no_more_ops = true;
+  for (const Run& r : runs) {
+    bytes += r.count * row_bytes;
+    no_more_ops = no_more_ops && (r.count + rows_per_read - 1) / rows_per_read <=
+                                     (r.count + staged_rows_per_read - 1) / staged_rows_per_read;
+  }
+  return no_more_ops || bytes >= kScatterAboveBytes ? rows_per_read : 0;
 }
 
 Status ClientImpl::ReadRuns(const TableMeta& t, std::vector<Run> runs, std::span<float> out,
@@ -786,10 +862,15 @@ Status ClientImpl::ReadRuns(const TableMeta& t, std::vector<Run> runs, std::span
   // Rows land straight in `out` when the caller registered it (zero-copy);
   // otherwise in staging, and are copied out once they verify. Headers always
   // go to staging.
-  // Inline tables READ header and row together into staging (one op per run).
+  // Inline tables READ header and row together (one op per run), scattered
+  // into header and row when zero-copy (ScatterInline says when).
   const bool inl = t.inline_headers();
-  const transport::MemoryRegion* user_mr =
-      inl ? nullptr : FindRegistered(out.data(), out.size_bytes());
+  const transport::MemoryRegion* user_mr = FindRegistered(out.data(), out.size_bytes());
+  std::uint64_t max_rows_per_scatter = 0;
+  if (inl && user_mr) {
+    max_rows_per_scatter = ScatterInline(t, runs);
+    if (max_rows_per_scatter == 0) user_mr = nullptr;
+  }
   const std::size_t staged_row =
       inl ? t.row_stride : sizeof(BlockHeader) + (user_mr ? 0 : row_bytes);
   const std::size_t ops_per_run = inl ? 1 : 2;
@@ -802,9 +883,10 @@ Status ClientImpl::ReadRuns(const TableMeta& t, std::vector<Run> runs, std::span
   std::vector<std::deque<Run>> queues(servers_.size());
   for (const Run& r : runs) queues[r.server].push_back(r);
   std::vector<std::vector<Piece>> pieces(servers_.size());
-  std::vector<Op> ops;
+  ReadBatch batch;
   std::uint64_t retries = 0, bytes = 0, copied = 0;
-  const std::uint64_t max_rows_per_op = std::max<std::uint64_t>(1, kMaxReadBytes / read_row);
+  std::uint64_t max_rows_per_op = std::max<std::uint64_t>(1, kMaxReadBytes / read_row);
+  if (max_rows_per_scatter > 0) max_rows_per_op = std::min(max_rows_per_op, max_rows_per_scatter);
   for (std::uint32_t si = 0; si < servers_.size(); ++si) {
     if (!queues[si].empty() && servers_[si].staging_bytes < staged_row) {
       return InternalError("staging smaller than one row");  // Init() sizes it
@@ -822,13 +904,13 @@ Status ClientImpl::ReadRuns(const TableMeta& t, std::vector<Run> runs, std::span
       const RowPlace place{t, s, cap, user_mr, out};
       const ShardRemote& shard = t.shards[si];
       std::uint64_t used = 0;
-      ops.clear();
+      batch.clear();
       const std::size_t max_ops = std::min(kMaxOpsPerPost, s.conn->max_outstanding());
-      while (!q.empty() && used < cap && ops.size() + ops_per_run <= max_ops) {
+      while (!q.empty() && used < cap && batch.ops.size() + ops_per_run <= max_ops) {
         Run& r = q.front();
         const std::uint64_t n = std::min({r.count, cap - used, max_rows_per_op});
         pieces[si].push_back({used, r.local, n, r.out_row});
-        AddRowReads(t, place, shard, used, r.local, r.out_row, n, &ops);
+        AddRowReads(t, place, shard, used, r.local, r.out_row, n, &batch);
         bytes += n * (inl ? t.row_stride : row_bytes + sizeof(BlockHeader));
         used += n;
         r.local += n;
@@ -836,7 +918,7 @@ Status ClientImpl::ReadRuns(const TableMeta& t, std::vector<Run> runs, std::span
         r.count -= n;
         if (r.count == 0) q.pop_front();
       }
-      RDMAPS_RETURN_IF_ERROR(PostOps(s, ops));
+      RDMAPS_RETURN_IF_ERROR(PostOps(s, batch.Seal()));
     }
     if (!any) break;
     for (std::uint32_t si = 0; si < servers_.size(); ++si) {
@@ -893,14 +975,14 @@ Status ClientImpl::ReadRuns(const TableMeta& t, std::vector<Run> runs, std::span
         const std::size_t per_post =
             std::min(kMaxOpsPerPost, s.conn->max_outstanding()) / ops_per_run;
         for (std::size_t off = 0; off < torn.size(); off += per_post) {
-          ops.clear();
+          batch.clear();
           const std::size_t end = std::min(torn.size(), off + per_post);
           for (std::size_t k = off; k < end; ++k) {
             const Piece& pc = torn[k];
-            AddRowReads(t, place, shard, pc.slot, pc.local, pc.out_row, 1, &ops);
+            AddRowReads(t, place, shard, pc.slot, pc.local, pc.out_row, 1, &batch);
             bytes += inl ? t.row_stride : row_bytes + sizeof(BlockHeader);
           }
-          RDMAPS_RETURN_IF_ERROR(Exec(s, ops, deadline));
+          RDMAPS_RETURN_IF_ERROR(Exec(s, batch.Seal(), deadline));
         }
         std::vector<Piece> still;
         for (const Piece& pc : torn) {

@@ -146,7 +146,9 @@ void ExpectWholeRows(const std::vector<float>& out, std::size_t dim) {
 // the apply thread does) half way through copying it, three times in a row:
 // in the first READ and in two re-READs. The client must return one whole
 // version of every row after exactly 3 retries.
-void ExpectTornRowRetried(RowLayout layout) {
+// `registered`: the pull lands zero-copy in a registered buffer (for an
+// inline table, scattered READs), so torn rows are re-read in place.
+void ExpectTornRowRetried(RowLayout layout, bool registered = false) {
   TableOptions table = MakeTable(1, "w", 4, 40, kAsp, Initializer::Constant(1.0f));
   table.layout = layout;
   auto c = StartCluster("fake", 1, 1, {table});
@@ -172,9 +174,13 @@ void ExpectTornRowRetried(RowLayout layout) {
   };
   ASSERT_TRUE(transport::fake::SetFaults(*internal::TEST_ServerEndpoint(server), f).ok());
   std::vector<float> out(4 * 40);
+  if (registered) {
+    ASSERT_TRUE(c.clients[0]->RegisterBuffer(out).ok());
+  }
   ASSERT_TRUE(c.clients[0]->Pull(1, RowRange{0, 4}, out).ok());
   EXPECT_EQ(rewrites, 3);
   EXPECT_EQ(c.clients[0]->stats().torn_retries, 3u);
+  EXPECT_EQ(c.clients[0]->stats().bytes_staged == 0, registered);
   ExpectWholeRows(out, 40);
   EXPECT_EQ(out[0], 1.0f);
   EXPECT_EQ(out[2 * 40], 4.0f);
@@ -335,7 +341,7 @@ TEST(PsFakeTest, InlineTablePullsPushesAndReportsItsLayout) {
   ASSERT_TRUE(cl.Push(7, ids, g).ok());
   ASSERT_TRUE(cl.Push(7, RowRange{0, 10}, range_g).ok());
   std::vector<float> sc(ids.size() * 5);
-  ASSERT_TRUE(cl.RegisterBuffer(sc).ok());  // inline tables are staged anyway
+  ASSERT_TRUE(cl.RegisterBuffer(sc).ok());  // scattered READs: header to staging, row to sc
   ASSERT_TRUE(cl.Pull(7, ids, sc).ok());
   for (std::size_t i = 0; i < ids.size(); ++i) {
     const float times = static_cast<float>(std::count(ids.begin(), ids.end(), ids[i]));
@@ -343,9 +349,10 @@ TEST(PsFakeTest, InlineTablePullsPushesAndReportsItsLayout) {
       EXPECT_EQ(sc[i * 5 + k], out[ids[i] * 5 + k] + 2.0f + times) << i;
     }
   }
-  // Staged: both pulls (inline rows always are) and both pushes (unregistered).
-  EXPECT_EQ(cl.stats().bytes_staged, 2 * (10 + ids.size()) * 5 * sizeof(float));
-  EXPECT_EQ(cl.stats().zero_copy_calls, 0u);
+  // Staged: the first pull and both pushes (unregistered buffers); the
+  // scattered pull was zero-copy.
+  EXPECT_EQ(cl.stats().bytes_staged, (2 * 10 + ids.size()) * 5 * sizeof(float));
+  EXPECT_EQ(cl.stats().zero_copy_calls, 1u);
   // Every server holds its rows where ReadLocal finds them.
   for (std::uint32_t s = 0; s < 3; ++s) {
     const auto shard = internal::PartitionOf(10, 3, s);
@@ -356,6 +363,10 @@ TEST(PsFakeTest, InlineTablePullsPushesAndReportsItsLayout) {
 }
 
 TEST(PsFakeTest, TornInlineRowIsDetectedAndRetried) { ExpectTornRowRetried(RowLayout::kInline); }
+
+TEST(PsFakeTest, TornInlineRowScatteredIntoARegisteredBufferIsRetriedInPlace) {
+  ExpectTornRowRetried(RowLayout::kInline, /*registered=*/true);
+}
 
 TEST(PsFakeTest, FastPushersAreFlowControlledAndEveryPushAppliesOnce) {
   constexpr int kWorkers = 3, kPushes = 400;

@@ -683,7 +683,7 @@ bool TcpConnection::ReadPayloadDirect(const Pending& p, std::uint32_t len) {
     const auto got = static_cast<std::size_t>(r);
     const std::size_t into_local = std::min(got, local_bytes);
     payload_done_ += static_cast<std::uint32_t>(into_local);
-    for (std::size_t left = into_local; left > 0;) {  // advance the segment cursor
+    for (std::size_t left = p.segments.empty() ? 0 : into_local; left > 0;) {  // segment cursor
       const Segment& seg = p.segments[seg_index_];
       const std::size_t take = std::min<std::size_t>(left, seg.length - seg_offset_);
       left -= take;
