@@ -1,6 +1,8 @@
 // The backend registry and the few helpers every backend shares.
 #include "transport/transport.h"
 
+#include <time.h>
+
 #include "transport/fake/fake_transport.h"
 #include "transport/tcp/tcp_transport.h"
 #ifdef RDMAPS_WITH_VERBS
@@ -8,6 +10,18 @@
 #endif
 
 namespace rdmaps::transport {
+
+SteadyClock::time_point CoarseNowCeil() {
+  static const std::chrono::nanoseconds tick = [] {
+    timespec res{};
+    clock_getres(CLOCK_MONOTONIC_COARSE, &res);
+    return std::chrono::seconds(res.tv_sec) + std::chrono::nanoseconds(res.tv_nsec);
+  }();
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+  return SteadyClock::time_point(std::chrono::duration_cast<SteadyClock::duration>(
+      std::chrono::seconds(ts.tv_sec) + std::chrono::nanoseconds(ts.tv_nsec) + tick));
+}
 
 std::string_view OpTypeName(OpType type) {
   switch (type) {

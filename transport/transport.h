@@ -64,6 +64,12 @@ inline Deadline DeadlineAfter(std::chrono::nanoseconds d) {
   return SteadyClock::now() + d;
 }
 
+// steady_clock's time read from CLOCK_MONOTONIC_COARSE (the same epoch) plus
+// one tick, so never earlier than SteadyClock::now(): a memory read in the
+// vDSO, where now() can cost microseconds (a VM whose clocksource is not the
+// TSC). For timeouts and deadlines, which are milliseconds or more away.
+SteadyClock::time_point CoarseNowCeil();
+
 // Wire protocol version carried in every handshake. Peers with different
 // versions refuse each other with FailedPrecondition.
 inline constexpr std::uint16_t kProtocolVersion = 1;

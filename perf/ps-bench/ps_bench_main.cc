@@ -44,6 +44,7 @@ DEFINE_string(scatter_layout, "dense",
               "READ per row) or inline (one READ per row, staged)");
 DEFINE_string(range_layout, "dense",
               "row layout of the tables the range shapes use: dense or inline");
+DEFINE_string(only, "", "run only the shapes whose name contains this (e.g. \"range 256\")");
 DEFINE_bool(raw_consumer, false,
             "a thread on the raw server endpoint consumes notifications, as the ps apply "
             "thread does (shows the cost of waking a consumer on a co-located server)");
@@ -201,6 +202,7 @@ int Main() {
     for (std::uint32_t i = 0; i < shapes.size(); ++i) {
       const Shape& sh = shapes[i];
       if (kind == 1 && sh.scattered && sh.rows > 64) continue;
+      if (std::string_view(sh.name).find(FLAGS_only) == std::string_view::npos) continue;
       const std::size_t payload = sh.rows * sh.dim * sizeof(float);
       std::vector<float> buf(sh.rows * sh.dim, 0.0f);
       if (FLAGS_zero_copy) Check(cl.RegisterBuffer(buf), "RegisterBuffer");

@@ -9,6 +9,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <limits>
 #include <map>
 #include <mutex>
@@ -158,6 +159,37 @@ struct Run {
   std::uint64_t out_row;
 };
 
+// Rows [local, local + count) of a server's shard READ into staging slots
+// [slot, slot + count), for output rows [out_row, out_row + count).
+struct Piece {
+  std::uint64_t slot, local, count, out_row;
+};
+
+// The ops of one pull batch, and the segments of its scattered READs (an
+// op's `segments` point into `segments` only once Seal() has run: the
+// vector grows while the batch is built).
+struct ReadBatch {
+  std::vector<Op> ops;
+  std::vector<transport::Segment> segments;
+  std::vector<std::size_t> first_segment;  // per op
+
+  void clear() {
+    ops.clear();
+    segments.clear();
+    first_segment.clear();
+  }
+  void Add(const Op& op) {
+    ops.push_back(op);
+    first_segment.push_back(segments.size());
+  }
+  std::span<const Op> Seal() {
+    for (std::size_t i = 0; i < ops.size(); ++i) {
+      if (ops[i].num_segments > 0) ops[i].segments = segments.data() + first_segment[i];
+    }
+    return ops;
+  }
+};
+
 class ClientImpl final : public Client {
  public:
   explicit ClientImpl(const ClientOptions& options) : options_(options) {}
@@ -259,7 +291,7 @@ class ClientImpl final : public Client {
   // is >= required and each has applied this worker's pushes. TimedOut
   // naming the laggards (`why` says what waits) at the deadline.
   Status WaitForClocks(std::uint64_t required, const std::vector<std::uint32_t>& servers,
-                       const std::string& why, Deadline deadline);
+                       const std::function<std::string()>& why, Deadline deadline);
   Status WaitReadable(const TableMeta& t, const std::vector<std::uint32_t>& servers,
                       Deadline deadline);
   Status ReadRuns(const TableMeta& t, std::vector<Run> runs, std::span<float> out,
@@ -290,7 +322,7 @@ class ClientImpl final : public Client {
     for (std::uint32_t si : posted) (void)FinishSlot(servers_[si], deadline);
     return st;
   }
-  Deadline CallDeadline() const { return SteadyClock::now() + options_.wait_timeout; }
+  Deadline CallDeadline() const { return transport::CoarseNowCeil() + options_.wait_timeout; }
   void AddBlocked(SteadyClock::duration d) {
     std::lock_guard<std::mutex> lock(stats_mu_);
     stats_.blocked_time += std::chrono::duration_cast<std::chrono::nanoseconds>(d);
@@ -315,6 +347,10 @@ class ClientImpl final : public Client {
   std::mutex mu_;
   std::vector<ServerLink> servers_;
   std::vector<UserBuffer> user_buffers_;
+  // ReadRuns' scratch, kept for its capacity; mu_.
+  ReadBatch read_batch_;
+  std::vector<std::deque<Run>> run_queues_;
+  std::vector<std::vector<Piece>> pieces_;
   std::uint64_t clock_ = 0;
   Status broken_;
   bool closed_ = false;
@@ -699,7 +735,7 @@ Status ClientImpl::ReadControl(const std::vector<std::uint32_t>& servers, Deadli
 }
 
 Status ClientImpl::WaitForClocks(std::uint64_t required, const std::vector<std::uint32_t>& servers,
-                                 const std::string& why, Deadline deadline) {
+                                 const std::function<std::string()>& why, Deadline deadline) {
   auto pending = [&] {
     std::vector<std::uint32_t> p;
     for (std::uint32_t i : servers) {
@@ -739,7 +775,7 @@ Status ClientImpl::WaitForClocks(std::uint64_t required, const std::vector<std::
                              " within wait_timeout: the server is overloaded or stuck");
       }
       return TimedOutError("worker " + std::to_string(options_.worker_id) + " at clock " +
-                           std::to_string(clock_) + " " + why +
+                           std::to_string(clock_) + " " + why() +
                            " needs every worker at clock >= " + std::to_string(required) +
                            " on " + ServerName(s) + "; lagging:" + lagging +
                            ". Are those workers alive and calling Clock()?");
@@ -756,7 +792,8 @@ Status ClientImpl::WaitReadable(const TableMeta& t, const std::vector<std::uint3
   const std::uint64_t required = (st == kAsp || clock_ < st) ? 0 : clock_ - st;
   RDMAPS_RETURN_IF_ERROR(WaitForClocks(
       required, servers,
-      "pulling table '" + t.info.name + "' (staleness " + std::to_string(st) + ")", deadline));
+      [&] { return "pulling table '" + t.info.name + "' (staleness " + std::to_string(st) + ")"; },
+      deadline));
   std::uint64_t min_seen = internal::kClockDone;
   for (std::uint32_t i : servers) min_seen = std::min(min_seen, servers_[i].min_clock);
   const std::uint64_t staleness = min_seen >= clock_ ? 0 : clock_ - min_seen;
@@ -766,31 +803,6 @@ Status ClientImpl::WaitReadable(const TableMeta& t, const std::vector<std::uint3
   ++stats_.staleness_samples;
   return Status::OK();
 }
-
-// The ops of one pull batch, and the segments of its scattered READs (an
-// op's `segments` point into `segments` only once Seal() has run: the
-// vector grows while the batch is built).
-struct ReadBatch {
-  std::vector<Op> ops;
-  std::vector<transport::Segment> segments;
-  std::vector<std::size_t> first_segment;  // per op
-
-  void clear() {
-    ops.clear();
-    segments.clear();
-    first_segment.clear();
-  }
-  void Add(const Op& op) {
-    ops.push_back(op);
-    first_segment.push_back(segments.size());
-  }
-  std::span<const Op> Seal() {
-    for (std::size_t i = 0; i < ops.size(); ++i) {
-      if (ops[i].num_segments > 0) ops[i].segments = segments.data() + first_segment[i];
-    }
-    return ops;
-  }
-};
 
 // The READs of rows [local, local + n) of `shard` into batch slots
 // [slot, slot + n): for a dense table the rows (to `place`) and their
@@ -876,14 +888,14 @@ Status ClientImpl::ReadRuns(const TableMeta& t, std::vector<Run> runs, std::span
   const std::size_t ops_per_run = inl ? 1 : 2;
   // Remote bytes one READ moves per row.
   const std::size_t read_row = inl ? t.row_stride : row_bytes;
-  struct Piece {
-    std::uint64_t slot, local, count, out_row;  // slot: staging row index
-  };
-  // Runs per server, consumed front to back.
-  std::vector<std::deque<Run>> queues(servers_.size());
+  // Runs per server, consumed front to back, and the pieces of them in flight.
+  auto& queues = run_queues_;
+  auto& pieces = pieces_;
+  queues.resize(servers_.size());
+  pieces.resize(servers_.size());
+  for (auto& q : queues) q.clear();
   for (const Run& r : runs) queues[r.server].push_back(r);
-  std::vector<std::vector<Piece>> pieces(servers_.size());
-  ReadBatch batch;
+  ReadBatch& batch = read_batch_;
   std::uint64_t retries = 0, bytes = 0, copied = 0;
   std::uint64_t max_rows_per_op = std::max<std::uint64_t>(1, kMaxReadBytes / read_row);
   if (max_rows_per_scatter > 0) max_rows_per_op = std::min(max_rows_per_op, max_rows_per_scatter);
@@ -1415,7 +1427,8 @@ Result<std::uint64_t> ClientImpl::Clock() {
     for (std::uint32_t i = 0; i < all.size(); ++i) all[i] = i;
     RDMAPS_RETURN_IF_ERROR(WaitForClocks(
         clock_ - clock_bound_, all,
-        "ending its iteration (staleness bound " + std::to_string(clock_bound_) + ")", deadline));
+        [&] { return "ending its iteration (staleness bound " + std::to_string(clock_bound_) + ")"; },
+        deadline));
   }
   return clock_;
 }

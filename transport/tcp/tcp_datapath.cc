@@ -513,8 +513,8 @@ Status TcpConnection::Post(std::span<const Op> ops) {
       tx_.AppendExternal(op.local, op.length, 0);
     }
     pending_.push_back(Pending{op.context, op.type, static_cast<std::byte*>(op.local),
-                               static_cast<std::uint32_t>(op.length), now,
-                               {op.segments, op.segments + op.num_segments}});
+                               static_cast<std::uint32_t>(op.length), now, op.num_segments});
+    segments_.insert(segments_.end(), op.segments, op.segments + op.num_segments);
   }
   auto sent = tx_.Flush(fd_.get());
   if (!sent.ok()) {
@@ -526,8 +526,9 @@ Status TcpConnection::Post(std::span<const Op> ops) {
 }
 
 void TcpConnection::CompleteHead(Status status) {
-  Pending p = pending_.front();
+  const Pending p = pending_.front();
   pending_.pop_front();
+  segments_.erase(segments_.begin(), segments_.begin() + p.num_segments);
   ready_.push_back(Completion{p.context, p.type, std::move(status)});
 }
 
@@ -638,14 +639,14 @@ void TcpConnection::ReadResponses() {
 }
 
 void TcpConnection::TakePayload(const Pending& p, const std::byte* src, std::size_t n) {
-  if (p.segments.empty()) {
+  if (p.num_segments == 0) {
     RacyCopyTo(p.local + payload_done_, src, n);
     payload_done_ += static_cast<std::uint32_t>(n);
     return;
   }
   payload_done_ += static_cast<std::uint32_t>(n);
   while (n > 0) {
-    const Segment& seg = p.segments[seg_index_];
+    const Segment& seg = segments_[seg_index_];
     const std::size_t take = std::min<std::size_t>(n, seg.length - seg_offset_);
     RacyCopyTo(static_cast<std::byte*>(seg.addr) + seg_offset_, src, take);
     src += take;
@@ -662,29 +663,29 @@ bool TcpConnection::ReadPayloadDirect(const Pending& p, std::uint32_t len) {
   rx_begin_ = rx_end_ = 0;
   // The rest of the payload (its first kIov - 1 pieces), then rx_ for what
   // follows it.
-  constexpr std::size_t kIov = 64;
-  iovec iov[kIov];
+  constexpr std::size_t kIov = 1024;  // IOV_MAX on Linux; later segments go through rx_
+  iov_.resize(kIov);
   std::size_t n = 0, local_bytes = 0;
-  if (p.segments.empty()) {
-    iov[n++] = {p.local + payload_done_, len - payload_done_};
+  if (p.num_segments == 0) {
+    iov_[n++] = {p.local + payload_done_, len - payload_done_};
     local_bytes = len - payload_done_;
   } else {
     std::size_t off = seg_offset_;
-    for (std::size_t i = seg_index_; i < p.segments.size() && n + 1 < kIov; ++i, off = 0) {
-      const Segment& seg = p.segments[i];
+    for (std::size_t i = seg_index_; i < p.num_segments && n + 1 < kIov; ++i, off = 0) {
+      const Segment& seg = segments_[i];
       if (seg.length == off) continue;
-      iov[n++] = {static_cast<std::byte*>(seg.addr) + off, seg.length - off};
+      iov_[n++] = {static_cast<std::byte*>(seg.addr) + off, seg.length - off};
       local_bytes += seg.length - off;
     }
   }
-  iov[n++] = {rx_.get(), kRxBufferBytes};
-  ssize_t r = RacyReadv(fd_.get(), iov, static_cast<int>(n));
+  iov_[n++] = {rx_.get(), kRxBufferBytes};
+  ssize_t r = RacyReadv(fd_.get(), iov_.data(), static_cast<int>(n));
   if (r > 0) {
     const auto got = static_cast<std::size_t>(r);
     const std::size_t into_local = std::min(got, local_bytes);
     payload_done_ += static_cast<std::uint32_t>(into_local);
-    for (std::size_t left = p.segments.empty() ? 0 : into_local; left > 0;) {  // segment cursor
-      const Segment& seg = p.segments[seg_index_];
+    for (std::size_t left = p.num_segments == 0 ? 0 : into_local; left > 0;) {  // segment cursor
+      const Segment& seg = segments_[seg_index_];
       const std::size_t take = std::min<std::size_t>(left, seg.length - seg_offset_);
       left -= take;
       seg_offset_ += take;

@@ -180,7 +180,7 @@ class TcpConnection final : public Connection {
     std::byte* local;
     std::uint32_t length;
     SteadyClock::time_point posted;
-    std::vector<Segment> segments;  // A scattered READ's local side (else `local`).
+    std::uint32_t num_segments;  // A scattered READ's, at the front of segments_.
   };
   // Segments one READ may scatter into; a response fills them with one
   // readv when it is large.
@@ -217,6 +217,9 @@ class TcpConnection final : public Connection {
   Status health_;
   bool closed_ = false;
   std::deque<Pending> pending_;
+  // The local sides of the scattered READs in pending_, in posting order.
+  std::deque<Segment> segments_;
+  std::vector<iovec> iov_;  // ReadPayloadDirect's scratch
   std::deque<Completion> ready_;
   TxQueue tx_;
   std::unique_ptr<std::byte[]> rx_;

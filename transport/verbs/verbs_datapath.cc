@@ -38,21 +38,6 @@ constexpr int kPollBatch = 32;
 // few loads, a clock read can cost a thousand times more (see above).
 constexpr std::uint32_t kPollsPerClockRead = 64;
 
-// CLOCK_MONOTONIC_COARSE (steady_clock's epoch, <= one tick behind) plus one
-// tick, so it is never earlier than steady_clock::now(): an op's timeout can
-// fire up to a tick late, never early.
-SteadyClock::time_point CoarseNowCeil() {
-  static const std::chrono::nanoseconds tick = [] {
-    timespec res{};
-    clock_getres(CLOCK_MONOTONIC_COARSE, &res);
-    return std::chrono::seconds(res.tv_sec) + std::chrono::nanoseconds(res.tv_nsec);
-  }();
-  timespec ts{};
-  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
-  return SteadyClock::time_point(std::chrono::duration_cast<SteadyClock::duration>(
-      std::chrono::seconds(ts.tv_sec) + std::chrono::nanoseconds(ts.tv_nsec) + tick));
-}
-
 ibv_wr_opcode ToOpcode(OpType t) {
   switch (t) {
     case OpType::kRead: return IBV_WR_RDMA_READ;
