@@ -146,7 +146,7 @@ enum OpFlags : std::uint8_t {
   kFence = 1u << 0,  // Wait for earlier READs/atomics on this connection.
 };
 
-// One piece of the local side of a scattered READ (Op::ReadScatter).
+// One piece of the local side of a scattered READ or a gathered WRITE.
 struct Segment {
   void* addr = nullptr;
   const MemoryRegion* mr = nullptr;  // registered on the same Endpoint
@@ -169,7 +169,8 @@ struct Op {
   std::uint64_t compare_add = 0;  // FETCH_ADD: addend; COMPARE_SWAP: expected
   std::uint64_t swap = 0;         // COMPARE_SWAP: new value
   std::uint64_t context = 0;      // Returned in the Completion.
-  // ReadScatter only: the local side, filled in order (local/local_mr unused).
+  // ReadScatter, WriteGather, WriteWithImmGather: the local side, filled or
+  // sent in order (local and local_mr unused).
   const Segment* segments = nullptr;
   std::uint32_t num_segments = 0;
 
@@ -188,14 +189,30 @@ struct Op {
   }
   // One READ of `length` = the segments' total contiguous remote bytes,
   // landing piece by piece in `segments` (on verbs, one work request's
-  // scatter list). At most Connection::max_read_segments() segments, each
-  // inside its mr; the array need only live until Post returns.
+  // scatter list). At most Connection::max_segments() segments, each
+  // inside its mr; the array need only live until Post returns (the memory
+  // it names, until the op completes).
   static Op ReadScatter(std::span<const Segment> segments, std::uint64_t remote_addr,
                         std::uint32_t rkey, std::uint64_t context = 0) {
     Op op = Read(nullptr, nullptr, 0, remote_addr, rkey, context);
     op.segments = segments.data();
     op.num_segments = static_cast<std::uint32_t>(segments.size());
     for (const Segment& s : segments) op.length += s.length;
+    return op;
+  }
+  // One WRITE of the segments, in order, to contiguous remote bytes (on
+  // verbs, a gather list). Same limits as ReadScatter.
+  static Op WriteGather(std::span<const Segment> segments, std::uint64_t remote_addr,
+                        std::uint32_t rkey, std::uint64_t context = 0) {
+    Op op = ReadScatter(segments, remote_addr, rkey, context);
+    op.type = OpType::kWrite;
+    return op;
+  }
+  static Op WriteWithImmGather(std::span<const Segment> segments, std::uint64_t remote_addr,
+                               std::uint32_t rkey, std::uint32_t imm, std::uint64_t context = 0) {
+    Op op = ReadScatter(segments, remote_addr, rkey, context);
+    op.type = OpType::kWriteWithImm;
+    op.imm = imm;
     return op;
   }
   static Op Write(const void* local, const MemoryRegion* mr,
@@ -292,9 +309,9 @@ class Connection {
   // Ops posted whose completions have not been polled yet.
   virtual std::size_t outstanding() const = 0;
   virtual std::size_t max_outstanding() const = 0;
-  // Segments one Op::ReadScatter may carry (verbs: the device's READ SGE
-  // limit, at least 1).
-  virtual std::size_t max_read_segments() const = 0;
+  // Segments one scattered or gathered op may carry (verbs: the device's
+  // SGE limits, at most 16; at least 1).
+  virtual std::size_t max_segments() const = 0;
 
   virtual const PeerInfo& peer() const = 0;
 

@@ -304,12 +304,14 @@ class ClientImpl final : public Client {
   static std::uint64_t SlotAddress(const ServerLink& s, std::uint64_t seq) {
     return s.ring.addr + (seq - 1) % s.dir.ring_slots * s.dir.slot_bytes;
   }
-  // Sends the next slot: `data` (WRITEs of payload pieces straight from
-  // caller memory into the slot; may be empty), then ONE WRITE_WITH_IMM of the
-  // first `bytes` of s.push (the header and whatever payload is staged
-  // there). The immediate goes last, so the server sees it only after every
-  // piece's data (transport.h's ordering rule).
-  Status PostSlot(ServerLink& s, SlotHeader h, std::size_t bytes, std::span<const Op> data = {});
+  // Sends the next slot as ONE WRITE_WITH_IMM: the first `bytes` of s.push
+  // (the header and whatever payload is staged there), then `data` (pieces
+  // of the caller's registered memory, zero-copy; may be empty), gathered.
+  // Where the connection takes fewer segments, the pieces go first as
+  // WRITEs of their own and the immediate last, so the server sees it only
+  // after every piece's data (transport.h's ordering rule).
+  Status PostSlot(ServerLink& s, SlotHeader h, std::size_t bytes,
+                  std::span<const transport::Segment> data = {});
   Status PushRange(const TableMeta& t, RowRange range, std::span<const float> grads,
                    Deadline deadline);
   Status PushRows(const TableMeta& t, std::span<const std::uint64_t> rows,
@@ -842,7 +844,7 @@ void AddRowReads(const TableMeta& t, const RowPlace& place, const ShardRemote& s
 
 // Whether a pull of an inline table into a registered buffer scatters each
 // row READ into header and row (zero-copy) or stages it: a scattered READ
-// carries at most max_read_segments() / (2 or 3, with padding) rows, so it
+// carries at most max_segments() / (2 or 3, with padding) rows, so it
 // is chosen when that takes no more ops than staging (always on tcp), or
 // when the pull is large enough for the copy to cost more than the extra
 // ops (verbs, whose READs take 16 segments). Returns rows per scattered
@@ -853,7 +855,7 @@ std::uint64_t ClientImpl::ScatterInline(const TableMeta& t, const std::vector<Ru
   std::uint64_t rows_per_read = std::numeric_limits<std::uint64_t>::max();
   for (const Run& r : runs) {
     rows_per_read =
-        std::min<std::uint64_t>(rows_per_read, servers_[r.server].conn->max_read_segments() / segs_per_row);
+        std::min<std::uint64_t>(rows_per_read, servers_[r.server].conn->max_segments() / segs_per_row);
   }
   if (runs.empty() || rows_per_read == 0) return 0;
   const std::uint64_t staged_rows_per_read = std::max<std::size_t>(1, kMaxReadBytes / t.row_stride);
@@ -1130,19 +1132,32 @@ Status ClientImpl::EnsureCredit(ServerLink& s, Deadline deadline) {
 }
 
 Status ClientImpl::PostSlot(ServerLink& s, SlotHeader h, std::size_t bytes,
-                            std::span<const Op> data) {
+                            std::span<const transport::Segment> data) {
   h.seq = s.pushed_seq + 1;
   std::memcpy(s.push.get(), &h, sizeof(h));
-  Op ops[kMaxGatherRuns + 2];
   CHECK_LE(data.size(), kMaxGatherRuns);
+  Op ops[kMaxGatherRuns + 2];
+  transport::Segment gather[kMaxGatherRuns + 1];
   std::size_t n = 0;
   std::uint64_t total = bytes;
-  for (const Op& op : data) {
-    ops[n++] = op;
-    total += op.length;
+  const std::uint64_t slot = SlotAddress(s, h.seq);
+  const std::uint32_t imm = internal::ImmOfSeq(h.seq);
+  if (data.empty()) {
+    ops[n++] = Op::WriteWithImm(s.push.get(), s.push_mr.get(), bytes, slot, s.ring.rkey, imm);
+  } else if (data.size() + 1 <= s.conn->max_segments()) {
+    gather[0] = {s.push.get(), s.push_mr.get(), static_cast<std::uint32_t>(bytes)};
+    std::copy(data.begin(), data.end(), gather + 1);
+    for (const transport::Segment& seg : data) total += seg.length;
+    ops[n++] = Op::WriteWithImmGather({gather, data.size() + 1}, slot, s.ring.rkey, imm);
+  } else {
+    std::uint64_t at = slot + bytes;
+    for (const transport::Segment& seg : data) {
+      ops[n++] = Op::Write(seg.addr, seg.mr, seg.length, at, s.ring.rkey);
+      at += seg.length;
+      total += seg.length;
+    }
+    ops[n++] = Op::WriteWithImm(s.push.get(), s.push_mr.get(), bytes, slot, s.ring.rkey, imm);
   }
-  ops[n++] = Op::WriteWithImm(s.push.get(), s.push_mr.get(), bytes, SlotAddress(s, h.seq),
-                              s.ring.rkey, internal::ImmOfSeq(h.seq));
   // Half the credits used: refresh them with a READ behind the write, in the
   // same doorbell, so a steady pusher rarely stops to poll.
   const bool refresh = (h.seq - s.applied_seq) * 2 >= s.dir.ring_slots;
@@ -1191,9 +1206,8 @@ Status ClientImpl::PushRange(const TableMeta& t, RowRange range, std::span<const
       const float* src = grads.data() + (todo[si].begin - range.begin) * dim;
       Status st;
       if (user_mr) {
-        const Op data = Op::Write(src, user_mr, bytes,
-                                  SlotAddress(s, s.pushed_seq + 1) + sizeof(SlotHeader),
-                                  s.ring.rkey);
+        const transport::Segment data{const_cast<float*>(src), user_mr,
+                                      static_cast<std::uint32_t>(bytes)};
         st = PostSlot(s, h, sizeof(SlotHeader), {&data, 1});
       } else {
         std::memcpy(s.push.get() + sizeof(SlotHeader), src, bytes);
@@ -1228,7 +1242,7 @@ Status ClientImpl::PushRows(const TableMeta& t, std::span<const std::uint64_t> r
         static_cast<std::uint32_t>(i));
   }
   std::vector<std::size_t> next(S, 0);
-  Op data[kMaxGatherRuns];
+  transport::Segment data[kMaxGatherRuns];
   while (true) {
     std::vector<std::uint32_t> posted;
     for (std::uint32_t si = 0; si < S; ++si) {
@@ -1250,14 +1264,12 @@ Status ClientImpl::PushRows(const TableMeta& t, std::span<const std::uint64_t> r
       // buffer: WRITE them from there when there are few pieces.
       std::size_t pieces = 0;
       if (user_mr) {
-        const std::uint64_t grads_addr = SlotAddress(s, s.pushed_seq + 1) + sizeof(SlotHeader) + n * 8;
         for (std::size_t k = 0; k < n && pieces <= kMaxGatherRuns; ++pieces) {
           std::size_t e = k + 1;
           while (e < n && slot_idx[e] == slot_idx[e - 1] + 1) ++e;
           if (pieces < kMaxGatherRuns) {
-            data[pieces] = Op::Write(grads.data() + std::size_t{slot_idx[k]} * dim, user_mr,
-                                     (e - k) * row_bytes, grads_addr + k * row_bytes,
-                                     s.ring.rkey);
+            data[pieces] = {const_cast<float*>(grads.data()) + std::size_t{slot_idx[k]} * dim,
+                            user_mr, static_cast<std::uint32_t>((e - k) * row_bytes)};
           }
           k = e;
         }

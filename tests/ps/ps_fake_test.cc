@@ -254,6 +254,57 @@ TEST(PsFakeTest, TornReadIntoARegisteredBufferIsRetried) {
   EXPECT_EQ(out[2 * 40], 3.0f);
 }
 
+TableOptions InlineTable(std::uint32_t id, const std::string& name, std::uint64_t rows,
+                         std::uint32_t dim, Initializer init = Initializer::Zeros()) {
+  TableOptions t = MakeTable(id, name, rows, dim, kAsp, init);
+  t.layout = RowLayout::kInline;
+  return t;
+}
+
+// A device with few SGEs per op (max_segments 1 or 2): pushes from a
+// registered buffer send their pieces as WRITEs of their own before the
+// header when they cannot be gathered, inline pulls stage rather than scatter;
+// the results are the same as with 1024 segments.
+TEST(PsFakeTest, FewSegmentsPerOpGiveTheSameResults) {
+  for (std::size_t max_segments : {1u, 2u, 3u, 0u}) {
+    SCOPED_TRACE("max_segments " + std::to_string(max_segments));
+    auto c = StartCluster("fake", 2, 1, {InlineTable(1, "emb", 9, 5), MakeTable(2, "w", 9, 4)});
+    ASSERT_EQ(c.clients.size(), 1u);
+    Client& cl = *c.clients[0];
+    transport::fake::Faults f;
+    f.max_segments = max_segments;
+    ASSERT_TRUE(transport::fake::SetFaults(*internal::TEST_ClientEndpoint(cl), f).ok());
+    std::vector<float> arena(2 * 9 * 5, 0.0f);
+    std::span<float> grads(arena.data(), 9 * 5), out(arena.data() + 9 * 5, 9 * 5);
+    ASSERT_TRUE(cl.RegisterBuffer(arena).ok());
+    for (std::size_t i = 0; i < grads.size(); ++i) grads[i] = -static_cast<float>(i);
+    const std::vector<std::uint64_t> ids = {8, 2, 3, 5, 0, 7};  // gradients in five pieces
+    for (std::uint32_t table : {1u, 2u}) {
+      const std::uint32_t dim = table == 1 ? 5 : 4;
+      ASSERT_TRUE(cl.Push(table, RowRange{0, 9}, grads.subspan(0, 9 * dim)).ok());
+      ASSERT_TRUE(cl.Push(table, ids, grads.subspan(0, ids.size() * dim)).ok());
+      ASSERT_TRUE(cl.Pull(table, RowRange{0, 9}, out.subspan(0, 9 * dim)).ok());
+      // Zeros minus lr 1 times the gradients -i (range) and -(k * dim + d) (rows).
+      std::vector<float> want(9 * dim, 0.0f);
+      for (std::size_t i = 0; i < want.size(); ++i) want[i] += static_cast<float>(i);
+      for (std::size_t k = 0; k < ids.size(); ++k) {
+        for (std::uint32_t d = 0; d < dim; ++d) {
+          want[ids[k] * dim + d] += static_cast<float>(k * dim + d);
+        }
+      }
+      for (std::size_t i = 0; i < want.size(); ++i) {
+        ASSERT_NEAR(out[i], want[i], 1e-4f) << "table " << table << " float " << i;
+      }
+      ASSERT_TRUE(cl.Pull(table, ids, out.subspan(0, ids.size() * dim)).ok());
+      for (std::size_t k = 0; k < ids.size(); ++k) {
+        for (std::uint32_t d = 0; d < dim; ++d) {
+          ASSERT_EQ(out[k * dim + d], want[ids[k] * dim + d]) << "table " << table << " row " << k;
+        }
+      }
+    }
+  }
+}
+
 TEST(PsFakeTest, RegisteredBuffersSkipTheStagingCopy) {
   auto c = StartCluster("fake", 2, 1, {MakeTable(1, "w", 9, 3)});
   ASSERT_EQ(c.clients.size(), 1u);
@@ -311,13 +362,6 @@ TEST(PsFakeTest, RegisteredBuffersSkipTheStagingCopy) {
   const std::uint64_t staged = cl.stats().bytes_staged;
   ASSERT_TRUE(cl.Pull(1, RowRange{0, 9}, out).ok());
   EXPECT_GT(cl.stats().bytes_staged, staged) << "an unregistered buffer was used zero-copy";
-}
-
-TableOptions InlineTable(std::uint32_t id, const std::string& name, std::uint64_t rows,
-                         std::uint32_t dim, Initializer init = Initializer::Zeros()) {
-  TableOptions t = MakeTable(id, name, rows, dim, kAsp, init);
-  t.layout = RowLayout::kInline;
-  return t;
 }
 
 TEST(PsFakeTest, InlineTablePullsPushesAndReportsItsLayout) {

@@ -221,7 +221,7 @@ TEST_P(TransportConformance, ReadScatterFillsSegmentsInOrder) {
   ASSERT_TRUE(other_mr);
   auto* other = reinterpret_cast<std::byte*>(other_mem.data());
   Fill({w.remote(), w.bytes()}, 5);
-  const std::size_t n = std::min<std::size_t>(w.conn->max_read_segments(), 40);
+  const std::size_t n = std::min<std::size_t>(w.conn->max_segments(), 40);
   ASSERT_GE(n, 1u);
   // Segment k: length 1 + 13 * k (the middle one kBig, one of zero bytes),
   // alternately at the back of `other` and the front of local, 3-byte gaps.
@@ -270,7 +270,7 @@ TEST_P(TransportConformance, ReadScatterManySegments) {
   World w;
   ASSERT_NO_FATAL_FAILURE(Build(w, 4 << 20));
   Fill({w.remote(), w.bytes()}, 9);
-  const std::size_t n = w.conn->max_read_segments();
+  const std::size_t n = w.conn->max_segments();
   constexpr std::uint32_t kLen = 1000;
   ASSERT_LE(n * kLen * 2, w.bytes());
   std::vector<Segment> segs;
@@ -283,28 +283,78 @@ TEST_P(TransportConformance, ReadScatterManySegments) {
   }
 }
 
+// A WRITE and a WRITE_WITH_IMM gathered from segments of two regions land
+// contiguously; the immediate is seen only with all of its data visible.
+TEST_P(TransportConformance, WriteGatherSendsSegmentsInOrder) {
+  World w;
+  ASSERT_NO_FATAL_FAILURE(Build(w));
+  ZeroedWords other_mem(4096 / 8);
+  auto other_mr = RegisterOn(*w.client, other_mem.data(), 4096, kAccessNone);
+  ASSERT_TRUE(other_mr);
+  auto* other = reinterpret_cast<std::byte*>(other_mem.data());
+  Fill({w.local(), 8192}, 3);
+  Fill({other, 4096}, 4);
+  const std::size_t n = std::min<std::size_t>(w.conn->max_segments(), 9);
+  std::vector<Segment> segs;
+  std::size_t total = 0;
+  for (std::size_t k = 0; k < n; ++k) {  // odd pieces from `other`, even from local, backwards
+    const auto len = static_cast<std::uint32_t>(40 + 8 * k);
+    std::byte* at = k % 2 ? other + 4096 - (k + 1) * 200 : w.local() + 8192 - (k + 1) * 300;
+    segs.push_back({at, k % 2 ? other_mr.get() : w.lmr.get(), len});
+    total += len;
+  }
+  ASSERT_OK(RunOne(*w.conn, Op::WriteGather(segs, w.raddr(64), w.rkey(), 1)));
+  std::size_t at = 64;
+  for (const Segment& seg : segs) {
+    EXPECT_EQ(std::memcmp(w.remote() + at, seg.addr, seg.length), 0) << "at " << at;
+    at += seg.length;
+  }
+  EXPECT_EQ(w.remote()[63], std::byte{0});
+  EXPECT_EQ(w.remote()[64 + total], std::byte{0});
+  // The same with an immediate, to a fresh place.
+  const Op wwi = Op::WriteWithImmGather(segs, w.raddr(16384), w.rkey(), 77, 2);
+  ASSERT_OK(w.conn->Post(std::span(&wwi, 1)));
+  std::vector<Segment> want = segs;
+  std::fill(segs.begin(), segs.end(), Segment{});  // the backend took what it needs
+  std::array<Notification, 4> buf;
+  auto got = w.server->WaitNotifications(buf, DeadlineAfter(kLongWait));
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ(*got, 1u);
+  EXPECT_EQ(buf[0].imm, 77u);
+  EXPECT_EQ(buf[0].length, total);
+  at = 16384;
+  for (const Segment& seg : want) {
+    EXPECT_EQ(std::memcmp(w.remote() + at, seg.addr, seg.length), 0) << "at " << at;
+    at += seg.length;
+  }
+  std::vector<Completion> c = WaitFor(*w.conn, 1);
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_OK(c[0].status);
+}
+
 TEST_P(TransportConformance, MalformedScatterIsInvalidArgument) {
   World w;
   ASSERT_NO_FATAL_FAILURE(Build(w));
-  const std::size_t n = w.conn->max_read_segments();
+  const std::size_t n = w.conn->max_segments();
   std::vector<Segment> too_many(n + 1, Segment{w.local(), w.lmr.get(), 8});
   std::uint64_t unregistered = 0;
   const Segment outside[] = {{w.local(), w.lmr.get(), 8},
                              {w.local() + w.bytes() - 4, w.lmr.get(), 8}};
   const Segment foreign[] = {{&unregistered, w.lmr.get(), 8}};
   const Segment no_mr[] = {{w.local(), nullptr, 8}};
-  Op write = Op::ReadScatter(std::span(outside, 1), w.raddr(), w.rkey());
-  write.type = OpType::kWrite;
+  Op atomic = Op::ReadScatter(std::span(outside, 1), w.raddr(), w.rkey());
+  atomic.type = OpType::kFetchAdd;
   struct Case {
     const char* what;
     Op bad;
   };
   const Case cases[] = {
-      {"more segments than max_read_segments", Op::ReadScatter(too_many, w.raddr(), w.rkey())},
+      {"more segments than max_segments", Op::ReadScatter(too_many, w.raddr(), w.rkey())},
       {"segment outside its mr", Op::ReadScatter(outside, w.raddr(), w.rkey())},
       {"segment not in its mr", Op::ReadScatter(foreign, w.raddr(), w.rkey())},
       {"segment without an mr", Op::ReadScatter(no_mr, w.raddr(), w.rkey())},
-      {"scattered WRITE", write},
+      {"gathered FETCH_ADD", atomic},
+      {"gathered WRITE with too many segments", Op::WriteGather(too_many, w.raddr(), w.rkey())},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.what);

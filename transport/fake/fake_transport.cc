@@ -43,7 +43,7 @@ using std::chrono::milliseconds;
 
 // Largest single op, as on verbs (2^31 bytes).
 constexpr std::uint64_t kMaxMessageBytes = std::uint64_t{1} << 31;
-constexpr std::size_t kMaxReadSegments = 1024;  // as tcp
+constexpr std::size_t kMaxSegments = 1024;  // as tcp
 
 std::string Hex(std::uint64_t v) {
   char buf[24];
@@ -302,7 +302,11 @@ Status Execute(const PendingOp& p, const std::shared_ptr<Core>& target,
         std::shared_lock<std::shared_mutex> lk(target->regions_mu);
         std::byte* dst = nullptr;
         RDMAPS_RETURN_IF_ERROR(Resolve(*target, op.rkey, op.remote_addr, op.length, right, &dst));
-        RacyCopyTo(dst, op.local, op.length);
+        if (p.segments.empty()) RacyCopyTo(dst, op.local, op.length);
+        for (const Segment& seg : p.segments) {
+          RacyCopyTo(dst, seg.addr, seg.length);
+          dst += seg.length;
+        }
       }
       if (op.type == OpType::kWriteWithImm) {
         // Delivered after the copy: the data is visible once this is seen.
@@ -451,7 +455,20 @@ class FakeConnection final : public Connection {
     return me.pending.size() + me.done.size();
   }
   std::size_t max_outstanding() const override { return max_outstanding_; }
-  std::size_t max_read_segments() const override { return kMaxReadSegments; }
+  std::size_t max_segments() const override {
+    std::shared_ptr<Core> mine;
+    {
+      std::lock_guard<std::mutex> lk(link_->mu);
+      mine = link_->sides[side_].core.lock();
+    }
+    if (mine) {
+      std::lock_guard<std::mutex> lk(mine->mu);
+      if (mine->faults && mine->faults->faults.max_segments > 0) {
+        return std::min(mine->faults->faults.max_segments, kMaxSegments);
+      }
+    }
+    return kMaxSegments;
+  }
   const PeerInfo& peer() const override { return peer_; }
 
   Status health() const override {
@@ -504,13 +521,14 @@ class FakeConnection final : public Connection {
         return InvalidArgumentError("unknown op type " + std::to_string(static_cast<int>(op.type)));
     }
     if (op.num_segments > 0) {
-      if (op.type != OpType::kRead) {
-        return InvalidArgumentError("only a READ may scatter into segments");
+      if (op.type != OpType::kRead && op.type != OpType::kWrite &&
+          op.type != OpType::kWriteWithImm) {
+        return InvalidArgumentError("an atomic cannot scatter or gather segments");
       }
-      if (op.num_segments > kMaxReadSegments) {
+      if (const std::size_t max = max_segments(); op.num_segments > max) {
         return InvalidArgumentError(std::to_string(op.num_segments) +
-                                    " segments exceed max_read_segments " +
-                                    std::to_string(kMaxReadSegments) + "; split the READ");
+                                    " segments exceed max_segments " + std::to_string(max) +
+                                    "; split the op");
       }
       for (std::uint32_t i = 0; i < op.num_segments; ++i) {
         const Segment& seg = op.segments[i];

@@ -96,6 +96,11 @@ struct Faults {
   std::uint64_t read_split_min_bytes = 0;
   std::function<void(const ReadPiece&)> between_read_pieces;
 
+  // --- Device limits. > 0: this endpoint's connections take at most this
+  // many segments per scattered or gathered op (Connection::max_segments),
+  // like a device with few SGEs. Applies whatever `inbound` says.
+  std::size_t max_segments = 0;
+
   // --- Handshake. The protocol version this endpoint announces in Connect
   // and accepts from peers; another value than kProtocolVersion makes the
   // handshake with a normal endpoint fail with FailedPrecondition.

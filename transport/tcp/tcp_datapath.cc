@@ -452,10 +452,10 @@ Status TcpConnection::Validate(const Op& op) const {
     if (op.remote_addr % 8 != 0) return bad("remote address is not 8-byte aligned");
   }
   if (op.num_segments > 0) {
-    if (op.type != OpType::kRead) return bad("only a READ may scatter into segments");
-    if (op.num_segments > kMaxReadSegments) {
-      return bad(std::to_string(op.num_segments) + " segments exceed max_read_segments " +
-                 std::to_string(kMaxReadSegments) + "; split the READ");
+    if (IsAtomic(op.type)) return bad("an atomic cannot scatter or gather segments");
+    if (op.num_segments > kMaxSegments) {
+      return bad(std::to_string(op.num_segments) + " segments exceed max_segments " +
+                 std::to_string(kMaxSegments) + "; split the op");
     }
     for (std::uint32_t i = 0; i < op.num_segments; ++i) {
       const Segment& seg = op.segments[i];
@@ -509,12 +509,20 @@ Status TcpConnection::Post(std::span<const Op> ops) {
     req.compare_add.set(op.compare_add);
     req.swap.set(op.swap);
     std::memcpy(tx_.AppendOwned(sizeof(req)), &req, sizeof(req));
+    if (op.type == OpType::kRead) {
+      pending_.push_back(Pending{op.context, op.type, static_cast<std::byte*>(op.local),
+                                 static_cast<std::uint32_t>(op.length), now, op.num_segments});
+      segments_.insert(segments_.end(), op.segments, op.segments + op.num_segments);
+      continue;
+    }
     if (op.type == OpType::kWrite || op.type == OpType::kWriteWithImm) {
-      tx_.AppendExternal(op.local, op.length, 0);
+      if (op.num_segments == 0) tx_.AppendExternal(op.local, op.length, 0);
+      for (std::uint32_t k = 0; k < op.num_segments; ++k) {
+        tx_.AppendExternal(op.segments[k].addr, op.segments[k].length, 0);
+      }
     }
     pending_.push_back(Pending{op.context, op.type, static_cast<std::byte*>(op.local),
-                               static_cast<std::uint32_t>(op.length), now, op.num_segments});
-    segments_.insert(segments_.end(), op.segments, op.segments + op.num_segments);
+                               static_cast<std::uint32_t>(op.length), now, 0});
   }
   auto sent = tx_.Flush(fd_.get());
   if (!sent.ok()) {

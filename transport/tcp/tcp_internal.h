@@ -168,7 +168,7 @@ class TcpConnection final : public Connection {
   Result<std::size_t> Wait(std::span<Completion> out, Deadline deadline) override;
   std::size_t outstanding() const override { return pending_.size() + ready_.size(); }
   std::size_t max_outstanding() const override { return max_outstanding_; }
-  std::size_t max_read_segments() const override { return kMaxReadSegments; }
+  std::size_t max_segments() const override { return kMaxSegments; }
   const PeerInfo& peer() const override { return peer_; }
   Status health() const override { return health_; }
   void Close() override;
@@ -184,7 +184,7 @@ class TcpConnection final : public Connection {
   };
   // Segments one READ may scatter into; a response fills them with one
   // readv when it is large.
-  static constexpr std::size_t kMaxReadSegments = 1024;
+  static constexpr std::size_t kMaxSegments = 1024;
   Status Validate(const Op& op) const;
   Status ValidateLocal(const void* addr, const MemoryRegion* local_mr, std::uint64_t length) const;
   // Puts the next n payload bytes of the READ at the head where they belong

@@ -112,14 +112,14 @@ Status VerbsConnection::ValidateLocal(const void* addr, const MemoryRegion* loca
 
 Status VerbsConnection::Validate(const Op& op) const {
   if (op.num_segments > 0) {
-    if (op.type != OpType::kRead) {
-      return InvalidArgumentError("only a READ may scatter into segments");
+    if (IsAtomic(op.type)) {
+      return InvalidArgumentError("an atomic cannot scatter or gather segments");
     }
-    if (op.num_segments > max_read_segments_) {
+    if (op.num_segments > max_segments_) {
       return InvalidArgumentError(std::to_string(op.num_segments) +
-                                  " segments exceed max_read_segments " +
-                                  std::to_string(max_read_segments_) + " of " +
-                                  shared_->dev_name + "; split the READ");
+                                  " segments exceed max_segments " +
+                                  std::to_string(max_segments_) + " of " +
+                                  shared_->dev_name + "; split the op");
     }
     for (std::uint32_t i = 0; i < op.num_segments; ++i) {
       const Segment& seg = op.segments[i];

@@ -230,7 +230,7 @@ class VerbsConnection final : public Connection {
   Result<std::size_t> Wait(std::span<Completion> out, Deadline deadline) override;
   std::size_t outstanding() const override { return pending_.size() + ready_.size(); }
   std::size_t max_outstanding() const override { return max_outstanding_; }
-  std::size_t max_read_segments() const override { return max_read_segments_; }
+  std::size_t max_segments() const override { return max_segments_; }
   const PeerInfo& peer() const override { return peer_; }
   Status health() const override;
   void Close() override;
@@ -275,7 +275,7 @@ class VerbsConnection final : public Connection {
   std::uint32_t qp_num_ = 0;
   std::uint32_t max_inline_ = 0;
   std::size_t max_outstanding_ = 0;
-  std::size_t max_read_segments_ = 1;  // SGEs per READ: the QP's and the device's limit
+  std::size_t max_segments_ = 1;  // SGEs per READ: the QP's and the device's limit
   std::uint32_t signal_every_ = 1;
 
   // Health: written by the progress thread and the owner.

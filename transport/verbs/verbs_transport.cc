@@ -420,7 +420,7 @@ Status VerbsConnection::Init(CmIdPtr id) {
     qp_.reset(ibv_create_qp(shared_->pd.get(), &attr));
     if (qp_) {
       max_inline_ = attr.cap.max_inline_data;
-      max_read_segments_ = std::clamp<std::size_t>(
+      max_segments_ = std::clamp<std::size_t>(
           std::min<std::size_t>(attr.cap.max_send_sge, static_cast<std::size_t>(a.max_sge_rd)), 1,
           kWantReadSges);
       err = 0;
