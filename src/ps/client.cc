@@ -91,6 +91,9 @@ struct TableMeta {
   std::uint32_t layout = internal::kLayoutDense;
   std::size_t row_stride = 0;        // remote distance between rows (and, inline, headers)
   std::vector<ShardRemote> shards;  // per server
+  // A dense table pulled by scattered ids was pointed at the inline layout
+  // (logged once per client and table); ClientImpl::mu_.
+  mutable bool layout_hint_logged = false;
   bool inline_headers() const { return layout == internal::kLayoutInline; }
 };
 
@@ -1100,6 +1103,14 @@ Status ClientImpl::Pull(std::uint32_t table, std::span<const std::uint64_t> rows
   std::vector<std::uint32_t> involved;
   for (std::uint32_t si = 0; si < S; ++si) {
     if (used[si]) involved.push_back(si);
+  }
+  if (!t->inline_headers() && !t->layout_hint_logged && runs.size() >= 8 &&
+      2 * runs.size() > rows.size() && internal::RowBytes(t->info.dim) < kScatterMinRowBytes) {
+    t->layout_hint_logged = true;
+    LOG(INFO) << "table '" << t->info.name << "' has the dense layout and is pulled by "
+              << "scattered ids (" << runs.size() << " runs in " << rows.size()
+              << " rows): each run costs a row READ and a header READ; "
+              << "\"layout\": \"inline\" makes it one READ (docs/ps.md, Row layouts)";
   }
   RDMAPS_RETURN_IF_ERROR(WaitReadable(*t, involved, deadline));
   RDMAPS_RETURN_IF_ERROR(ReadRuns(*t, std::move(runs), out, deadline));
