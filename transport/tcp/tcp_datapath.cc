@@ -603,8 +603,11 @@ void TcpConnection::ReadResponses() {
       }
       rx_begin_ += avail;
       if (payload_done_ < len) {
-        if (header_.status == 0 && p.type == OpType::kRead && rx_begin_ == rx_end_) {
-          // Large READ: the rest goes straight into the caller's buffer.
+        // Large READ: the rest goes straight into the caller's buffer, unless
+        // it is scattered into small segments (a readv into many small
+        // iovecs costs more than receiving into rx_ and copying).
+        if (header_.status == 0 && p.type == OpType::kRead && rx_begin_ == rx_end_ &&
+            (p.num_segments == 0 || p.length / p.num_segments >= kDirectSegmentBytes)) {
           if (ReadPayloadDirect(p, len)) continue;
           return;
         }

@@ -185,6 +185,9 @@ class TcpConnection final : public Connection {
   // Segments one READ may scatter into; a response fills them with one
   // readv when it is large.
   static constexpr std::size_t kMaxSegments = 1024;
+  // A scattered READ is received straight into its segments only when they
+  // average at least this much.
+  static constexpr std::size_t kDirectSegmentBytes = 4096;
   Status Validate(const Op& op) const;
   Status ValidateLocal(const void* addr, const MemoryRegion* local_mr, std::uint64_t length) const;
   // Puts the next n payload bytes of the READ at the head where they belong
