@@ -125,8 +125,9 @@ enum class RowLayout : std::uint32_t {
   // server; a scattered row costs a row READ and a 16-byte header READ.
   kDense = 0,
   // Each row with its header beside it (padded to 16 bytes): one READ per
-  // scattered row, always staged (one copy). For embedding tables of small
-  // rows pulled a few scattered rows at a time.
+  // scattered row or per range (zero-copy by scattered READs for rows of
+  // 1 KiB and more, else staged). For tables pulled a few rows at a time:
+  // embedding tables pulled by scattered ids, single rows, small ranges.
   kInline = 1,
 };
 
