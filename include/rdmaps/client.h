@@ -86,7 +86,7 @@ struct TableInfo {
   std::uint64_t rows = 0;
   std::uint32_t dim = 0;
   std::uint32_t staleness = kAsp;  // effective bound for this client
-  RowLayout layout = RowLayout::kDense;
+  RowLayout layout = RowLayout::kDense;  // as the servers chose it (never kAuto)
 };
 
 // Completion of an asynchronous call. Copyable; all copies share the result.

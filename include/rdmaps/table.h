@@ -129,9 +129,13 @@ enum class RowLayout : std::uint32_t {
   // 1 KiB and more, else staged). For tables pulled a few rows at a time:
   // embedding tables pulled by scattered ids, single rows, small ranges.
   kInline = 1,
+  // The server picks: kInline when every shard of the table holds at most
+  // 64 KiB of rows (then every pull of it is small, where one READ beats
+  // two on every transport), else kDense. TableInfo::layout says which.
+  kAuto = 2,
 };
 
-// "dense", "inline".
+// "dense", "inline", "auto".
 const char* RowLayoutName(RowLayout layout);
 
 // The longest table name the server directory carries.
@@ -148,7 +152,7 @@ struct TableOptions {
   // <= c - staleness - 1 (kBsp = 0, kAsp = never wait). A client may tighten
   // it (ClientOptions::staleness_override).
   std::uint32_t staleness = kAsp;
-  RowLayout layout = RowLayout::kDense;
+  RowLayout layout = RowLayout::kAuto;
 };
 
 // A contiguous run of rows [begin, begin + count).

@@ -39,11 +39,13 @@ DEFINE_bool(zero_copy, true,
 DEFINE_string(host, "127.0.0.1",
               "address the ps server and the raw target listen on (verbs: an IP of the RDMA "
               "device's netdev, e.g. inside the Soft-RoCE VM)");
-DEFINE_string(scatter_layout, "dense",
-              "row layout of the tables the scattered shapes use: dense (zero-copy, a header "
-              "READ per row) or inline (one READ per row, staged)");
-DEFINE_string(range_layout, "dense",
-              "row layout of the tables the range shapes use: dense or inline");
+DEFINE_string(scatter_layout, "auto",
+              "row layout of the tables the scattered shapes use: dense (a row READ and a "
+              "header READ per row), inline (one READ per row) or auto (the default "
+              "TableOptions::layout; dense for these 65536-row tables)");
+DEFINE_string(range_layout, "auto",
+              "row layout of the tables the range shapes use: dense, inline or auto (the "
+              "default TableOptions::layout: inline up to 64 KiB per shard, else dense)");
 DEFINE_string(only, "", "run only the shapes whose name contains this (e.g. \"range 256\")");
 DEFINE_bool(raw_consumer, false,
             "a thread on the raw server endpoint consumes notifications, as the ps apply "
@@ -160,7 +162,9 @@ int Main() {
     t.dim = shapes[i].dim;
     t.optimizer = OptimizerOptions::Sgd(0.001f);
     const std::string& layout = shapes[i].scattered ? FLAGS_scatter_layout : FLAGS_range_layout;
-    if (layout == "inline") t.layout = RowLayout::kInline;
+    t.layout = layout == "inline" ? RowLayout::kInline
+               : layout == "dense" ? RowLayout::kDense
+                                   : RowLayout::kAuto;
     tables.push_back(t);
   }
   ServerOptions so;

@@ -185,9 +185,11 @@ Result<std::vector<TableOptions>> ParseTablesJson(std::string_view text) {
         o.layout = RowLayout::kDense;
       } else if (l.is_string() && l.get<std::string>() == "inline") {
         o.layout = RowLayout::kInline;
+      } else if (l.is_string() && l.get<std::string>() == "auto") {
+        o.layout = RowLayout::kAuto;
       } else {
         return InvalidArgumentError("tables: " + where + " layout " + Quote(l) +
-                                    " is not \"dense\" or \"inline\"");
+                                    " is not \"dense\", \"inline\" or \"auto\"");
       }
     }
     if (!ids.insert(o.id).second) {

@@ -615,7 +615,8 @@ Status ClientImpl::ReadDirectories(Deadline deadline) {
     auto it = tables_.find(want.id);
     if (it == tables_.end() || it->second.info.name != want.name ||
         it->second.info.rows != want.rows || it->second.info.dim != want.dim ||
-        it->second.info.layout != want.layout) {
+        it->second.layout != internal::ResolveLayout(static_cast<std::uint32_t>(want.layout),
+                                                     want.rows, want.dim, num_servers())) {
       return FailedPreconditionError("table " + std::to_string(want.id) + " ('" + want.name +
                                      "') of ClientOptions.tables is not what the servers "
                                      "publish; give workers and servers the same table list");

@@ -26,10 +26,11 @@ Status ValidateTables(const std::vector<TableOptions>& tables) {
                                   " is too large (max 2^24 floats per row); split the tensor "
                                   "into more rows");
     }
-    if (t.layout != RowLayout::kDense && t.layout != RowLayout::kInline) {
+    if (t.layout != RowLayout::kDense && t.layout != RowLayout::kInline &&
+        t.layout != RowLayout::kAuto) {
       return InvalidArgumentError(who + ": unknown row layout " +
                                   std::to_string(static_cast<std::uint32_t>(t.layout)) +
-                                  "; use RowLayout::kDense or kInline");
+                                  "; use RowLayout::kDense, kInline or kAuto");
     }
     const OptimizerOptions& o = t.optimizer;
     if (!(o.learning_rate > 0.0f)) {

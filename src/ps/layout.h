@@ -157,6 +157,19 @@ inline std::size_t ShardBytes(std::uint64_t rows, std::uint32_t dim) {
 
 inline constexpr std::uint32_t kLayoutDense = 0;   // RowLayout::kDense
 inline constexpr std::uint32_t kLayoutInline = 1;  // RowLayout::kInline
+inline constexpr std::uint32_t kLayoutAuto = 2;    // RowLayout::kAuto (never on the wire)
+// RowLayout::kAuto picks inline up to this many bytes of rows per shard.
+inline constexpr std::uint64_t kAutoInlineMaxShardBytes = 64 * 1024;
+
+// The layout a table gets on `num_servers` servers: `layout` itself, or for
+// kLayoutAuto, inline when its largest shard holds at most
+// kAutoInlineMaxShardBytes of rows, else dense. Servers and clients agree.
+inline std::uint32_t ResolveLayout(std::uint32_t layout, std::uint64_t rows, std::uint32_t dim,
+                                   std::uint32_t num_servers) {
+  if (layout != kLayoutAuto) return layout;
+  const std::uint64_t largest = (rows + num_servers - 1) / num_servers;
+  return largest <= kAutoInlineMaxShardBytes / RowBytes(dim) ? kLayoutInline : kLayoutDense;
+}
 
 // Where row `local` of a shard and its header are, relative to the shard's
 // region: row at local * row_stride + row_offset, header at headers_offset +

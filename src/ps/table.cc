@@ -22,6 +22,8 @@ const char* RowLayoutName(RowLayout layout) {
       return "dense";
     case RowLayout::kInline:
       return "inline";
+    case RowLayout::kAuto:
+      return "auto";
   }
   return "unknown";
 }

@@ -24,9 +24,13 @@ TEST(TablesJsonTest, RoundTrips) {
   b.name = "bias";
   b.init = Initializer::Constant(1.5f);
   b.staleness = kAsp;
-  auto r = ParseTablesJson(TablesToJson({a, b}));
+  TableOptions c = b;
+  c.id = 5;
+  c.name = "dense";
+  c.layout = RowLayout::kDense;
+  auto r = ParseTablesJson(TablesToJson({a, b, c}));
   ASSERT_TRUE(r.ok()) << r.status();
-  ASSERT_EQ(r->size(), 2u);
+  ASSERT_EQ(r->size(), 3u);
   const TableOptions& x = (*r)[0];
   EXPECT_EQ(x.id, 3u);
   EXPECT_EQ(x.name, "emb");
@@ -40,7 +44,8 @@ TEST(TablesJsonTest, RoundTrips) {
   EXPECT_EQ(x.staleness, 2u);
   EXPECT_EQ(x.layout, RowLayout::kInline);
   EXPECT_EQ((*r)[1].staleness, kAsp);
-  EXPECT_EQ((*r)[1].layout, RowLayout::kDense);
+  EXPECT_EQ((*r)[1].layout, RowLayout::kAuto);  // the default
+  EXPECT_EQ((*r)[2].layout, RowLayout::kDense);
   EXPECT_FLOAT_EQ((*r)[1].init.value, 1.5f);
 }
 
@@ -61,7 +66,7 @@ TEST(TablesJsonTest, MalformedIsInvalidArgumentNamingThePart) {
       {R"({"tabels": []})", "unknown key \"tabels\""},
       {R"([{"name": "w", "rows": 0}])", "rows >= 1"},
       {R"([{"name": "w", "rows": 2, "dim": 1, "layout": "sparse"}])",
-       "layout '\"sparse\"' is not \"dense\" or \"inline\""},
+       "layout '\"sparse\"' is not \"dense\", \"inline\" or \"auto\""},
       {R"([{"name": "w", "rows": -3}])", "\"rows\" must be a non-negative integer, got '-3'"},
       {R"([{"name": "w", "dims": 3}])", "unknown key \"dims\""},
       {R"([{"name": "w", "optimizer": {"kind": "lamb"}}])", "kind 'lamb'"},

@@ -127,6 +127,22 @@ TEST(CheckedBlockTest, EveryMixOfTwoVersionsAtCacheLineGranularityIsRejected) {
   }
 }
 
+TEST(ShardLayoutTest, AutoLayoutDependsOnTheLargestShard) {
+  using internal::kLayoutAuto;
+  using internal::kLayoutDense;
+  using internal::kLayoutInline;
+  using internal::ResolveLayout;
+  EXPECT_EQ(ResolveLayout(kLayoutDense, 1, 1, 1), kLayoutDense);  // explicit stays
+  EXPECT_EQ(ResolveLayout(kLayoutInline, 1 << 30, 1024, 1), kLayoutInline);
+  EXPECT_EQ(ResolveLayout(kLayoutAuto, 16384, 1, 1), kLayoutInline);  // 64 KiB
+  EXPECT_EQ(ResolveLayout(kLayoutAuto, 16385, 1, 1), kLayoutDense);
+  EXPECT_EQ(ResolveLayout(kLayoutAuto, 16385, 1, 2), kLayoutInline);   // 8193 per shard
+  EXPECT_EQ(ResolveLayout(kLayoutAuto, 2 * 16384 + 1, 1, 2), kLayoutDense);  // 16385 first
+  EXPECT_EQ(ResolveLayout(kLayoutAuto, 1, 16384, 1), kLayoutInline);
+  EXPECT_EQ(ResolveLayout(kLayoutAuto, 1, 16385, 8), kLayoutDense);  // one row > 64 KiB
+  EXPECT_EQ(ResolveLayout(kLayoutAuto, std::uint64_t{1} << 62, 1u << 24, 3), kLayoutDense);
+}
+
 TEST(ShardLayoutTest, GeometryOfBothLayouts) {
   for (std::uint32_t dim : {1u, 3u, 4u, 16u, 100u}) {
     const ShardGeometry d = GeometryOf(kLayoutDense, 10, dim);

@@ -262,6 +262,44 @@ TableOptions InlineTable(std::uint32_t id, const std::string& name, std::uint64_
   return t;
 }
 
+// RowLayout::kAuto: inline while the largest shard holds at most 64 KiB of
+// rows, dense beyond; clients see the choice, and a ClientOptions.tables entry
+// that says kAuto matches it.
+TEST(PsFakeTest, AutoLayoutIsInlineForSmallShardsAndDenseForLarge) {
+  auto table = [](std::uint32_t id, const std::string& name, std::uint64_t rows,
+                  std::uint32_t dim) {
+    TableOptions t = MakeTable(id, name, rows, dim);
+    t.layout = RowLayout::kAuto;
+    return t;
+  };
+  // 2 servers. 64 KiB = 256 rows of 64 floats per shard.
+  const std::vector<TableOptions> tables = {
+      table(1, "at_limit", 512, 64),     // 256 rows per shard: inline
+      table(2, "one_more", 513, 64),     // 257 on the first shard: dense
+      table(3, "bias", 1, 10),           // inline
+  };
+  auto c = StartCluster("fake", 2, 1, tables, 8, [&](ClientOptions& o) { o.tables = tables; });
+  ASSERT_EQ(c.clients.size(), 1u);
+  Client& cl = *c.clients[0];
+  EXPECT_EQ(cl.FindTable("at_limit")->layout, RowLayout::kInline);
+  EXPECT_EQ(cl.FindTable("one_more")->layout, RowLayout::kDense);
+  EXPECT_EQ(cl.FindTable("bias")->layout, RowLayout::kInline);
+  // Both work end to end.
+  for (std::uint32_t id : {1u, 2u}) {
+    const std::uint64_t rows = id == 1 ? 512 : 513;
+    std::vector<float> g(rows * 64, -1.0f), out(rows * 64);
+    ASSERT_TRUE(cl.Push(id, RowRange{0, rows}, g).ok());
+    ASSERT_TRUE(cl.Pull(id, RowRange{0, rows}, out).ok());
+    for (float v : out) ASSERT_EQ(v, 1.0f) << "table " << id;
+  }
+  // A client that expects another layout than the servers chose is refused.
+  ClientOptions co = testing::MakeClientOptions("fake", 0, 1, c.addresses);
+  co.tables = {tables[0]};
+  co.tables[0].layout = RowLayout::kDense;
+  auto wrong = Client::Connect(co);
+  EXPECT_EQ(wrong.status().code(), StatusCode::kFailedPrecondition) << wrong.status();
+}
+
 // A device with few SGEs per op (max_segments 1 or 2): pushes from a
 // registered buffer send their pieces as WRITEs of their own before the
 // header when they cannot be gathered, inline pulls stage rather than scatter;

@@ -98,6 +98,7 @@ inline TableOptions MakeTable(std::uint32_t id, const std::string& name, std::ui
   t.name = name;
   t.rows = rows;
   t.dim = dim;
+  t.layout = RowLayout::kDense;  // the tests written for dense rows stay dense
   t.staleness = staleness;
   t.init = init;
   t.optimizer = opt;

@@ -93,7 +93,11 @@ class PsTrainTest : public ::testing::Test {
       EXPECT_GE(r.test_accuracy, 0.72);
       EXPECT_GT(r.store.bytes_pulled, 0u);
       EXPECT_GT(r.store.bytes_pushed, 0u);
-      EXPECT_EQ(r.store.bytes_staged, 0u) << "PsStore should pull and push zero-copy";
+      // PsStore registers its buffers: pushes are zero-copy, and so are pulls
+      // except of the tables the auto layout made inline (shards of at most
+      // 64 KiB, rows under 1 KiB), which are staged. Staged pushes would
+      // push this past the bytes pulled.
+      EXPECT_LE(r.store.bytes_staged, r.store.bytes_pulled) << "PsStore should push zero-copy";
     }
   }
 
@@ -120,9 +124,15 @@ TEST_F(PsTrainTest, MlpUnderSspStaysWithinItsBoundWithAStraggler) {
 }
 
 TEST_F(PsTrainTest, MlpUnderAspLearns) {
-  Result<std::vector<TrainReport>> r = RunInProcessJob(Job({32}, kAsp), train_, test_);
+  // 784x128 weights (200 KiB per shard): dense, pulled zero-copy; the other
+  // tables are small, inline and staged: a small part of the bytes.
+  Result<std::vector<TrainReport>> r = RunInProcessJob(Job({128}, kAsp), train_, test_);
   ASSERT_TRUE(r.ok()) << r.status();
   ExpectLearned(*r);
+  for (const TrainReport& report : *r) {
+    EXPECT_GT(report.store.bytes_staged, 0u);
+    EXPECT_LT(report.store.bytes_staged * 20, report.store.bytes_pulled);
+  }
 }
 
 }  // namespace
