@@ -131,7 +131,9 @@ enum class RowLayout : std::uint32_t {
   kInline = 1,
   // The server picks: kInline when every shard of the table holds at most
   // 64 KiB of rows (then every pull of it is small, where one READ beats
-  // two on every transport), else kDense. TableInfo::layout says which.
+  // two on every transport) or when the table is embedding-shaped (at least
+  // 65536 rows of under 1 KiB: pulled by scattered ids, as a rule), else
+  // kDense. TableInfo::layout says which.
   kAuto = 2,
 };
 

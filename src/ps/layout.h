@@ -158,17 +158,27 @@ inline std::size_t ShardBytes(std::uint64_t rows, std::uint32_t dim) {
 inline constexpr std::uint32_t kLayoutDense = 0;   // RowLayout::kDense
 inline constexpr std::uint32_t kLayoutInline = 1;  // RowLayout::kInline
 inline constexpr std::uint32_t kLayoutAuto = 2;    // RowLayout::kAuto (never on the wire)
-// RowLayout::kAuto picks inline up to this many bytes of rows per shard.
+// RowLayout::kAuto picks inline for tables of at most this many bytes of
+// rows per shard, and for embedding-shaped tables: at least
+// kAutoEmbeddingMinRows rows of less than kAutoEmbeddingMaxRowBytes each.
 inline constexpr std::uint64_t kAutoInlineMaxShardBytes = 64 * 1024;
+inline constexpr std::uint64_t kAutoEmbeddingMinRows = 65536;
+inline constexpr std::uint64_t kAutoEmbeddingMaxRowBytes = 1024;
 
 // The layout a table gets on `num_servers` servers: `layout` itself, or for
 // kLayoutAuto, inline when its largest shard holds at most
-// kAutoInlineMaxShardBytes of rows, else dense. Servers and clients agree.
+// kAutoInlineMaxShardBytes of rows (every pull of it is small) or when it is
+// embedding-shaped (pulled by scattered ids, as a rule), else dense.
+// Servers and clients agree.
 inline std::uint32_t ResolveLayout(std::uint32_t layout, std::uint64_t rows, std::uint32_t dim,
                                    std::uint32_t num_servers) {
   if (layout != kLayoutAuto) return layout;
   const std::uint64_t largest = (rows + num_servers - 1) / num_servers;
-  return largest <= kAutoInlineMaxShardBytes / RowBytes(dim) ? kLayoutInline : kLayoutDense;
+  if (largest <= kAutoInlineMaxShardBytes / RowBytes(dim)) return kLayoutInline;
+  if (rows >= kAutoEmbeddingMinRows && RowBytes(dim) < kAutoEmbeddingMaxRowBytes) {
+    return kLayoutInline;
+  }
+  return kLayoutDense;
 }
 
 // Where row `local` of a shard and its header are, relative to the shard's

@@ -141,6 +141,11 @@ TEST(ShardLayoutTest, AutoLayoutDependsOnTheLargestShard) {
   EXPECT_EQ(ResolveLayout(kLayoutAuto, 1, 16384, 1), kLayoutInline);
   EXPECT_EQ(ResolveLayout(kLayoutAuto, 1, 16385, 8), kLayoutDense);  // one row > 64 KiB
   EXPECT_EQ(ResolveLayout(kLayoutAuto, std::uint64_t{1} << 62, 1u << 24, 3), kLayoutDense);
+  // Embedding-shaped: >= 65536 rows of < 1 KiB.
+  EXPECT_EQ(ResolveLayout(kLayoutAuto, 65536, 255, 1), kLayoutInline);
+  EXPECT_EQ(ResolveLayout(kLayoutAuto, 65536, 256, 1), kLayoutDense);  // 1 KiB rows
+  EXPECT_EQ(ResolveLayout(kLayoutAuto, 65535, 16, 1), kLayoutDense);  // 1 MiB, too few rows
+  EXPECT_EQ(ResolveLayout(kLayoutAuto, std::uint64_t{1} << 40, 16, 64), kLayoutInline);
 }
 
 TEST(ShardLayoutTest, GeometryOfBothLayouts) {

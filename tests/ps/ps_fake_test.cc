@@ -277,6 +277,8 @@ TEST(PsFakeTest, AutoLayoutIsInlineForSmallShardsAndDenseForLarge) {
       table(1, "at_limit", 512, 64),     // 256 rows per shard: inline
       table(2, "one_more", 513, 64),     // 257 on the first shard: dense
       table(3, "bias", 1, 10),           // inline
+      table(4, "emb", 65536, 2),         // embedding-shaped: inline
+      table(5, "wide", 65536, 256),      // 1 KiB rows: dense
   };
   auto c = StartCluster("fake", 2, 1, tables, 8, [&](ClientOptions& o) { o.tables = tables; });
   ASSERT_EQ(c.clients.size(), 1u);
@@ -284,6 +286,8 @@ TEST(PsFakeTest, AutoLayoutIsInlineForSmallShardsAndDenseForLarge) {
   EXPECT_EQ(cl.FindTable("at_limit")->layout, RowLayout::kInline);
   EXPECT_EQ(cl.FindTable("one_more")->layout, RowLayout::kDense);
   EXPECT_EQ(cl.FindTable("bias")->layout, RowLayout::kInline);
+  EXPECT_EQ(cl.FindTable("emb")->layout, RowLayout::kInline);
+  EXPECT_EQ(cl.FindTable("wide")->layout, RowLayout::kDense);
   // Both work end to end.
   for (std::uint32_t id : {1u, 2u}) {
     const std::uint64_t rows = id == 1 ? 512 : 513;
