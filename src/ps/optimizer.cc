@@ -70,9 +70,13 @@ void Optimizer::Apply(float* w_ptr, float* state, const float* g_ptr) const {
       const float b1 = options_.beta1, b2 = options_.beta2;
       m = b1 * m + (1.0f - b1) * g;
       v = b2 * v + (1.0f - b2) * g.square();
-      const float c1 = 1.0f - static_cast<float>(std::pow(double{b1}, double(t)));
-      const float c2 = 1.0f - static_cast<float>(std::pow(double{b2}, double(t)));
-      w -= lr * (m / c1) / ((v / c2).sqrt() + options_.epsilon);
+      const double c1 = 1.0 - std::pow(double{b1}, double(t));
+      const double c2 = 1.0 - std::pow(double{b2}, double(t));
+      // lr * (m / c1) / (sqrt(v / c2) + eps), with the bias corrections
+      // folded into two scalars: one sqrt and one division per element.
+      const auto step = static_cast<float>(lr / c1);
+      const auto inv_sqrt_c2 = static_cast<float>(1.0 / std::sqrt(c2));
+      w -= step * m / (v.sqrt() * inv_sqrt_c2 + options_.epsilon);
       return;
     }
   }
