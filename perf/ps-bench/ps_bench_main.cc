@@ -47,9 +47,11 @@ DEFINE_string(range_layout, "auto",
               "row layout of the tables the range shapes use: dense, inline or auto (the "
               "default TableOptions::layout: inline up to 64 KiB per shard, else dense)");
 DEFINE_string(only, "", "run only the shapes whose name contains this (e.g. \"range 256\")");
-DEFINE_bool(raw_consumer, false,
+DEFINE_bool(raw_consumer, true,
             "a thread on the raw server endpoint consumes notifications, as the ps apply "
-            "thread does (shows the cost of waking a consumer on a co-located server)");
+            "thread does: a push is only done when its server has taken it, so the raw "
+            "baseline pays that wake-up too (--noraw_consumer: WRITE_WITH_IMMs nobody "
+            "takes, collected between iterations)");
 DEFINE_int32(push_slots, 32, "push ring slots per worker");
 
 namespace rdmaps {
