@@ -164,7 +164,7 @@ int Main() {
     t.dim = shapes[i].dim;
     t.optimizer = OptimizerOptions::Sgd(0.001f);
     const std::string& layout = shapes[i].scattered ? FLAGS_scatter_layout : FLAGS_range_layout;
-    t.layout = layout == "inline" ? RowLayout::kInline
+    t.layout = layout == "inline"  ? RowLayout::kInline
                : layout == "dense" ? RowLayout::kDense
                                    : RowLayout::kAuto;
     tables.push_back(t);

@@ -786,8 +786,8 @@ Status ClientImpl::WaitForClocks(std::uint64_t required, const std::vector<std::
       }
       return TimedOutError("worker " + std::to_string(options_.worker_id) + " at clock " +
                            std::to_string(clock_) + " " + why() +
-                           " needs every worker at clock >= " + std::to_string(required) +
-                           " on " + ServerName(s) + "; lagging:" + lagging +
+                           " needs every worker at clock >= " + std::to_string(required) + " on " +
+                           ServerName(s) + "; lagging:" + lagging +
                            ". Are those workers alive and calling Clock()?");
     }
     backoff.Pause();
@@ -825,8 +825,8 @@ void AddRowReads(const TableMeta& t, const RowPlace& place, const ShardRemote& s
   if (t.inline_headers()) {
     const std::uint64_t remote = shard.headers + local * t.row_stride;
     if (!place.user_mr) {
-      batch->Add(Op::Read(place.Header(slot), place.s.staging_mr.get(), n * t.row_stride,
-                          remote, shard.rkey));
+      batch->Add(Op::Read(place.Header(slot), place.s.staging_mr.get(), n * t.row_stride, remote,
+                          shard.rkey));
       return;
     }
     const auto row_bytes = static_cast<std::uint32_t>(internal::RowBytes(t.info.dim));
@@ -863,8 +863,8 @@ std::uint64_t ClientImpl::ScatterInline(const TableMeta& t, const std::vector<Ru
   const std::size_t segs_per_row = t.row_stride > sizeof(BlockHeader) + row_bytes ? 3 : 2;
   std::uint64_t rows_per_read = std::numeric_limits<std::uint64_t>::max();
   for (const Run& r : runs) {
-    rows_per_read =
-        std::min<std::uint64_t>(rows_per_read, servers_[r.server].conn->max_segments() / segs_per_row);
+    rows_per_read = std::min<std::uint64_t>(rows_per_read,
+                                            servers_[r.server].conn->max_segments() / segs_per_row);
   }
   if (runs.empty() || rows_per_read == 0) return 0;
   const std::uint64_t staged_rows_per_read = std::max<std::size_t>(1, kMaxReadBytes / t.row_stride);
@@ -1456,7 +1456,9 @@ Result<std::uint64_t> ClientImpl::Clock() {
     for (std::uint32_t i = 0; i < all.size(); ++i) all[i] = i;
     RDMAPS_RETURN_IF_ERROR(WaitForClocks(
         clock_ - clock_bound_, all,
-        [&] { return "ending its iteration (staleness bound " + std::to_string(clock_bound_) + ")"; },
+        [&] {
+          return "ending its iteration (staleness bound " + std::to_string(clock_bound_) + ")";
+        },
         deadline));
   }
   return clock_;

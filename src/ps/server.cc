@@ -240,10 +240,10 @@ Status ServerImpl::RegisterAll() {
     TableState& t = tables_[i];
     t.options = options_.tables[i];
     t.shard = internal::PartitionOf(t.options.rows, S, options_.server_index);
-    t.geometry = internal::GeometryOf(
-        internal::ResolveLayout(static_cast<std::uint32_t>(t.options.layout), t.options.rows,
-                                t.options.dim, S),
-        t.shard.count, t.options.dim);
+    t.geometry =
+        internal::GeometryOf(internal::ResolveLayout(static_cast<std::uint32_t>(t.options.layout),
+                                                     t.options.rows, t.options.dim, S),
+                             t.shard.count, t.options.dim);
     t.optimizer.emplace(t.options.optimizer, t.options.dim);
     table_index_[t.options.id] = i;
     RDMAPS_RETURN_IF_ERROR(alloc_register(t.geometry.bytes,

@@ -136,7 +136,7 @@ TEST(ShardLayoutTest, AutoLayoutDependsOnTheLargestShard) {
   EXPECT_EQ(ResolveLayout(kLayoutInline, 1 << 30, 1024, 1), kLayoutInline);
   EXPECT_EQ(ResolveLayout(kLayoutAuto, 16384, 1, 1), kLayoutInline);  // 64 KiB
   EXPECT_EQ(ResolveLayout(kLayoutAuto, 16385, 1, 1), kLayoutDense);
-  EXPECT_EQ(ResolveLayout(kLayoutAuto, 16385, 1, 2), kLayoutInline);   // 8193 per shard
+  EXPECT_EQ(ResolveLayout(kLayoutAuto, 16385, 1, 2), kLayoutInline);         // 8193 per shard
   EXPECT_EQ(ResolveLayout(kLayoutAuto, 2 * 16384 + 1, 1, 2), kLayoutDense);  // 16385 first
   EXPECT_EQ(ResolveLayout(kLayoutAuto, 1, 16384, 1), kLayoutInline);
   EXPECT_EQ(ResolveLayout(kLayoutAuto, 1, 16385, 8), kLayoutDense);  // one row > 64 KiB
@@ -144,7 +144,7 @@ TEST(ShardLayoutTest, AutoLayoutDependsOnTheLargestShard) {
   // Embedding-shaped: >= 65536 rows of < 1 KiB.
   EXPECT_EQ(ResolveLayout(kLayoutAuto, 65536, 255, 1), kLayoutInline);
   EXPECT_EQ(ResolveLayout(kLayoutAuto, 65536, 256, 1), kLayoutDense);  // 1 KiB rows
-  EXPECT_EQ(ResolveLayout(kLayoutAuto, 65535, 16, 1), kLayoutDense);  // 1 MiB, too few rows
+  EXPECT_EQ(ResolveLayout(kLayoutAuto, 65535, 16, 1), kLayoutDense);   // 1 MiB, too few rows
   EXPECT_EQ(ResolveLayout(kLayoutAuto, std::uint64_t{1} << 40, 16, 64), kLayoutInline);
 }
 

@@ -156,10 +156,9 @@ void ExpectTornRowRetried(RowLayout layout, bool registered = false, std::uint32
   ASSERT_EQ(c.clients.size(), 1u);
   Server& server = *c.servers[0];
   // Bytes one READ moves per row: the row alone (dense) or header and row.
-  const std::size_t row =
-      layout == RowLayout::kDense
-          ? internal::RowBytes(dim)
-          : internal::GeometryOf(internal::kLayoutInline, 4, dim).row_stride;
+  const std::size_t row = layout == RowLayout::kDense
+                              ? internal::RowBytes(dim)
+                              : internal::GeometryOf(internal::kLayoutInline, 4, dim).row_stride;
   int rewrites = 0;
   transport::fake::Faults f;
   f.inbound = true;
@@ -274,11 +273,11 @@ TEST(PsFakeTest, AutoLayoutIsInlineForSmallShardsAndDenseForLarge) {
   };
   // 2 servers. 64 KiB = 256 rows of 64 floats per shard.
   const std::vector<TableOptions> tables = {
-      table(1, "at_limit", 512, 64),     // 256 rows per shard: inline
-      table(2, "one_more", 513, 64),     // 257 on the first shard: dense
-      table(3, "bias", 1, 10),           // inline
-      table(4, "emb", 65536, 2),         // embedding-shaped: inline
-      table(5, "wide", 65536, 256),      // 1 KiB rows: dense
+      table(1, "at_limit", 512, 64),  // 256 rows per shard: inline
+      table(2, "one_more", 513, 64),  // 257 on the first shard: dense
+      table(3, "bias", 1, 10),        // inline
+      table(4, "emb", 65536, 2),      // embedding-shaped: inline
+      table(5, "wide", 65536, 256),   // 1 KiB rows: dense
   };
   auto c = StartCluster("fake", 2, 1, tables, 8, [&](ClientOptions& o) { o.tables = tables; });
   ASSERT_EQ(c.clients.size(), 1u);

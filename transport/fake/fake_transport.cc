@@ -268,7 +268,9 @@ Status Execute(const PendingOp& p, const std::shared_ptr<Core>& target,
         std::uint64_t at = 0;
         for (const Segment& seg : p.segments) {
           const std::uint64_t lo = std::max(at, from), hi = std::min(at + seg.length, to);
-          if (lo < hi) RacyCopyFrom(static_cast<std::byte*>(seg.addr) + (lo - at), src + lo, hi - lo);
+          if (lo < hi) {
+            RacyCopyFrom(static_cast<std::byte*>(seg.addr) + (lo - at), src + lo, hi - lo);
+          }
           at += seg.length;
         }
       };
@@ -533,7 +535,9 @@ class FakeConnection final : public Connection {
       for (std::uint32_t i = 0; i < op.num_segments; ++i) {
         const Segment& seg = op.segments[i];
         Status s = ValidateLocal(seg.addr, seg.mr, seg.length);
-        if (!s.ok()) return InvalidArgumentError("segment " + std::to_string(i) + ": " + s.message());
+        if (!s.ok()) {
+          return InvalidArgumentError("segment " + std::to_string(i) + ": " + s.message());
+        }
       }
       return Status::OK();
     }

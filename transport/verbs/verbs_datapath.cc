@@ -117,14 +117,15 @@ Status VerbsConnection::Validate(const Op& op) const {
     }
     if (op.num_segments > max_segments_) {
       return InvalidArgumentError(std::to_string(op.num_segments) +
-                                  " segments exceed max_segments " +
-                                  std::to_string(max_segments_) + " of " +
-                                  shared_->dev_name + "; split the op");
+                                  " segments exceed max_segments " + std::to_string(max_segments_) +
+                                  " of " + shared_->dev_name + "; split the op");
     }
     for (std::uint32_t i = 0; i < op.num_segments; ++i) {
       const Segment& seg = op.segments[i];
       Status st = ValidateLocal(seg.addr, seg.mr, seg.length);
-      if (!st.ok()) return InvalidArgumentError("segment " + std::to_string(i) + ": " + st.message());
+      if (!st.ok()) {
+        return InvalidArgumentError("segment " + std::to_string(i) + ": " + st.message());
+      }
     }
   } else {
     RDMAPS_RETURN_IF_ERROR(ValidateLocal(op.local, op.local_mr, op.length));

@@ -49,7 +49,7 @@ namespace {
 constexpr int kSrqDepth = 1024;
 constexpr int kListenBacklog = 128;
 constexpr std::uint32_t kWantInline[] = {256, 64, 0};
-// SGEs a scattered READ may use (fewer when the device allows fewer).
+// SGEs a scattered or gathered op may use (fewer where the device allows fewer).
 constexpr int kWantReadSges = 16;
 constexpr auto kCloseDrain = std::chrono::seconds(2);
 // How long Create may spend resolving EndpointOptions::address_hint.
@@ -398,10 +398,10 @@ Status VerbsConnection::Init(CmIdPtr id) {
                           shared_->dev_name + " (lower max_outstanding?)",
                       errno);
   }
-  // Scattered READs (Op::ReadScatter) use up to this many SGEs; a device
-  // that refuses them all still gets a QP with one.
-  const auto want_sges = static_cast<std::uint32_t>(
-      std::clamp(std::min(a.max_sge, a.max_sge_rd), 1, kWantReadSges));
+  // Scattered and gathered ops use up to this many SGEs; a device that
+  // refuses them all still gets a QP with one.
+  const auto want_sges =
+      static_cast<std::uint32_t>(std::clamp(std::min(a.max_sge, a.max_sge_rd), 1, kWantReadSges));
   int err = 0;
   for (std::size_t attempt = 0; attempt < 2 * std::size(kWantInline); ++attempt) {
     const std::uint32_t want = kWantInline[attempt % std::size(kWantInline)];
