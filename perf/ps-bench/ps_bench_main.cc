@@ -151,7 +151,8 @@ double TimeUs(F&& f) {
 int Main() {
   const std::vector<Shape> shapes = {
       {"range 1x64", 1, 64, false},         {"range 1x1024", 1, 1024, false},
-      {"range 64x64", 64, 64, false},       {"range 256x256", 256, 256, false},
+      {"range 64x64", 64, 64, false},       {"range 64x256", 64, 256, false},
+      {"range 256x256", 256, 256, false},
       {"range 4096x256", 4096, 256, false}, {"scatter 32x64", 32, 64, true},
       {"scatter 128x16", 128, 16, true},
   };
