@@ -146,6 +146,19 @@ void ExpectWholeRows(const std::vector<float>& out, std::size_t dim) {
 // the apply thread does) half way through copying it, three times in a row:
 // in the first READ and in two re-READs. The client must return one whole
 // version of every row after exactly 3 retries.
+// Faults for a server endpoint: every READ of at least `row` bytes against
+// it is copied in `pieces` pieces, with `hook` run between them (where a
+// test rewrites rows to tear the READ).
+transport::fake::Faults SplitReads(std::size_t row, std::size_t pieces,
+                                   std::function<void(const transport::fake::ReadPiece&)> hook) {
+  transport::fake::Faults f;
+  f.inbound = true;
+  f.read_pieces = pieces;
+  f.read_split_min_bytes = row;
+  f.between_read_pieces = std::move(hook);
+  return f;
+}
+
 // `registered`: the pull lands zero-copy in a registered buffer (for an
 // inline table of rows of 1 KiB or more, scattered READs), so torn rows are
 // re-read in place.
@@ -160,18 +173,14 @@ void ExpectTornRowRetried(RowLayout layout, bool registered = false, std::uint32
                               ? internal::RowBytes(dim)
                               : internal::GeometryOf(internal::kLayoutInline, 4, dim).row_stride;
   int rewrites = 0;
-  transport::fake::Faults f;
-  f.inbound = true;
-  f.read_pieces = 8;
-  f.read_split_min_bytes = row;
-  f.between_read_pieces = [&](const transport::fake::ReadPiece& p) {
+  auto f = SplitReads(row, 8, [&](const transport::fake::ReadPiece& p) {
     const bool mid_row2 = (p.length == 4 * row && p.bytes_copied == 2 * row + row / 2) ||
                           (p.length == row && p.bytes_copied == row / 2);
     if (mid_row2 && rewrites < 3) {
       ++rewrites;
       ASSERT_TRUE(internal::TEST_SetRow(server, 1, 2, 1.0f + rewrites).ok());
     }
-  };
+  });
   ASSERT_TRUE(transport::fake::SetFaults(*internal::TEST_ServerEndpoint(server), f).ok());
   std::vector<float> out(4 * dim);
   if (registered) {
@@ -197,13 +206,10 @@ TEST(PsFakeTest, RowTornUntilTheDeadlineIsTimedOutAndTheClientStaysUsable) {
   Server& server = *c.servers[0];
   const std::size_t row = internal::RowBytes(40);
   float value = 1.0f;
-  transport::fake::Faults f;
-  f.inbound = true;
-  f.read_pieces = 4;  // every row READ is copied in several pieces
-  f.read_split_min_bytes = row;
-  f.between_read_pieces = [&](const transport::fake::ReadPiece&) {
+  // Every row READ is copied in several pieces, row 1 rewritten in between.
+  auto f = SplitReads(row, 4, [&](const transport::fake::ReadPiece&) {
     ASSERT_TRUE(internal::TEST_SetRow(server, 1, 1, value += 1.0f).ok());
-  };
+  });
   ASSERT_TRUE(transport::fake::SetFaults(*internal::TEST_ServerEndpoint(server), f).ok());
   std::vector<float> out(4 * 40);
   Status s = c.clients[0]->Pull(1, RowRange{0, 4}, out);
@@ -228,11 +234,7 @@ TEST(PsFakeTest, TornReadIntoARegisteredBufferIsRetried) {
   Client& cl = *c.clients[0];
   const std::size_t row = internal::RowBytes(40);
   int rewrites = 0;
-  transport::fake::Faults f;
-  f.inbound = true;
-  f.read_pieces = 8;
-  f.read_split_min_bytes = row;
-  f.between_read_pieces = [&](const transport::fake::ReadPiece& p) {
+  auto f = SplitReads(row, 8, [&](const transport::fake::ReadPiece& p) {
     // First READ: row 2 half copied. Re-READ: row 2 wholly copied (old),
     // rewritten before its header is read.
     const bool mid_row2 = p.length == 4 * row && p.bytes_copied == 2 * row + row / 2;
@@ -241,7 +243,7 @@ TEST(PsFakeTest, TornReadIntoARegisteredBufferIsRetried) {
       ++rewrites;
       ASSERT_TRUE(internal::TEST_SetRow(server, 1, 2, 1.0f + rewrites).ok());
     }
-  };
+  });
   ASSERT_TRUE(transport::fake::SetFaults(*internal::TEST_ServerEndpoint(server), f).ok());
   std::vector<float> out(4 * 40);
   ASSERT_TRUE(cl.RegisterBuffer(out).ok());
