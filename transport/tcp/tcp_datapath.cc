@@ -651,7 +651,7 @@ void TcpConnection::ReadResponses() {
 
 void TcpConnection::TakePayload(const Pending& p, const std::byte* src, std::size_t n) {
   if (p.num_segments == 0) {
-    RacyCopyTo(p.local + payload_done_, src, n);
+    if (src != nullptr) RacyCopyTo(p.local + payload_done_, src, n);
     payload_done_ += static_cast<std::uint32_t>(n);
     return;
   }
@@ -659,8 +659,10 @@ void TcpConnection::TakePayload(const Pending& p, const std::byte* src, std::siz
   while (n > 0) {
     const Segment& seg = segments_[seg_index_];
     const std::size_t take = std::min<std::size_t>(n, seg.length - seg_offset_);
-    RacyCopyTo(static_cast<std::byte*>(seg.addr) + seg_offset_, src, take);
-    src += take;
+    if (src != nullptr) {
+      RacyCopyTo(static_cast<std::byte*>(seg.addr) + seg_offset_, src, take);
+      src += take;
+    }
     n -= take;
     seg_offset_ += take;
     if (seg_offset_ == seg.length) {
@@ -694,17 +696,7 @@ bool TcpConnection::ReadPayloadDirect(const Pending& p, std::uint32_t len) {
   if (r > 0) {
     const auto got = static_cast<std::size_t>(r);
     const std::size_t into_local = std::min(got, local_bytes);
-    payload_done_ += static_cast<std::uint32_t>(into_local);
-    for (std::size_t left = p.num_segments == 0 ? 0 : into_local; left > 0;) {  // segment cursor
-      const Segment& seg = segments_[seg_index_];
-      const std::size_t take = std::min<std::size_t>(left, seg.length - seg_offset_);
-      left -= take;
-      seg_offset_ += take;
-      if (seg_offset_ == seg.length) {
-        ++seg_index_;
-        seg_offset_ = 0;
-      }
-    }
+    TakePayload(p, nullptr, into_local);  // readv put them in place
     rx_end_ = got - into_local;
     return true;
   }

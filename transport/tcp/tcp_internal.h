@@ -191,7 +191,8 @@ class TcpConnection final : public Connection {
   Status Validate(const Op& op) const;
   Status ValidateLocal(const void* addr, const MemoryRegion* local_mr, std::uint64_t length) const;
   // Puts the next n payload bytes of the READ at the head where they belong
-  // and advances payload_done_.
+  // (src null: a readv already did) and advances payload_done_ and the
+  // segment cursor.
   void TakePayload(const Pending& p, const std::byte* src, std::size_t n);
   // Reads the rest of the head READ's payload straight into its buffer (and
   // what follows into rx_). False when the connection failed.
