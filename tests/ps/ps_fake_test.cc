@@ -1,12 +1,17 @@
 // Server + clients on the fake transport: pull, push, clocks, barrier, async
 // calls, argument checks, torn reads, flow control and exactly-once apply,
-// dead-worker detection.
+// dead-worker detection, layouts and the advice logged about them.
+#include <glog/logging.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <future>
 #include <latch>
+#include <mutex>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "src/ps/initializer.h"
 #include "src/ps/layout.h"
@@ -303,6 +308,48 @@ TEST(PsFakeTest, AutoLayoutIsInlineForSmallShardsAndDenseForLarge) {
   co.tables[0].layout = RowLayout::kDense;
   auto wrong = Client::Connect(co);
   EXPECT_EQ(wrong.status().code(), StatusCode::kFailedPrecondition) << wrong.status();
+}
+
+// Collects what glog logs while it lives.
+class LogCapture : public google::LogSink {
+ public:
+  LogCapture() { google::AddLogSink(this); }
+  ~LogCapture() override { google::RemoveLogSink(this); }
+  void send(google::LogSeverity, const char*, const char*, int, const struct ::tm*,
+            const char* message, size_t length) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    lines_.emplace_back(message, length);
+  }
+  std::size_t Count(const std::string& needle) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return static_cast<std::size_t>(std::count_if(lines_.begin(), lines_.end(), [&](const auto& l) {
+      return l.find(needle) != std::string::npos;
+    }));
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<std::string> lines_;
+};
+
+// Scattered pulls of a dense table of small rows log the inline advice once
+// per table; range pulls and inline tables do not.
+TEST(PsFakeTest, ScatteredPullsOfADenseSmallRowTableLogAdviceOnce) {
+  auto c = StartCluster("fake", 2, 1,
+                        {MakeTable(1, "dense_emb", 1000, 16), InlineTable(2, "inline_emb", 1000, 16)});
+  ASSERT_EQ(c.clients.size(), 1u);
+  Client& cl = *c.clients[0];
+  std::vector<std::uint64_t> ids;
+  for (std::uint64_t i = 0; i < 32; ++i) ids.push_back(i * 31 % 1000);
+  std::vector<float> out(ids.size() * 16), range(100 * 16);
+  LogCapture logs;
+  ASSERT_TRUE(cl.Pull(1, RowRange{0, 100}, range).ok());
+  EXPECT_EQ(logs.Count("'dense_emb' has the dense layout"), 0u) << "a range pull is no reason";
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(cl.Pull(1, ids, out).ok());
+  EXPECT_EQ(logs.Count("'dense_emb' has the dense layout and is pulled by scattered ids"), 1u);
+  EXPECT_EQ(logs.Count("\"layout\": \"inline\""), 1u);
+  ASSERT_TRUE(cl.Pull(2, ids, out).ok());
+  EXPECT_EQ(logs.Count("'inline_emb'"), 0u);
 }
 
 // A device with few SGEs per op (max_segments 1 or 2): pushes from a
