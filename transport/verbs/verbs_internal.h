@@ -35,6 +35,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -254,6 +255,13 @@ class VerbsConnection final : public Connection {
     OpType type;
     SteadyClock::time_point posted;
   };
+
+  // Moves the QP to `state` with the attributes rdma_cm computes, edited by
+  // `adjust` first; `where` ends the error messages ("for host:port").
+  Status MoveQp(ibv_qp_state state, const std::string& where,
+                const std::function<Status(ibv_qp_attr&, int&)>& adjust = {});
+  // RTR's edits: the IB mask workaround, the READ depth, the forced GID.
+  Status AdjustRtr(ibv_qp_attr& qa, int& mask, int responder_resources) const;
 
   // Data path (verbs_datapath.cc), owner thread only.
   Status Validate(const Op& op) const;

@@ -434,15 +434,7 @@ Status VerbsConnection::Init(CmIdPtr id) {
                       err);
   }
   // INIT: port, P_Key index and access flags as rdma_cm computes them.
-  ibv_qp_attr qa{};
-  int mask = 0;
-  qa.qp_state = IBV_QPS_INIT;
-  if (rdma_init_qp_attr(id_.get(), &qa, &mask) != 0) {
-    return ErrnoError("rdma_init_qp_attr(INIT) on " + shared_->dev_name, errno);
-  }
-  if (int rc = ibv_modify_qp(qp_.get(), &qa, mask); rc != 0) {
-    return ErrnoError("ibv_modify_qp(INIT) on " + shared_->dev_name, rc);
-  }
+  RDMAPS_RETURN_IF_ERROR(MoveQp(IBV_QPS_INIT, "on " + shared_->dev_name));
   qp_num_ = qp_->qp_num;
   {
     // Known by QP number from now on: a peer's WRITE_WITH_IMM can arrive
@@ -456,25 +448,41 @@ Status VerbsConnection::Init(CmIdPtr id) {
   return Status::OK();
 }
 
+Status VerbsConnection::MoveQp(ibv_qp_state state, const std::string& where,
+                               const std::function<Status(ibv_qp_attr&, int&)>& adjust) {
+  const char* name = state == IBV_QPS_INIT  ? "INIT"
+                     : state == IBV_QPS_RTR ? "RTR"
+                     : state == IBV_QPS_RTS ? "RTS"
+                                            : "?";
+  ibv_qp_attr qa{};
+  int mask = 0;
+  qa.qp_state = state;
+  if (rdma_init_qp_attr(id_.get(), &qa, &mask) != 0) {
+    return ErrnoError(std::string("rdma_init_qp_attr(") + name + ") " + where, errno);
+  }
+  if (adjust) RDMAPS_RETURN_IF_ERROR(adjust(qa, mask));
+  if (int rc = ibv_modify_qp(qp_.get(), &qa, mask); rc != 0) {
+    return ErrnoError(std::string("ibv_modify_qp(") + name + ") " + where, rc);
+  }
+  return Status::OK();
+}
+
 Status VerbsConnection::ConnectQp(int responder_resources, int initiator_depth) {
+  const std::string where = "for " + peer_.address;
   // INIT again first, as librdmacm does: on the connector the QP reached INIT
   // before the CM exchange, when rdma_cm knew no access flags yet (remote
   // READ/atomic rights come from the negotiated responder resources).
-  ibv_qp_attr qa{};
-  int mask = 0;
-  qa.qp_state = IBV_QPS_INIT;
-  if (rdma_init_qp_attr(id_.get(), &qa, &mask) != 0) {
-    return ErrnoError("rdma_init_qp_attr(INIT) for " + peer_.address, errno);
-  }
-  if (int rc = ibv_modify_qp(qp_.get(), &qa, mask); rc != 0) {
-    return ErrnoError("ibv_modify_qp(INIT) for " + peer_.address, rc);
-  }
-  qa = ibv_qp_attr{};
-  mask = 0;
-  qa.qp_state = IBV_QPS_RTR;
-  if (rdma_init_qp_attr(id_.get(), &qa, &mask) != 0) {
-    return ErrnoError("rdma_init_qp_attr(RTR) for " + peer_.address, errno);
-  }
+  RDMAPS_RETURN_IF_ERROR(MoveQp(IBV_QPS_INIT, where));
+  RDMAPS_RETURN_IF_ERROR(MoveQp(IBV_QPS_RTR, where, [&](ibv_qp_attr& qa, int& mask) {
+    return AdjustRtr(qa, mask, responder_resources);
+  }));
+  return MoveQp(IBV_QPS_RTS, where, [&](ibv_qp_attr& qa, int&) {
+    if (initiator_depth >= 0) qa.max_rd_atomic = static_cast<std::uint8_t>(initiator_depth);
+    return Status::OK();
+  });
+}
+
+Status VerbsConnection::AdjustRtr(ibv_qp_attr& qa, int& mask, int responder_resources) const {
   if (shared_->port_attr.link_layer == IBV_LINK_LAYER_INFINIBAND) {
     // librdmacm's workaround for an old rdma_ucm bug: bits 21-24 are RoCE only.
     mask &= ~0xe00000;
@@ -502,19 +510,6 @@ Status VerbsConnection::ConnectQp(int responder_resources, int initiator_depth) 
           "); listen on / connect from the forced GID's address, or set gid_index=-1");
     }
     qa.ah_attr.grh.sgid_index = static_cast<std::uint8_t>(forced);
-  }
-  if (int rc = ibv_modify_qp(qp_.get(), &qa, mask); rc != 0) {
-    return ErrnoError("ibv_modify_qp(RTR) for " + peer_.address, rc);
-  }
-  qa = ibv_qp_attr{};
-  mask = 0;
-  qa.qp_state = IBV_QPS_RTS;
-  if (rdma_init_qp_attr(id_.get(), &qa, &mask) != 0) {
-    return ErrnoError("rdma_init_qp_attr(RTS) for " + peer_.address, errno);
-  }
-  if (initiator_depth >= 0) qa.max_rd_atomic = static_cast<std::uint8_t>(initiator_depth);
-  if (int rc = ibv_modify_qp(qp_.get(), &qa, mask); rc != 0) {
-    return ErrnoError("ibv_modify_qp(RTS) for " + peer_.address, rc);
   }
   return Status::OK();
 }
