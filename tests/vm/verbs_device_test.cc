@@ -146,17 +146,24 @@ class VerbsDeviceTest : public ::testing::Test {
     return std::move(conn).value();
   }
 
-  // A server whose hint is the second device's address, listening there.
-  std::unique_ptr<Endpoint> ServerOnSecondDevice(std::string* listen) const {
-    EndpointOptions o = Options(1);
-    o.address_hint = addr2_;
+  // An endpoint made with `o`, listening on `host`:0 (the address in
+  // `*listen`); null, with a failure recorded, when either step fails.
+  std::unique_ptr<Endpoint> Listening(const EndpointOptions& o, const std::string& host,
+                                      std::string* listen) const {
     auto server = Make(o);
     if (!server) return nullptr;
-    auto l = server->Listen(addr2_ + ":0");
+    auto l = server->Listen(host + ":0");
     EXPECT_TRUE(l.ok()) << l.status();
     if (!l.ok()) return nullptr;
     *listen = *l;
     return server;
+  }
+
+  // A server whose hint is the second device's address, listening there.
+  std::unique_ptr<Endpoint> ServerOnSecondDevice(std::string* listen) const {
+    EndpointOptions o = Options(1);
+    o.address_hint = addr2_;
+    return Listening(o, addr2_, listen);
   }
 
   std::string addr1_, addr2_, alt_, routed2_;
@@ -270,13 +277,12 @@ TEST_F(VerbsDeviceTest, IbDevWinsOverTheHint) {
 // --- gid_index -----------------------------------------------------------
 
 TEST_F(VerbsDeviceTest, GidIndexRdmaCmWouldChooseWorksAndIsReported) {
-  auto server = Make(Options(1));
+  std::string listen;
+  auto server = Listening(Options(1), addr1_, &listen);
   ASSERT_NE(server, nullptr);
-  auto listen = server->Listen(addr1_ + ":0");
-  ASSERT_TRUE(listen.ok()) << listen.status();
   auto plain_client = Make(Options(2));
   ASSERT_NE(plain_client, nullptr);
-  auto plain = ConnectAndRead(*server, *listen, *plain_client);
+  auto plain = ConnectAndRead(*server, listen, *plain_client);
   ASSERT_NE(plain, nullptr);
   auto natural = verbs::TEST_SourceGidIndex(*plain);
   ASSERT_TRUE(natural.ok()) << natural.status();
@@ -286,7 +292,7 @@ TEST_F(VerbsDeviceTest, GidIndexRdmaCmWouldChooseWorksAndIsReported) {
   co.gid_index = *natural;
   auto client = Make(co);
   ASSERT_NE(client, nullptr);
-  auto conn = ConnectAndRead(*server, *listen, *client);
+  auto conn = ConnectAndRead(*server, listen, *client);
   ASSERT_NE(conn, nullptr);
   auto forced = verbs::TEST_SourceGidIndex(*conn);
   ASSERT_TRUE(forced.ok()) << forced.status();
@@ -337,13 +343,12 @@ TEST_F(VerbsDeviceTest, ListenerWithGidIndexUsesItAndChecksTheListenAddress) {
     EXPECT_EQ(listen.status().code(), StatusCode::kFailedPrecondition) << listen.status();
     EXPECT_NE(listen.status().message().find("gid_index"), std::string::npos);
   }
-  auto server = Make(so);
+  std::string listen;
+  auto server = Listening(so, alt_, &listen);
   ASSERT_NE(server, nullptr);
-  auto listen = server->Listen(alt_ + ":0");
-  ASSERT_TRUE(listen.ok()) << listen.status();
   auto client = Make(Options(2));
   ASSERT_NE(client, nullptr);
-  auto conn = ConnectAndRead(*server, *listen, *client);
+  auto conn = ConnectAndRead(*server, listen, *client);
   ASSERT_NE(conn, nullptr);
   auto accepted = server->Accept(DeadlineAfter(seconds(10)));
   ASSERT_TRUE(accepted.ok()) << accepted.status();
@@ -353,17 +358,16 @@ TEST_F(VerbsDeviceTest, ListenerWithGidIndexUsesItAndChecksTheListenAddress) {
 }
 
 TEST_F(VerbsDeviceTest, GidIndexOfAnotherIpFamilyIsAClearErrorAtConnect) {
-  auto server = Make(Options(1));
+  std::string listen;
+  auto server = Listening(Options(1), addr1_, &listen);
   ASSERT_NE(server, nullptr);
-  auto listen = server->Listen(addr1_ + ":0");
-  ASSERT_TRUE(listen.ok()) << listen.status();
   const int ll = LinkLocalGidIndex(Device(*server));
   ASSERT_GE(ll, 0) << "no IPv6 link-local GID";
   EndpointOptions co = Options(2);
   co.gid_index = ll;
   auto client = Make(co);
   ASSERT_NE(client, nullptr);
-  auto conn = client->Connect(*listen, {}, DeadlineAfter(seconds(10)));
+  auto conn = client->Connect(listen, {}, DeadlineAfter(seconds(10)));
   ASSERT_FALSE(conn.ok()) << "an ignored gid_index would have connected over IPv4";
   EXPECT_EQ(conn.status().code(), StatusCode::kFailedPrecondition) << conn.status();
   EXPECT_NE(conn.status().message().find("IPv6"), std::string::npos) << conn.status();
