@@ -34,6 +34,25 @@ std::string_view OpTypeName(OpType type) {
   return "UNKNOWN";
 }
 
+Status ValidateSegments(
+    const Op& op, std::size_t max_segments,
+    const std::function<Status(const void* addr, const MemoryRegion* mr, std::uint64_t length)>&
+        check_local) {
+  if (op.type == OpType::kFetchAdd || op.type == OpType::kCompareSwap) {
+    return InvalidArgumentError("an atomic cannot scatter or gather segments");
+  }
+  if (op.num_segments > max_segments) {
+    return InvalidArgumentError(std::to_string(op.num_segments) + " segments exceed max_segments " +
+                                std::to_string(max_segments) + "; split the op");
+  }
+  for (std::uint32_t i = 0; i < op.num_segments; ++i) {
+    const Segment& seg = op.segments[i];
+    Status s = check_local(seg.addr, seg.mr, seg.length);
+    if (!s.ok()) return InvalidArgumentError("segment " + std::to_string(i) + ": " + s.message());
+  }
+  return Status::OK();
+}
+
 bool IsRemoteAccessError(const Status& s) {
   return s.code() == StatusCode::kPermissionDenied ||
          s.code() == StatusCode::kOutOfRange || s.code() == StatusCode::kNotFound;

@@ -47,6 +47,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -260,6 +261,15 @@ struct Completion {
   OpType type = OpType::kRead;
   Status status;  // OK, or why this op failed (see the header comment).
 };
+
+// For backends: checks a scattered or gathered op's segments (none on an
+// atomic, at most `max_segments`, each accepted by `check_local`, the
+// backend's test that [addr, +length) lies in a region of its endpoint).
+// InvalidArgument naming the segment, else OK.
+Status ValidateSegments(
+    const Op& op, std::size_t max_segments,
+    const std::function<Status(const void* addr, const MemoryRegion* mr, std::uint64_t length)>&
+        check_local);
 
 // PermissionDenied, OutOfRange or NotFound: the target refused the access.
 bool IsRemoteAccessError(const Status& s);

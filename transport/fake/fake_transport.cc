@@ -523,23 +523,10 @@ class FakeConnection final : public Connection {
         return InvalidArgumentError("unknown op type " + std::to_string(static_cast<int>(op.type)));
     }
     if (op.num_segments > 0) {
-      if (op.type != OpType::kRead && op.type != OpType::kWrite &&
-          op.type != OpType::kWriteWithImm) {
-        return InvalidArgumentError("an atomic cannot scatter or gather segments");
-      }
-      if (const std::size_t max = max_segments(); op.num_segments > max) {
-        return InvalidArgumentError(std::to_string(op.num_segments) +
-                                    " segments exceed max_segments " + std::to_string(max) +
-                                    "; split the op");
-      }
-      for (std::uint32_t i = 0; i < op.num_segments; ++i) {
-        const Segment& seg = op.segments[i];
-        Status s = ValidateLocal(seg.addr, seg.mr, seg.length);
-        if (!s.ok()) {
-          return InvalidArgumentError("segment " + std::to_string(i) + ": " + s.message());
-        }
-      }
-      return Status::OK();
+      return ValidateSegments(op, max_segments(), [this](const void* a, const MemoryRegion* m,
+                                                         std::uint64_t n) {
+        return ValidateLocal(a, m, n);
+      });
     }
     if (op.length == 0 && op.local_mr == nullptr) return Status::OK();
     return ValidateLocal(op.local, op.local_mr, op.length);

@@ -452,17 +452,11 @@ Status TcpConnection::Validate(const Op& op) const {
     if (op.remote_addr % 8 != 0) return bad("remote address is not 8-byte aligned");
   }
   if (op.num_segments > 0) {
-    if (IsAtomic(op.type)) return bad("an atomic cannot scatter or gather segments");
-    if (op.num_segments > kMaxSegments) {
-      return bad(std::to_string(op.num_segments) + " segments exceed max_segments " +
-                 std::to_string(kMaxSegments) + "; split the op");
-    }
-    for (std::uint32_t i = 0; i < op.num_segments; ++i) {
-      const Segment& seg = op.segments[i];
-      Status s = ValidateLocal(seg.addr, seg.mr, seg.length);
-      if (!s.ok()) return bad("segment " + std::to_string(i) + ": " + s.message());
-    }
-    return Status::OK();
+    Status s = ValidateSegments(op, kMaxSegments, [this](const void* a, const MemoryRegion* m,
+                                                         std::uint64_t n) {
+      return ValidateLocal(a, m, n);
+    });
+    return s.ok() ? s : bad(s.message());
   }
   if (op.length > 0 || IsAtomic(op.type)) {
     Status s = ValidateLocal(op.local, op.local_mr, op.length);

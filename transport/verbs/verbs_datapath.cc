@@ -112,21 +112,10 @@ Status VerbsConnection::ValidateLocal(const void* addr, const MemoryRegion* loca
 
 Status VerbsConnection::Validate(const Op& op) const {
   if (op.num_segments > 0) {
-    if (IsAtomic(op.type)) {
-      return InvalidArgumentError("an atomic cannot scatter or gather segments");
-    }
-    if (op.num_segments > max_segments_) {
-      return InvalidArgumentError(std::to_string(op.num_segments) +
-                                  " segments exceed max_segments " + std::to_string(max_segments_) +
-                                  " of " + shared_->dev_name + "; split the op");
-    }
-    for (std::uint32_t i = 0; i < op.num_segments; ++i) {
-      const Segment& seg = op.segments[i];
-      Status st = ValidateLocal(seg.addr, seg.mr, seg.length);
-      if (!st.ok()) {
-        return InvalidArgumentError("segment " + std::to_string(i) + ": " + st.message());
-      }
-    }
+    RDMAPS_RETURN_IF_ERROR(ValidateSegments(
+        op, max_segments_, [this](const void* a, const MemoryRegion* m, std::uint64_t n) {
+          return ValidateLocal(a, m, n);
+        }));
   } else {
     RDMAPS_RETURN_IF_ERROR(ValidateLocal(op.local, op.local_mr, op.length));
   }
