@@ -275,14 +275,17 @@ int Main() {
   // Optimizer apply rate vs memcpy bandwidth, on one core.
   {
     const std::uint32_t dim = 256;
-    // A shard as the server keeps it: dense rows, then a header per row.
+    // A shard as the server keeps it: dense rows, then a header per checked
+    // block of rows.
     const std::size_t row_bytes = internal::RowBytes(dim);
     const std::size_t rows = (static_cast<std::size_t>(FLAGS_apply_mib) << 20) / row_bytes;
-    const std::size_t shard_bytes = internal::ShardBytes(rows, dim);
+    const internal::ShardGeometry geo =
+        internal::GeometryOf(internal::kLayoutDense, rows, dim,
+                             internal::RowsPerBlock(internal::kLayoutDense, rows, dim, 1));
+    const std::size_t shard_bytes = geo.bytes;
     auto table = internal::AllocateRegionMemory(shard_bytes);
     auto copy = internal::AllocateRegionMemory(shard_bytes);
-    auto* headers = reinterpret_cast<internal::BlockHeader*>(
-        table.get() + internal::ShardHeadersOffset(rows, dim));
+    auto* headers = reinterpret_cast<internal::BlockHeader*>(table.get() + geo.header(0));
     std::vector<float> grad(rows * dim, 0.001f);
     std::printf("\napply over %zu rows x %u floats (%d MiB), one core\n", rows, dim,
                 FLAGS_apply_mib);
@@ -302,11 +305,14 @@ int Main() {
       std::vector<double> t;
       for (int rep = 0; rep < 3; ++rep) {
         t.push_back(TimeUs([&] {
-          for (std::size_t r = 0; r < rows; ++r) {
-            auto* row = reinterpret_cast<float*>(table.get() + r * row_bytes);
-            opt.Apply(row, state.empty() ? nullptr : state.data() + r * opt.state_floats(),
-                      grad.data() + r * dim);
-            internal::SealRow(&headers[r], 1, row, row_bytes);
+          for (std::uint64_t b = 0; b < geo.blocks(); ++b) {
+            for (std::uint64_t r = geo.first_row(b); r < geo.end_row(b); ++r) {
+              auto* row = reinterpret_cast<float*>(table.get() + geo.row(r));
+              opt.Apply(row, state.empty() ? nullptr : state.data() + r * opt.state_floats(),
+                        grad.data() + r * dim);
+            }
+            internal::SealRow(&headers[b], 1, table.get() + geo.row(geo.first_row(b)),
+                              geo.block_rows(b) * row_bytes);
           }
         }));
       }
@@ -318,17 +324,19 @@ int Main() {
                   rows / (t[1] * 1e-6), gbs / mem_gbs);
     }
   }
-  // Row checks (what a pull does per row it READs) against memcpy of the same
-  // bytes, on one core, 256 KiB at a time as a pull piece: a pull of many
-  // small rows cannot go faster than this, however fast the NIC.
+  // Block checks (what a pull does per checked block it READs: a row of 1 KiB
+  // or more, or 2 KiB of smaller rows) against memcpy of the same bytes, on
+  // one core, 256 KiB at a time as a pull piece: a pull cannot go faster than
+  // this, however fast the NIC. The sizes under 1 KiB are what checking
+  // such rows one by one would cost.
   {
     constexpr std::size_t kPiece = 256 * 1024;
     auto rows_mem = internal::AllocateRegionMemory(kPiece);
     auto copy = internal::AllocateRegionMemory(kPiece);
     std::memset(rows_mem.get(), 1, kPiece);
-    std::printf("\nrow check (XXH3 per row) over %zu KiB, one core\n", kPiece / 1024);
-    std::printf("%-10s %10s %12s %10s\n", "row bytes", "GB/s", "ns/row", "x memcpy");
-    for (std::size_t row : {64, 256, 1024, 4096}) {
+    std::printf("\nblock check (XXH3 per block) over %zu KiB, one core\n", kPiece / 1024);
+    std::printf("%-10s %10s %12s %10s\n", "bytes", "GB/s", "ns/block", "x memcpy");
+    for (std::size_t row : {64, 256, 1024, 2048, 4096}) {
       const std::size_t n = kPiece / row;
       std::vector<internal::BlockHeader> headers(n);
       for (std::size_t r = 0; r < n; ++r) {
@@ -344,7 +352,7 @@ int Main() {
         }));
         copy_us.push_back(TimeUs([&] { std::memcpy(copy.get(), rows_mem.get(), kPiece); }));
       }
-      if (bad != 0) std::fprintf(stderr, "ps-bench: %zu rows failed their check\n", bad);
+      if (bad != 0) std::fprintf(stderr, "ps-bench: %zu blocks failed their check\n", bad);
       const Stats c = Summarise(check_us), m = Summarise(copy_us);
       std::printf("%-10zu %10.2f %12.1f %10.2f\n", row, kPiece / (c.median_us * 1e3),
                   c.median_us * 1e3 / n, m.median_us / c.median_us);

@@ -78,16 +78,17 @@ constexpr std::size_t kMaxGatherRuns = 8;
 struct ShardRemote {
   std::uint64_t begin = 0;
   std::uint64_t count = 0;
-  std::uint64_t addr = 0;     // row 0 of the shard (data)
-  std::uint64_t headers = 0;  // header of row 0
+  std::uint64_t base = 0;  // the shard's region, laid out as `geo` says
   std::uint32_t rkey = 0;
+  internal::ShardGeometry geo;
 };
 
 struct TableMeta {
   TableInfo info;
   std::uint32_t layout = internal::kLayoutDense;
-  std::size_t row_stride = 0;        // remote distance between rows (and, inline, headers)
-  std::vector<ShardRemote> shards;  // per server
+  std::uint32_t rows_per_block = 1;  // the same on every shard
+  std::size_t block_stride = 0;      // of the inline layout (the same on every shard)
+  std::vector<ShardRemote> shards;   // per server
   // A dense table pulled by scattered ids was pointed at the inline layout
   // (logged once per client and table); ClientImpl::mu_.
   mutable bool layout_hint_logged = false;
@@ -127,33 +128,6 @@ struct ServerLink {
   std::size_t slot_ops = 0;
 };
 
-// Where one pull batch puts the rows and headers it READs from a server.
-// Dense tables: headers in the first `cap` slots of the server's staging;
-// rows in the caller's buffer (zero-copy) or after the headers in staging.
-// Inline tables: slot k of staging holds remote row k of the batch as it is
-// on the server (header, then data), except that with `user_mr` the data
-// is scattered into the caller's buffer instead (zero-copy).
-struct RowPlace {
-  const TableMeta& t;
-  const ServerLink& s;
-  std::uint64_t cap;
-  const transport::MemoryRegion* user_mr;  // the caller's registered buffer, or null
-  std::span<float> out;
-
-  BlockHeader* Header(std::uint64_t slot) const {
-    if (t.inline_headers()) return reinterpret_cast<BlockHeader*>(s.staging.get() + slot * t.row_stride);
-    return reinterpret_cast<BlockHeader*>(s.staging.get()) + slot;
-  }
-  std::byte* Row(std::uint64_t slot, std::uint64_t out_row) const {
-    if (user_mr) return reinterpret_cast<std::byte*>(out.data() + out_row * t.info.dim);
-    if (t.inline_headers()) return s.staging.get() + slot * t.row_stride + sizeof(BlockHeader);
-    return s.staging.get() + cap * sizeof(BlockHeader) + slot * internal::RowBytes(t.info.dim);
-  }
-  const transport::MemoryRegion* row_mr() const {
-    return user_mr ? user_mr : s.staging_mr.get();
-  }
-};
-
 // Rows [local, local + count) of one server's shard go to output rows
 // [out_row, out_row + count).
 struct Run {
@@ -163,10 +137,18 @@ struct Run {
   std::uint64_t out_row;
 };
 
-// Rows [local, local + count) of a server's shard READ into staging slots
-// [slot, slot + count), for output rows [out_row, out_row + count).
+// Checked blocks [block, block + count) of a server's shard, READ whole. Of
+// their rows, the shard-local rows [lo, hi) are wanted, for output rows from
+// out_row. `user`: the rows land in the caller's registered buffer (every
+// row of the blocks is wanted); else in staging, copied out once they
+// verify. Once placed in a batch: the first block's header at `headers`
+// (then one per header stride), its first row at `rows` (then one block per
+// row-block stride; ClientImpl::Strides).
 struct Piece {
-  std::uint64_t slot, local, count, out_row;
+  std::uint64_t block, count, lo, hi, out_row;
+  bool user;
+  std::byte* headers;
+  std::byte* rows;
 };
 
 // The ops of one pull batch, and the segments of its scattered READs (an
@@ -355,7 +337,7 @@ class ClientImpl final : public Client {
   std::vector<UserBuffer> user_buffers_;
   // ReadRuns' scratch, kept for its capacity; mu_.
   ReadBatch read_batch_;
-  std::vector<std::deque<Run>> run_queues_;
+  std::vector<std::deque<Piece>> block_queues_;
   std::vector<std::vector<Piece>> pieces_;
   std::uint64_t clock_ = 0;
   Status broken_;
@@ -531,8 +513,10 @@ Status ClientImpl::ReadDirectories(Deadline deadline) {
       internal::DirectoryTable d;
       std::memcpy(&d, p, sizeof(d));
       d.name[sizeof(d.name) - 1] = '\0';
+      // Staging must hold one block of every table, with its header.
       max_row = std::max<std::size_t>(
-          {max_row, internal::RowBytes(d.dim) + sizeof(BlockHeader), d.row_stride});
+          {max_row, std::size_t{d.rows_per_block} * internal::RowBytes(d.dim) + sizeof(BlockHeader),
+           d.block_stride});
       auto it = tables_.find(d.id);
       if (first) {
         if (it != tables_.end()) {
@@ -547,7 +531,8 @@ Status ClientImpl::ReadDirectories(Deadline deadline) {
         m.info.staleness = d.staleness;
         m.info.layout = static_cast<RowLayout>(d.layout);
         m.layout = d.layout;
-        m.row_stride = d.row_stride;
+        m.rows_per_block = d.rows_per_block;
+        m.block_stride = d.block_stride;
         if (d.layout != internal::kLayoutDense && d.layout != internal::kLayoutInline) {
           return FailedPreconditionError(ServerName(s) + ": table '" + d.name +
                                          "' has row layout " + std::to_string(d.layout) +
@@ -568,15 +553,17 @@ Status ClientImpl::ReadDirectories(Deadline deadline) {
                                        "same table list");
       }
       const internal::ShardRange expect = internal::PartitionOf(d.rows, S, s.index);
-      const internal::ShardGeometry g = internal::GeometryOf(d.layout, d.shard_rows, d.dim);
+      const internal::ShardGeometry g = internal::GeometryOf(
+          d.layout, d.shard_rows, d.dim, internal::RowsPerBlock(d.layout, d.rows, d.dim, S));
       if (d.shard_begin != expect.begin || d.shard_rows != expect.count ||
           d.row_bytes != internal::RowBytes(d.dim) || d.headers_offset != g.headers_offset ||
-          d.row_stride != g.row_stride || d.shard.length < g.bytes) {
+          d.rows_per_block != g.rows_per_block || d.block_stride != g.block_stride ||
+          d.shard.length < g.bytes) {
         return FailedPreconditionError(ServerName(s) + ": shard of table '" + d.name +
-                                       "' is not the range partition this client computes");
+                                       "' is not the range partition and layout this client "
+                                       "computes; run the same rdmaps build everywhere");
       }
-      it->second.shards[s.index] = {d.shard_begin, d.shard_rows, d.shard.addr + g.row_offset,
-                                    d.shard.addr + g.headers_offset, d.shard.rkey};
+      it->second.shards[s.index] = {d.shard_begin, d.shard_rows, d.shard.addr, d.shard.rkey, g};
     }
     if (!first && h.num_tables != tables_.size()) {
       return FailedPreconditionError(ServerName(s) + " has " + std::to_string(h.num_tables) +
@@ -811,61 +798,103 @@ Status ClientImpl::WaitReadable(const TableMeta& t, const std::vector<std::uint3
   return Status::OK();
 }
 
-// The READs of rows [local, local + n) of `shard` into batch slots
-// [slot, slot + n): for a dense table the rows (to `place`) and their
-// headers (to staging); for an inline table both at once, into staging or,
-// with a registered caller buffer, scattered: each header (and the row's
-// padding) to its staging slot, each row to the caller's buffer.
-void AddRowReads(const TableMeta& t, const RowPlace& place, const ShardRemote& shard,
-                 std::uint64_t slot, std::uint64_t local, std::uint64_t out_row, std::uint64_t n,
-                 ReadBatch* batch) {
-  if (t.inline_headers()) {
-    const std::uint64_t remote = shard.headers + local * t.row_stride;
-    if (!place.user_mr) {
-      batch->Add(Op::Read(place.Header(slot), place.s.staging_mr.get(), n * t.row_stride, remote,
-                          shard.rkey));
-      return;
+// Header and row-block strides of a piece's blocks where they land: inline
+// blocks in staging keep their remote layout (header, rows, padding); rows
+// in the caller's buffer or in dense staging lie back to back.
+struct Strides {
+  std::size_t header;
+  std::size_t rows;
+};
+Strides StridesOf(const TableMeta& t, bool user) {
+  const std::size_t block_rows = t.rows_per_block * internal::RowBytes(t.info.dim);
+  if (!t.inline_headers()) return {sizeof(BlockHeader), block_rows};
+  return {t.block_stride, user ? block_rows : t.block_stride};
+}
+
+// The READs of the blocks of `pc` (placed): for a dense table the rows (to
+// pc.rows) and their headers (to pc.headers); for an inline table both at
+// once, into staging or, with a registered caller buffer (blocks of one row,
+// ScatterInline), scattered: each header (and the row's padding) to staging,
+// each row to the caller's buffer. Returns the bytes they move.
+std::size_t AddBlockReads(const ShardRemote& shard, const transport::MemoryRegion* staging,
+                          const transport::MemoryRegion* user_mr, const Piece& pc,
+                          ReadBatch* batch) {
+  const internal::ShardGeometry& g = shard.geo;
+  const std::size_t row_bytes = g.row_bytes;
+  if (g.inline_headers()) {
+    const std::uint64_t remote = shard.base + g.header(pc.block);
+    const std::size_t bytes = pc.count * g.block_stride;
+    if (!pc.user) {
+      batch->Add(Op::Read(pc.headers, staging, bytes, remote, shard.rkey));
+      return bytes;
     }
-    const auto row_bytes = static_cast<std::uint32_t>(internal::RowBytes(t.info.dim));
-    const auto pad = static_cast<std::uint32_t>(t.row_stride - sizeof(BlockHeader) - row_bytes);
-    const transport::MemoryRegion* staging = place.s.staging_mr.get();
-    Op op = Op::Read(nullptr, nullptr, n * t.row_stride, remote, shard.rkey);
-    batch->Add(op);
-    for (std::uint64_t k = 0; k < n; ++k) {
-      auto* header = reinterpret_cast<std::byte*>(place.Header(slot + k));
+    const auto row = static_cast<std::uint32_t>(row_bytes);
+    const auto pad = static_cast<std::uint32_t>(g.block_stride - sizeof(BlockHeader) - row_bytes);
+    batch->Add(Op::Read(nullptr, nullptr, bytes, remote, shard.rkey));
+    for (std::uint64_t k = 0; k < pc.count; ++k) {
+      std::byte* header = pc.headers + k * g.block_stride;
       batch->segments.push_back({header, staging, sizeof(BlockHeader)});
-      batch->segments.push_back({place.Row(slot + k, out_row + k), place.user_mr, row_bytes});
+      batch->segments.push_back({pc.rows + k * row_bytes, user_mr, row});
       if (pad > 0) batch->segments.push_back({header + sizeof(BlockHeader), staging, pad});
     }
-    batch->ops.back().num_segments = static_cast<std::uint32_t>(n * (pad > 0 ? 3 : 2));
-    return;
+    batch->ops.back().num_segments = static_cast<std::uint32_t>(pc.count * (pad > 0 ? 3 : 2));
+    return bytes;
   }
-  const std::size_t row_bytes = internal::RowBytes(t.info.dim);
-  batch->Add(Op::Read(place.Row(slot, out_row), place.row_mr(), n * row_bytes,
-                      shard.addr + local * row_bytes, shard.rkey));
-  batch->Add(Op::Read(place.Header(slot), place.s.staging_mr.get(), n * sizeof(BlockHeader),
-                      shard.headers + local * sizeof(BlockHeader), shard.rkey));
+  const std::uint64_t first = g.first_row(pc.block);
+  const std::size_t rows = (g.end_row(pc.block + pc.count - 1) - first) * row_bytes;
+  batch->Add(
+      Op::Read(pc.rows, pc.user ? user_mr : staging, rows, shard.base + g.row(first), shard.rkey));
+  batch->Add(Op::Read(pc.headers, staging, pc.count * sizeof(BlockHeader),
+                      shard.base + g.header(pc.block), shard.rkey));
+  return rows + pc.count * sizeof(BlockHeader);
+}
+
+// Block k of `pc` as a piece of its own (where it already landed).
+Piece BlockOf(const TableMeta& t, const internal::ShardGeometry& g, const Piece& pc,
+              std::uint64_t k) {
+  const std::uint64_t b = pc.block + k;
+  const std::uint64_t lo = std::max(pc.lo, g.first_row(b));
+  const Strides st = StridesOf(t, pc.user);
+  return {b,
+          1,
+          lo,
+          std::min(pc.hi, g.end_row(b)),
+          pc.out_row + (lo - pc.lo),
+          pc.user,
+          pc.headers + k * st.header,
+          pc.rows + k * st.rows};
+}
+
+// "row 7" or, for a block of several rows, "rows 0-24 (one checked block)".
+std::string BlockName(const ShardRemote& shard, std::uint64_t block) {
+  const std::uint64_t first = shard.begin + shard.geo.first_row(block);
+  const std::uint64_t last = shard.begin + shard.geo.end_row(block) - 1;
+  if (first == last) return "row " + std::to_string(first);
+  return "rows " + std::to_string(first) + "-" + std::to_string(last) + " (one checked block)";
 }
 
 // Whether a pull of an inline table into a registered buffer scatters each
 // row READ into header and row (zero-copy) or stages it. Rows under
-// kScatterMinRowBytes are staged. A scattered READ carries at most
-// max_segments() / (2 or 3, with padding) rows, so it is chosen only when
-// that takes no more ops than staging: always on tcp; on verbs (16
-// segments) for runs of up to 8 rows. More ops cost more than the copy on
-// Soft-RoCE (64 rows of 1 KiB: 1.36x raw in 8 scattered READs, 1.19x
+// kScatterMinRowBytes are staged (so blocks of several rows, which only rows
+// under internal::kBlockMinRowBytes get, always are). A scattered READ
+// carries at most max_segments() / (2 or 3, with padding) rows, so it is
+// chosen only when that takes no more ops than staging: always on tcp; on
+// verbs (16 segments) for runs of up to 8 rows. More ops cost more than the
+// copy on Soft-RoCE (64 rows of 1 KiB: 1.36x raw in 8 scattered READs, 1.19x
 // staged). Returns rows per scattered READ, or 0 to stage.
 std::uint64_t ClientImpl::ScatterInline(const TableMeta& t, const std::vector<Run>& runs) const {
   const std::size_t row_bytes = internal::RowBytes(t.info.dim);
+  static_assert(kScatterMinRowBytes >= internal::kBlockMinRowBytes);
   if (row_bytes < kScatterMinRowBytes) return 0;
-  const std::size_t segs_per_row = t.row_stride > sizeof(BlockHeader) + row_bytes ? 3 : 2;
+  const std::size_t segs_per_row = t.block_stride > sizeof(BlockHeader) + row_bytes ? 3 : 2;
   std::uint64_t rows_per_read = std::numeric_limits<std::uint64_t>::max();
   for (const Run& r : runs) {
     rows_per_read = std::min<std::uint64_t>(rows_per_read,
                                             servers_[r.server].conn->max_segments() / segs_per_row);
   }
   if (runs.empty() || rows_per_read == 0) return 0;
-  const std::uint64_t staged_rows_per_read = std::max<std::size_t>(1, kMaxReadBytes / t.row_stride);
+  const std::uint64_t staged_rows_per_read =
+      std::max<std::size_t>(1, kMaxReadBytes / t.block_stride);
   for (const Run& r : runs) {
     if ((r.count + rows_per_read - 1) / rows_per_read >
         (r.count + staged_rows_per_read - 1) / staged_rows_per_read) {
@@ -879,39 +908,62 @@ Status ClientImpl::ReadRuns(const TableMeta& t, std::vector<Run> runs, std::span
                             Deadline deadline) {
   const std::uint32_t dim = t.info.dim;
   const std::size_t row_bytes = internal::RowBytes(dim);
-  // Rows land straight in `out` when the caller registered it (zero-copy);
-  // otherwise in staging, and are copied out once they verify. Headers always
-  // go to staging.
-  // Inline tables READ header and row together (one op per run), scattered
-  // into header and row when zero-copy (ScatterInline says when).
+  auto* out_bytes = reinterpret_cast<std::byte*>(out.data());
+  // Rows land straight in `out` when the caller registered it (zero-copy),
+  // except for blocks only partly wanted; otherwise in staging, and are
+  // copied out once they verify. Headers always go to staging.
+  // Inline tables READ headers and rows together (one op per piece),
+  // scattered into header and row when zero-copy (ScatterInline says when).
   const bool inl = t.inline_headers();
   const transport::MemoryRegion* user_mr = FindRegistered(out.data(), out.size_bytes());
-  std::uint64_t max_rows_per_scatter = 0;
+  std::uint64_t max_blocks_per_scatter = 0;
   if (inl && user_mr) {
-    max_rows_per_scatter = ScatterInline(t, runs);
-    if (max_rows_per_scatter == 0) user_mr = nullptr;
+    max_blocks_per_scatter = ScatterInline(t, runs);
+    if (max_blocks_per_scatter == 0) user_mr = nullptr;
   }
-  const std::size_t staged_row =
-      inl ? t.row_stride : sizeof(BlockHeader) + (user_mr ? 0 : row_bytes);
-  const std::size_t ops_per_run = inl ? 1 : 2;
-  // Remote bytes one READ moves per row.
-  const std::size_t read_row = inl ? t.row_stride : row_bytes;
-  // Runs per server, consumed front to back, and the pieces of them in flight.
-  auto& queues = run_queues_;
+  const std::size_t ops_per_piece = inl ? 1 : 2;
+  const std::size_t block_bytes = t.rows_per_block * row_bytes;
+  // Remote bytes one READ moves per block, and staging bytes per block.
+  const std::size_t read_block = inl ? t.block_stride : block_bytes;
+  auto staged_block = [&](bool user) {
+    return inl ? t.block_stride : sizeof(BlockHeader) + (user ? 0 : block_bytes);
+  };
+  std::uint64_t max_blocks_per_op = std::max<std::uint64_t>(1, kMaxReadBytes / read_block);
+  if (max_blocks_per_scatter > 0) {
+    max_blocks_per_op = std::min(max_blocks_per_op, max_blocks_per_scatter);
+  }
+  // The blocks each server must READ, consumed front to back, and the
+  // pieces of them in flight. Blocks wholly wanted land in the caller's
+  // buffer (zero-copy); a partly wanted block at either end of a run is
+  // staged.
+  auto& queues = block_queues_;
   auto& pieces = pieces_;
   queues.resize(servers_.size());
   pieces.resize(servers_.size());
   for (auto& q : queues) q.clear();
-  for (const Run& r : runs) queues[r.server].push_back(r);
+  bool any_user = false;
+  for (const Run& r : runs) {
+    const internal::ShardGeometry& g = t.shards[r.server].geo;
+    const std::uint64_t lo = r.local, hi = r.local + r.count;
+    const std::uint64_t b0 = g.block_of(lo), b1 = g.block_of(hi - 1) + 1;
+    auto add = [&](std::uint64_t from, std::uint64_t to, bool user) {
+      const std::uint64_t l = std::max(lo, g.first_row(from));
+      queues[r.server].push_back({from, to - from, l, std::min(hi, g.end_row(to - 1)),
+                                  r.out_row + (l - lo), user, nullptr, nullptr});
+      any_user |= user;
+    };
+    const std::uint64_t f0 = g.first_row(b0) == lo ? b0 : b0 + 1;
+    const std::uint64_t f1 = g.end_row(b1 - 1) == hi ? b1 : b1 - 1;
+    if (!user_mr || f0 >= f1) {
+      add(b0, b1, false);
+      continue;
+    }
+    if (b0 < f0) add(b0, f0, false);
+    add(f0, f1, true);
+    if (f1 < b1) add(f1, b1, false);
+  }
   ReadBatch& batch = read_batch_;
   std::uint64_t retries = 0, bytes = 0, copied = 0;
-  std::uint64_t max_rows_per_op = std::max<std::uint64_t>(1, kMaxReadBytes / read_row);
-  if (max_rows_per_scatter > 0) max_rows_per_op = std::min(max_rows_per_op, max_rows_per_scatter);
-  for (std::uint32_t si = 0; si < servers_.size(); ++si) {
-    if (!queues[si].empty() && servers_[si].staging_bytes < staged_row) {
-      return InternalError("staging smaller than one row");  // Init() sizes it
-    }
-  }
   while (true) {
     bool any = false;
     for (std::uint32_t si = 0; si < servers_.size(); ++si) {
@@ -920,24 +972,38 @@ Status ClientImpl::ReadRuns(const TableMeta& t, std::vector<Run> runs, std::span
       pieces[si].clear();
       if (q.empty()) continue;
       any = true;
-      const std::uint64_t cap = s.staging_bytes / staged_row;
-      const RowPlace place{t, s, cap, user_mr, out};
       const ShardRemote& shard = t.shards[si];
-      std::uint64_t used = 0;
+      std::size_t used = 0;  // staging bytes
       batch.clear();
       const std::size_t max_ops = std::min(kMaxOpsPerPost, s.conn->max_outstanding());
-      while (!q.empty() && used < cap && batch.ops.size() + ops_per_run <= max_ops) {
-        Run& r = q.front();
-        const std::uint64_t n = std::min({r.count, cap - used, max_rows_per_op});
-        pieces[si].push_back({used, r.local, n, r.out_row});
-        AddRowReads(t, place, shard, used, r.local, r.out_row, n, &batch);
-        bytes += n * (inl ? t.row_stride : row_bytes + sizeof(BlockHeader));
-        used += n;
-        r.local += n;
-        r.out_row += n;
+      while (!q.empty() && batch.ops.size() + ops_per_piece <= max_ops) {
+        Piece& r = q.front();
+        const std::size_t start = internal::RoundUp(used, internal::kCacheLine);
+        const std::size_t per_block = staged_block(r.user);
+        const std::uint64_t room =
+            start < s.staging_bytes ? (s.staging_bytes - start) / per_block : 0;
+        const std::uint64_t n = std::min({r.count, room, max_blocks_per_op});
+        if (n == 0) break;
+        Piece pc = r;
+        pc.count = n;
+        pc.hi = std::min(r.hi, shard.geo.end_row(r.block + n - 1));
+        pc.headers = s.staging.get() + start;
+        if (pc.user) {
+          pc.rows = out_bytes + pc.out_row * row_bytes;
+        } else {
+          pc.rows = pc.headers + (inl ? sizeof(BlockHeader) : n * sizeof(BlockHeader));
+        }
+        bytes += AddBlockReads(shard, s.staging_mr.get(), user_mr, pc, &batch);
+        pieces[si].push_back(pc);
+        used = start + n * per_block;
+        r.block += n;
         r.count -= n;
+        r.out_row += pc.hi - pc.lo;
+        r.lo = pc.hi;
         if (r.count == 0) q.pop_front();
       }
+      // ReadDirectories sizes staging to hold a block of every table.
+      if (batch.ops.empty()) return InternalError("staging smaller than one checked block");
       RDMAPS_RETURN_IF_ERROR(PostOps(s, batch.Seal()));
     }
     if (!any) break;
@@ -945,36 +1011,40 @@ Status ClientImpl::ReadRuns(const TableMeta& t, std::vector<Run> runs, std::span
       if (pieces[si].empty()) continue;
       ServerLink& s = servers_[si];
       const ShardRemote& shard = t.shards[si];
-      const RowPlace place{t, s, s.staging_bytes / staged_row, user_mr, out};
-      // Accepts the row in staging slot `slot` for output row `out_row` when
-      // it matches its header.
-      auto accept = [&](std::uint64_t slot, std::uint64_t out_row) {
-        const std::byte* row = place.Row(slot, out_row);
-        if (!internal::VerifyRow(*place.Header(slot), row, row_bytes)) return false;
-        if (!user_mr) {
-          std::memcpy(out.data() + out_row * dim, row, row_bytes);
-          copied += row_bytes;
+      const internal::ShardGeometry& g = shard.geo;
+      // Accepts block k of `pc` when it matches its header, copying the
+      // wanted rows of a staged block out.
+      auto accept = [&](const Piece& pc, std::uint64_t k) {
+        const Strides st = StridesOf(t, pc.user);
+        const std::uint64_t b = pc.block + k;
+        const std::uint64_t first = g.first_row(b), end = g.end_row(b);
+        const std::byte* rows = pc.rows + k * st.rows;
+        const auto* header = reinterpret_cast<const BlockHeader*>(pc.headers + k * st.header);
+        if (!internal::VerifyRow(*header, rows, (end - first) * row_bytes)) return false;
+        if (!pc.user) {
+          const std::uint64_t lo = std::max(pc.lo, first), hi = std::min(pc.hi, end);
+          std::memcpy(out_bytes + (pc.out_row + (lo - pc.lo)) * row_bytes,
+                      rows + (lo - first) * row_bytes, (hi - lo) * row_bytes);
+          copied += (hi - lo) * row_bytes;
         }
         return true;
       };
-      // Verify the rows of each piece as its READs complete (overlapping
-      // the check with the later READs' transfer); re-READ torn rows, data
-      // and header, until they verify.
+      // Verify the blocks of each piece as its READs complete (overlapping
+      // the check with the later READs' transfer); re-READ torn blocks,
+      // rows and header, until they verify.
       std::vector<Piece> torn;
       // Completions are taken in bulk (up to all of this server's), so many
       // small pieces cost few Waits.
-      const std::size_t total_ops = pieces[si].size() * ops_per_run;
+      const std::size_t total_ops = pieces[si].size() * ops_per_piece;
       std::size_t completed = 0, needed = 0;
       for (const Piece& pc : pieces[si]) {
-        needed += ops_per_run;
+        needed += ops_per_piece;
         if (completed < needed) {
           RDMAPS_RETURN_IF_ERROR(
               DrainSome(s, needed - completed, total_ops - completed, &completed, deadline));
         }
         for (std::uint64_t k = 0; k < pc.count; ++k) {
-          if (!accept(pc.slot + k, pc.out_row + k)) {
-            torn.push_back({pc.slot + k, pc.local + k, 1, pc.out_row + k});
-          }
+          if (!accept(pc, k)) torn.push_back(BlockOf(t, g, pc, k));
         }
       }
       while (!torn.empty()) {
@@ -984,29 +1054,27 @@ Status ClientImpl::ReadRuns(const TableMeta& t, std::vector<Run> runs, std::span
           // connections stay in step for the next call.
           for (std::uint32_t sj = si + 1; sj < servers_.size(); ++sj) {
             if (pieces[sj].empty()) continue;
-            RDMAPS_RETURN_IF_ERROR(Drain(servers_[sj], pieces[sj].size() * ops_per_run,
+            RDMAPS_RETURN_IF_ERROR(Drain(servers_[sj], pieces[sj].size() * ops_per_piece,
                                          SteadyClock::now() + std::chrono::seconds(10)));
           }
-          return TimedOutError("row " + std::to_string(shard.begin + torn[0].local) +
-                               " of table '" + t.info.name + "' on " + ServerName(s) +
-                               " read torn until the deadline (" + std::to_string(retries) +
+          return TimedOutError(BlockName(shard, torn[0].block) + " of table '" + t.info.name +
+                               "' on " + ServerName(s) + " read torn until the deadline (" +
+                               std::to_string(retries) +
                                " retries): the server rewrites it faster than it can be read");
         }
         const std::size_t per_post =
-            std::min(kMaxOpsPerPost, s.conn->max_outstanding()) / ops_per_run;
+            std::min(kMaxOpsPerPost, s.conn->max_outstanding()) / ops_per_piece;
         for (std::size_t off = 0; off < torn.size(); off += per_post) {
           batch.clear();
           const std::size_t end = std::min(torn.size(), off + per_post);
           for (std::size_t k = off; k < end; ++k) {
-            const Piece& pc = torn[k];
-            AddRowReads(t, place, shard, pc.slot, pc.local, pc.out_row, 1, &batch);
-            bytes += inl ? t.row_stride : row_bytes + sizeof(BlockHeader);
+            bytes += AddBlockReads(shard, s.staging_mr.get(), user_mr, torn[k], &batch);
           }
           RDMAPS_RETURN_IF_ERROR(Exec(s, batch.Seal(), deadline));
         }
         std::vector<Piece> still;
         for (const Piece& pc : torn) {
-          if (!accept(pc.slot, pc.out_row)) still.push_back(pc);
+          if (!accept(pc, 0)) still.push_back(pc);
         }
         torn = std::move(still);
       }
@@ -1016,7 +1084,7 @@ Status ClientImpl::ReadRuns(const TableMeta& t, std::vector<Run> runs, std::span
   stats_.torn_retries += retries;
   stats_.bytes_read += bytes;
   stats_.bytes_staged += copied;
-  if (user_mr) ++stats_.zero_copy_calls;
+  if (any_user) ++stats_.zero_copy_calls;
   return Status::OK();
 }
 
@@ -1107,8 +1175,9 @@ Status ClientImpl::Pull(std::uint32_t table, std::span<const std::uint64_t> rows
     t->layout_hint_logged = true;
     LOG(INFO) << "table '" << t->info.name << "' has the dense layout and is pulled by "
               << "scattered ids (" << runs.size() << " runs in " << rows.size()
-              << " rows): each run costs a row READ and a header READ; "
-              << "\"layout\": \"inline\" makes it one READ (docs/ps.md, Row layouts)";
+              << " rows): each run costs a READ of its checked block of "
+              << t->rows_per_block << " row(s) and a header READ; \"layout\": \"inline\" "
+              << "makes it one READ (docs/ps.md, Row layouts)";
   }
   RDMAPS_RETURN_IF_ERROR(WaitReadable(*t, involved, deadline));
   RDMAPS_RETURN_IF_ERROR(ReadRuns(*t, std::move(runs), out, deadline));

@@ -11,7 +11,7 @@
 // [begin_i, begin_i + count_i) with count_i = rows / S + (i < rows % S).
 // Servers beyond `rows` hold an empty shard. PartitionOf()/ServerOfRow().
 //
-// == Checked blocks and rows (torn-read-proof reads) ==
+// == Checked blocks of rows (torn-read-proof reads) ==
 // Every region a worker READs while the server CPU may change it is checked:
 //     BlockHeader { u64 version; u64 checksum; }  over a payload
 // checksum = XXH3_64bits_withSeed(payload, version ^ kChecksumSalt). The
@@ -19,17 +19,27 @@
 // when the checksum in a header it read matches it; otherwise the READ was
 // torn (the NIC may DMA the lines of one READ in any order and concurrently
 // with the CPU's stores) and it reads again. The control block is one block
-// (header then payload). A shard keeps rows and headers apart:
-//     [ rows: count x dim floats, dense ][ headers: count x BlockHeader ]
-// so a pull of a contiguous range is two READs per server, rows straight into
-// the caller's (registered) buffer and the headers into staging, with no
-// fence between them: whatever order the two READs and the server's stores
-// interleave in, a row is accepted only when its bytes equal the version
-// whose header was read (up to a 64-bit hash collision). A seqlock would need
-// three fenced READs (version, data, version) per range, i.e. three round
-// trips, and could not land in a dense buffer; see docs/ps.md.
-// A table with RowLayout::kInline keeps each header beside its row instead:
-//     [ header | dim floats | pad to 16 B ] x count
+// (header then payload).
+// A shard's rows are checked in blocks of `rows_per_block` consecutive rows
+// (B; the last block of a shard may be shorter): one header per block, over
+// the block's rows as they lie in memory. Rows of under kBlockMinRowBytes
+// are blocked to about kCheckBlockBytes (one hash per 2 KiB instead of one
+// per row: XXH3 hashes 256-byte rows at 10 GB/s, 2 KiB at 18), except in
+// inline tables of more than kAutoInlineMaxShardBytes per shard, which are
+// pulled by scattered ids (B = 1, a row READ moves only its own bytes).
+// RowsPerBlock() says which; servers and clients agree, and the directory
+// carries it. A dense shard keeps rows and headers apart:
+//     [ rows: count x dim floats, dense ][ headers: blocks x BlockHeader ]
+// so a pull of a contiguous range of blocks is two READs per server, rows
+// straight into the caller's (registered) buffer and the headers into
+// staging, with no fence between them: whatever order the two READs and the
+// server's stores interleave in, a block is accepted only when its bytes
+// equal the version whose header was read (up to a 64-bit hash collision).
+// A seqlock would need three fenced READs (version, data, version) per range,
+// i.e. three round trips, and could not land in a dense buffer; see
+// docs/ps.md. A pull of part of a block READs the whole block (into staging).
+// A table with RowLayout::kInline keeps each header before its block instead:
+//     [ header | B x dim floats | pad to 16 B ] x blocks
 // so a scattered row is one READ (into staging, then copied out).
 // ShardGeometry describes either layout; the directory carries it.
 
@@ -84,7 +94,7 @@ static_assert(std::endian::native == std::endian::little,
 inline constexpr std::uint32_t kHelloMagic = 0x50414d52;      // "RMAP"
 inline constexpr std::uint32_t kBootstrapMagic = 0x544f4f42;  // "BOOT"
 inline constexpr std::uint32_t kDirectoryMagic = 0x52494452;  // "RDIR"
-inline constexpr std::uint32_t kLayoutVersion = 2;
+inline constexpr std::uint32_t kLayoutVersion = 3;
 inline constexpr std::uint32_t kBootstrapImm = 0x80000000u;
 inline constexpr std::size_t kBootstrapSlotBytes = 64;
 inline constexpr std::size_t kCacheLine = 64;
@@ -136,8 +146,8 @@ void SealBlock(void* block, std::uint64_t version, std::size_t payload_bytes);
 // True when the block at `block` (header + payload_bytes) is consistent.
 bool VerifyBlock(const void* block, std::size_t payload_bytes);
 
-// A shard row: writes `*header` for `payload` (after the payload is in place),
-// and checks a row against a header read separately.
+// A shard block of rows: writes `*header` for `payload` (after the payload is
+// in place), and checks a block against a header read separately.
 void SealRow(BlockHeader* header, std::uint64_t version, const void* payload, std::size_t bytes);
 bool VerifyRow(const BlockHeader& header, const void* payload, std::size_t bytes);
 
@@ -145,15 +155,6 @@ inline std::size_t RoundUp(std::size_t n, std::size_t to) { return (n + to - 1) 
 
 // Bytes of one row's data.
 inline std::size_t RowBytes(std::uint32_t dim) { return std::size_t{dim} * sizeof(float); }
-
-// Where a shard's headers start in its region, and the region's size
-// (RowLayout::kDense).
-inline std::size_t ShardHeadersOffset(std::uint64_t rows, std::uint32_t dim) {
-  return RoundUp(rows * RowBytes(dim), kCacheLine);
-}
-inline std::size_t ShardBytes(std::uint64_t rows, std::uint32_t dim) {
-  return ShardHeadersOffset(rows, dim) + rows * sizeof(BlockHeader);
-}
 
 inline constexpr std::uint32_t kLayoutDense = 0;   // RowLayout::kDense
 inline constexpr std::uint32_t kLayoutInline = 1;  // RowLayout::kInline
@@ -181,36 +182,71 @@ inline std::uint32_t ResolveLayout(std::uint32_t layout, std::uint64_t rows, std
   return kLayoutDense;
 }
 
-// Where row `local` of a shard and its header are, relative to the shard's
-// region: row at local * row_stride + row_offset, header at headers_offset +
-// local * header_stride.
+// Rows under this size are checked in blocks of about kCheckBlockBytes.
+inline constexpr std::size_t kBlockMinRowBytes = 1024;
+inline constexpr std::size_t kCheckBlockBytes = 2048;
+
+// Rows per checked block of a table whose layout resolved to `layout` (not
+// kLayoutAuto): 1 for rows of kBlockMinRowBytes and more and for inline
+// tables of more than kAutoInlineMaxShardBytes per shard (pulled by
+// scattered ids, where a block would multiply the bytes a row READ moves),
+// else kCheckBlockBytes / RowBytes(dim).
+inline std::uint32_t RowsPerBlock(std::uint32_t layout, std::uint64_t rows, std::uint32_t dim,
+                                  std::uint32_t num_servers) {
+  const std::size_t row = RowBytes(dim);
+  if (row >= kBlockMinRowBytes) return 1;
+  const std::uint64_t largest = (rows + num_servers - 1) / num_servers;
+  if (layout == kLayoutInline && largest > kAutoInlineMaxShardBytes / row) return 1;
+  return static_cast<std::uint32_t>(kCheckBlockBytes / row);
+}
+
+// Where row `local` of a shard, the block holding it and the block's header
+// are, relative to the shard's region. Block b holds rows
+// [b * rows_per_block, min(count, (b + 1) * rows_per_block)), contiguous in
+// memory from data(b * rows_per_block).
 struct ShardGeometry {
   std::uint32_t layout = kLayoutDense;
-  std::size_t row_stride = 0;
-  std::size_t row_offset = 0;
-  std::size_t header_stride = 0;
-  std::size_t headers_offset = 0;
-  std::size_t bytes = 0;  // of the region
+  std::uint32_t rows_per_block = 1;
+  std::uint64_t rows = 0;  // of the shard
+  std::size_t row_bytes = 0;
+  std::size_t block_stride = 0;    // inline: header, rows and padding of a block
+  std::size_t headers_offset = 0;  // dense: where the headers start
+  std::size_t bytes = 0;           // of the region
   bool inline_headers() const { return layout == kLayoutInline; }
-  std::size_t row(std::uint64_t local) const { return local * row_stride + row_offset; }
-  std::size_t header(std::uint64_t local) const { return headers_offset + local * header_stride; }
+  std::uint64_t blocks() const { return (rows + rows_per_block - 1) / rows_per_block; }
+  std::uint64_t block_of(std::uint64_t local) const { return local / rows_per_block; }
+  std::uint64_t first_row(std::uint64_t block) const { return block * rows_per_block; }
+  // One past the last row of `block` (a shard's last block may be short).
+  std::uint64_t end_row(std::uint64_t block) const {
+    const std::uint64_t end = (block + 1) * rows_per_block;
+    return end < rows ? end : rows;
+  }
+  std::uint64_t block_rows(std::uint64_t block) const { return end_row(block) - first_row(block); }
+  std::size_t row(std::uint64_t local) const {
+    if (!inline_headers()) return local * row_bytes;
+    return block_of(local) * block_stride + sizeof(BlockHeader) +
+           (local % rows_per_block) * row_bytes;
+  }
+  std::size_t header(std::uint64_t block) const {
+    return inline_headers() ? block * block_stride : headers_offset + block * sizeof(BlockHeader);
+  }
 };
 
-inline ShardGeometry GeometryOf(std::uint32_t layout, std::uint64_t rows, std::uint32_t dim) {
+inline ShardGeometry GeometryOf(std::uint32_t layout, std::uint64_t rows, std::uint32_t dim,
+                                std::uint32_t rows_per_block) {
   ShardGeometry g;
   g.layout = layout;
+  g.rows_per_block = rows_per_block;
+  g.rows = rows;
+  g.row_bytes = RowBytes(dim);
   if (layout == kLayoutInline) {
-    g.row_stride = RoundUp(sizeof(BlockHeader) + RowBytes(dim), 16);
-    g.row_offset = sizeof(BlockHeader);
-    g.header_stride = g.row_stride;
+    g.block_stride = RoundUp(sizeof(BlockHeader) + rows_per_block * g.row_bytes, 16);
     g.headers_offset = 0;
-    g.bytes = rows * g.row_stride;
+    g.bytes = g.blocks() * g.block_stride;
   } else {
-    g.row_stride = RowBytes(dim);
-    g.row_offset = 0;
-    g.header_stride = sizeof(BlockHeader);
-    g.headers_offset = ShardHeadersOffset(rows, dim);
-    g.bytes = ShardBytes(rows, dim);
+    g.block_stride = rows_per_block * g.row_bytes;
+    g.headers_offset = RoundUp(rows * g.row_bytes, kCacheLine);
+    g.bytes = g.headers_offset + g.blocks() * sizeof(BlockHeader);
   }
   return g;
 }
@@ -267,13 +303,15 @@ struct DirectoryTable {
   std::uint64_t shard_rows;
   std::uint32_t staleness;
   std::uint32_t row_bytes;       // RowBytes(dim)
-  WireRegion shard;              // the region GeometryOf(layout, shard_rows, dim) describes
+  WireRegion shard;  // the region GeometryOf(layout, shard_rows, dim, rows_per_block) describes
   std::uint64_t headers_offset;  // GeometryOf(...).headers_offset
   std::uint32_t layout;          // kLayoutDense or kLayoutInline
-  std::uint32_t row_stride;      // GeometryOf(...).row_stride
-  char name[32];                 // NUL-terminated
+  std::uint32_t block_stride;    // GeometryOf(...).block_stride
+  std::uint32_t rows_per_block;  // RowsPerBlock(layout, rows, dim, num_servers)
+  std::uint32_t pad;
+  char name[32];  // NUL-terminated
 };
-static_assert(std::is_trivially_copyable_v<DirectoryTable> && sizeof(DirectoryTable) == 112);
+static_assert(std::is_trivially_copyable_v<DirectoryTable> && sizeof(DirectoryTable) == 120);
 
 struct DirectoryWorker {
   WireRegion ring;

@@ -49,7 +49,7 @@ internal::WireRegion Wire(const transport::MemoryRegion& mr) {
 }
 
 // A shard in registered memory, laid out as `geometry` says (dense rows then
-// headers, or each header beside its row; src/ps/layout.h).
+// headers, or each header before its block of rows; src/ps/layout.h).
 struct TableState {
   TableOptions options;
   internal::ShardRange shard;
@@ -63,13 +63,14 @@ struct TableState {
   float* data(std::uint64_t local) const {
     return reinterpret_cast<float*>(memory.get() + geometry.row(local));
   }
-  BlockHeader* header(std::uint64_t local) const {
-    return reinterpret_cast<BlockHeader*>(memory.get() + geometry.header(local));
+  BlockHeader* header(std::uint64_t block) const {
+    return reinterpret_cast<BlockHeader*>(memory.get() + geometry.header(block));
   }
-  // Re-seals a row after its data changed (data first, then header).
-  void Seal(std::uint64_t local) const {
-    BlockHeader* h = header(local);
-    internal::SealRow(h, h->version + 1, data(local), row_bytes());
+  // Re-seals a block after rows of it changed (data first, then header).
+  void Seal(std::uint64_t block) const {
+    BlockHeader* h = header(block);
+    internal::SealRow(h, h->version + 1, data(geometry.first_row(block)),
+                      geometry.block_rows(block) * row_bytes());
   }
 };
 
@@ -133,6 +134,7 @@ class ServerImpl final : public Server {
   std::vector<WorkerState> workers_;
   std::uint64_t control_version_ = 0;
   std::vector<ControlWorker> control_scratch_;  // PublishControl's
+  std::vector<std::uint64_t> dirty_blocks_;     // ApplySlot's
   mutable std::mutex apply_mu_;
 
   // Accept thread only.
@@ -240,10 +242,11 @@ Status ServerImpl::RegisterAll() {
     TableState& t = tables_[i];
     t.options = options_.tables[i];
     t.shard = internal::PartitionOf(t.options.rows, S, options_.server_index);
+    const std::uint32_t layout = internal::ResolveLayout(
+        static_cast<std::uint32_t>(t.options.layout), t.options.rows, t.options.dim, S);
     t.geometry =
-        internal::GeometryOf(internal::ResolveLayout(static_cast<std::uint32_t>(t.options.layout),
-                                                     t.options.rows, t.options.dim, S),
-                             t.shard.count, t.options.dim);
+        internal::GeometryOf(layout, t.shard.count, t.options.dim,
+                             internal::RowsPerBlock(layout, t.options.rows, t.options.dim, S));
     t.optimizer.emplace(t.options.optimizer, t.options.dim);
     table_index_[t.options.id] = i;
     RDMAPS_RETURN_IF_ERROR(alloc_register(t.geometry.bytes,
@@ -253,11 +256,10 @@ Status ServerImpl::RegisterAll() {
     const std::size_t sf = t.optimizer->state_floats();
     t.state.assign(t.shard.count * sf, 0.0f);
     for (std::uint64_t r = 0; r < t.shard.count; ++r) {
-      internal::InitRow(t.options.init, t.options.id, t.shard.begin + r, t.data(r),
-                        t.options.dim);
-      internal::SealRow(t.header(r), 0, t.data(r), t.row_bytes());
+      internal::InitRow(t.options.init, t.options.id, t.shard.begin + r, t.data(r), t.options.dim);
       if (sf > 0) t.optimizer->InitState(t.state.data() + r * sf);
     }
+    for (std::uint64_t b = 0; b < t.geometry.blocks(); ++b) t.Seal(b);
   }
   RDMAPS_RETURN_IF_ERROR(alloc_register(internal::ControlBlockBytes(W), transport::kRemoteRead,
                                         "control block", &control_, &control_mr_));
@@ -303,7 +305,8 @@ Status ServerImpl::RegisterAll() {
     d.shard = Wire(*t.mr);
     d.headers_offset = t.geometry.headers_offset;
     d.layout = t.geometry.layout;
-    d.row_stride = static_cast<std::uint32_t>(t.geometry.row_stride);
+    d.block_stride = static_cast<std::uint32_t>(t.geometry.block_stride);
+    d.rows_per_block = t.geometry.rows_per_block;
     std::memcpy(d.name, t.options.name.data(), t.options.name.size());
     std::memcpy(p, &d, sizeof(d));
     p += sizeof(d);
@@ -391,7 +394,6 @@ void ServerImpl::AcceptLoop() {
 void ServerImpl::ApplyRow(TableState& t, std::uint64_t local, const float* grad) {
   const std::size_t sf = t.optimizer->state_floats();
   t.optimizer->Apply(t.data(local), sf ? t.state.data() + local * sf : nullptr, grad);
-  t.Seal(local);
 }
 
 bool ServerImpl::ApplySlot(std::uint32_t w, const SlotHeader& h, const std::byte* payload) {
@@ -420,15 +422,25 @@ bool ServerImpl::ApplySlot(std::uint32_t w, const SlotHeader& h, const std::byte
     if (h.first_row < t.shard.begin || h.first_row + h.num_rows > t.shard.end()) return false;
     const auto* g = reinterpret_cast<const float*>(payload);
     const std::uint64_t first = h.first_row - t.shard.begin;
-    if (std::size_t{h.num_rows} * dim >= kParallelFloats && h.num_rows > 1) {
-      tbb::parallel_for(tbb::blocked_range<std::uint64_t>(0, h.num_rows),
-                        [&](const tbb::blocked_range<std::uint64_t>& r) {
-                          for (std::uint64_t i = r.begin(); i < r.end(); ++i) {
-                            ApplyRow(t, first + i, g + i * dim);
-                          }
-                        });
+    const std::uint64_t end = first + h.num_rows;
+    const internal::ShardGeometry& geo = t.geometry;
+    // Block by block: its rows, then its header, so a block is unreadable
+    // (torn) only while its own rows change.
+    auto apply_blocks = [&](std::uint64_t b0, std::uint64_t b1) {
+      for (std::uint64_t b = b0; b < b1; ++b) {
+        const std::uint64_t lo = std::max(first, geo.first_row(b));
+        const std::uint64_t hi = std::min(end, geo.first_row(b) + geo.block_rows(b));
+        for (std::uint64_t r = lo; r < hi; ++r) ApplyRow(t, r, g + (r - first) * dim);
+        t.Seal(b);
+      }
+    };
+    const std::uint64_t b0 = geo.block_of(first), b1 = geo.block_of(end - 1) + 1;
+    if (std::size_t{h.num_rows} * dim >= kParallelFloats && b1 - b0 > 1) {
+      tbb::parallel_for(
+          tbb::blocked_range<std::uint64_t>(b0, b1),
+          [&](const tbb::blocked_range<std::uint64_t>& r) { apply_blocks(r.begin(), r.end()); });
     } else {
-      for (std::uint64_t i = 0; i < h.num_rows; ++i) ApplyRow(t, first + i, g + i * dim);
+      apply_blocks(b0, b1);
     }
   } else {
     std::vector<std::uint64_t> ids(h.num_rows);
@@ -437,8 +449,18 @@ bool ServerImpl::ApplySlot(std::uint32_t w, const SlotHeader& h, const std::byte
       if (id < t.shard.begin || id >= t.shard.end()) return false;
     }
     const auto* g = reinterpret_cast<const float*>(payload + ids.size() * 8);
-    // Sequential: ids may repeat, and each occurrence is its own step.
-    for (std::size_t i = 0; i < ids.size(); ++i) ApplyRow(t, ids[i] - t.shard.begin, g + i * dim);
+    // Sequential: ids may repeat, and each occurrence is its own step. Then
+    // each block touched is sealed once.
+    std::vector<std::uint64_t>& blocks = dirty_blocks_;
+    blocks.clear();
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      const std::uint64_t local = ids[i] - t.shard.begin;
+      ApplyRow(t, local, g + i * dim);
+      blocks.push_back(t.geometry.block_of(local));
+    }
+    std::sort(blocks.begin(), blocks.end());
+    blocks.erase(std::unique(blocks.begin(), blocks.end()), blocks.end());
+    for (std::uint64_t b : blocks) t.Seal(b);
   }
   std::lock_guard<std::mutex> lock(mu_);
   ++stats_.pushes_applied;
@@ -620,7 +642,7 @@ Status ServerImpl::TEST_SetRow(std::uint32_t table, std::uint64_t row, float val
   const std::uint64_t local = row - t.shard.begin;
   float* d = t.data(local);
   for (std::uint32_t i = 0; i < t.options.dim; ++i) d[i] = value;
-  t.Seal(local);
+  t.Seal(t.geometry.block_of(local));
   return Status::OK();
 }
 

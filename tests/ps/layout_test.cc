@@ -76,15 +76,18 @@ TEST(PartitionTest, HugeTablesDoNotOverflow) {
   EXPECT_EQ(ServerOfRow(rows, servers, 0), 0u);
 }
 
-TEST(ShardLayoutTest, DenseRowsThenAlignedHeaders) {
+TEST(ShardLayoutTest, DenseRowsThenAlignedBlockHeaders) {
   for (std::uint32_t dim : {1u, 2u, 11u, 12u, 13u, 100u, 1000u}) {
     for (std::uint64_t rows : {0ull, 1ull, 7ull, 1000ull}) {
-      EXPECT_EQ(RowBytes(dim), 4 * std::size_t{dim});
-      const std::size_t h = ShardHeadersOffset(rows, dim);
-      EXPECT_EQ(h % 64, 0u);
-      EXPECT_GE(h, rows * RowBytes(dim));
-      EXPECT_LT(h, rows * RowBytes(dim) + 64);
-      EXPECT_EQ(ShardBytes(rows, dim), h + rows * sizeof(BlockHeader));
+      for (std::uint32_t per_block : {1u, 3u, 64u}) {
+        EXPECT_EQ(RowBytes(dim), 4 * std::size_t{dim});
+        const ShardGeometry g = GeometryOf(kLayoutDense, rows, dim, per_block);
+        EXPECT_EQ(g.headers_offset % 64, 0u);
+        EXPECT_GE(g.headers_offset, rows * RowBytes(dim));
+        EXPECT_LT(g.headers_offset, rows * RowBytes(dim) + 64);
+        EXPECT_EQ(g.blocks(), (rows + per_block - 1) / per_block);
+        EXPECT_EQ(g.bytes, g.headers_offset + g.blocks() * sizeof(BlockHeader));
+      }
     }
   }
 }
@@ -150,27 +153,68 @@ TEST(ShardLayoutTest, AutoLayoutDependsOnTheLargestShard) {
 
 TEST(ShardLayoutTest, GeometryOfBothLayouts) {
   for (std::uint32_t dim : {1u, 3u, 4u, 16u, 100u}) {
-    const ShardGeometry d = GeometryOf(kLayoutDense, 10, dim);
-    EXPECT_FALSE(d.inline_headers());
-    EXPECT_EQ(d.row(3), 3 * RowBytes(dim));
-    EXPECT_EQ(d.header(3), ShardHeadersOffset(10, dim) + 3 * sizeof(BlockHeader));
-    EXPECT_EQ(d.bytes, ShardBytes(10, dim));
-    const ShardGeometry i = GeometryOf(kLayoutInline, 10, dim);
-    EXPECT_TRUE(i.inline_headers());
-    EXPECT_EQ(i.row_stride % 16, 0u);
-    EXPECT_GE(i.row_stride, sizeof(BlockHeader) + RowBytes(dim));
-    EXPECT_LT(i.row_stride, sizeof(BlockHeader) + RowBytes(dim) + 16);
-    EXPECT_EQ(i.header(3), 3 * i.row_stride);
-    EXPECT_EQ(i.row(3), 3 * i.row_stride + sizeof(BlockHeader));
-    EXPECT_EQ(i.bytes, 10 * i.row_stride);
-    // Rows and headers of a shard never overlap and fit in the region.
-    for (const ShardGeometry& g : {d, i}) {
-      for (std::uint64_t r = 0; r < 10; ++r) {
-        EXPECT_LE(g.row(r) + RowBytes(dim), g.bytes);
-        EXPECT_LE(g.header(r) + sizeof(BlockHeader), g.bytes);
+    for (std::uint32_t per_block : {1u, 4u}) {
+      const ShardGeometry d = GeometryOf(kLayoutDense, 10, dim, per_block);
+      EXPECT_FALSE(d.inline_headers());
+      EXPECT_EQ(d.row(3), 3 * RowBytes(dim));
+      EXPECT_EQ(d.header(2), d.headers_offset + 2 * sizeof(BlockHeader));
+      const ShardGeometry i = GeometryOf(kLayoutInline, 10, dim, per_block);
+      EXPECT_TRUE(i.inline_headers());
+      EXPECT_EQ(i.block_stride % 16, 0u);
+      EXPECT_GE(i.block_stride, sizeof(BlockHeader) + per_block * RowBytes(dim));
+      EXPECT_LT(i.block_stride, sizeof(BlockHeader) + per_block * RowBytes(dim) + 16);
+      EXPECT_EQ(i.header(2), 2 * i.block_stride);
+      EXPECT_EQ(i.row(3), (3 / per_block) * i.block_stride + sizeof(BlockHeader) +
+                              (3 % per_block) * RowBytes(dim));
+      EXPECT_EQ(i.bytes, i.blocks() * i.block_stride);
+      for (const ShardGeometry& g : {d, i}) {
+        // 10 rows: blocks of 4 are 4 + 4 + 2 rows.
+        EXPECT_EQ(g.blocks(), per_block == 1 ? 10u : 3u);
+        EXPECT_EQ(g.block_rows(g.blocks() - 1), per_block == 1 ? 1u : 2u);
+        EXPECT_EQ(g.end_row(g.blocks() - 1), 10u);
+        std::uint64_t covered = 0;
+        for (std::uint64_t b = 0; b < g.blocks(); ++b) {
+          EXPECT_EQ(g.first_row(b), covered);
+          // A block's rows lie back to back, the header checks all of them.
+          for (std::uint64_t r = g.first_row(b); r < g.end_row(b); ++r) {
+            EXPECT_EQ(g.block_of(r), b);
+            EXPECT_EQ(g.row(r), g.row(g.first_row(b)) + (r - g.first_row(b)) * RowBytes(dim));
+          }
+          covered = g.end_row(b);
+        }
+        EXPECT_EQ(covered, 10u);
+        // Rows and headers of a shard never overlap and fit in the region.
+        for (std::uint64_t r = 0; r < 10; ++r) {
+          EXPECT_LE(g.row(r) + RowBytes(dim), g.bytes);
+          if (g.inline_headers()) {
+            EXPECT_GE(g.row(r), g.header(g.block_of(r)) + sizeof(BlockHeader));
+          } else {
+            EXPECT_LE(g.row(r) + RowBytes(dim), g.headers_offset);
+          }
+        }
+        for (std::uint64_t b = 0; b < g.blocks(); ++b) {
+          EXPECT_LE(g.header(b) + sizeof(BlockHeader), g.bytes);
+        }
       }
     }
   }
+}
+
+TEST(ShardLayoutTest, SmallRowsAreCheckedInBlocksExceptInScatterPulledInlineTables) {
+  // Rows of 1 KiB and more: one per block.
+  EXPECT_EQ(RowsPerBlock(kLayoutDense, 100, 256, 1), 1u);
+  EXPECT_EQ(RowsPerBlock(kLayoutInline, 100, 1024, 1), 1u);
+  // Smaller rows: about kCheckBlockBytes of them.
+  EXPECT_EQ(RowsPerBlock(kLayoutDense, 1000, 64, 1), kCheckBlockBytes / 256);
+  EXPECT_EQ(RowsPerBlock(kLayoutDense, 1000, 255, 1), 2u);
+  EXPECT_EQ(RowsPerBlock(kLayoutDense, 1 << 20, 1, 1), kCheckBlockBytes / 4);
+  // Inline tables: blocked while every shard holds at most 64 KiB of rows,
+  // one row per block beyond (pulled by scattered ids).
+  EXPECT_EQ(RowsPerBlock(kLayoutInline, 256, 64, 1), kCheckBlockBytes / 256);
+  EXPECT_EQ(RowsPerBlock(kLayoutInline, 257, 64, 1), 1u);
+  EXPECT_EQ(RowsPerBlock(kLayoutInline, 512, 64, 2), kCheckBlockBytes / 256);
+  EXPECT_EQ(RowsPerBlock(kLayoutInline, 513, 64, 2), 1u);
+  EXPECT_EQ(RowsPerBlock(kLayoutInline, 1 << 20, 16, 1), 1u);
 }
 
 TEST(CheckedRowTest, RowAndSeparatelyReadHeaderAgreeOnlyForOneWholeVersion) {

@@ -164,23 +164,40 @@ transport::fake::Faults SplitReads(std::size_t row, std::size_t pieces,
   return f;
 }
 
+// Fires `rewrite` once per READ of `length` bytes, at the first piece
+// boundary strictly inside bytes [begin, end) of it.
+bool InsideOnce(const transport::fake::ReadPiece& p, std::uint64_t length, std::uint64_t begin,
+                std::uint64_t end) {
+  const std::uint64_t prev = p.length * (p.copied - 1) / p.pieces;
+  return p.length == length && p.bytes_copied > begin && p.bytes_copied < end && prev <= begin;
+}
+
 // `registered`: the pull lands zero-copy in a registered buffer (for an
 // inline table of rows of 1 KiB or more, scattered READs), so torn rows are
-// re-read in place.
+// re-read in place. Rows of 40 floats are checked in one block of all 4
+// rows; rows of 256 floats one by one.
 void ExpectTornRowRetried(RowLayout layout, bool registered = false, std::uint32_t dim = 40) {
   TableOptions table = MakeTable(1, "w", 4, dim, kAsp, Initializer::Constant(1.0f));
   table.layout = layout;
   auto c = StartCluster("fake", 1, 1, {table});
   ASSERT_EQ(c.clients.size(), 1u);
   Server& server = *c.servers[0];
-  // Bytes one READ moves per row: the row alone (dense) or header and row.
-  const std::size_t row = layout == RowLayout::kDense
-                              ? internal::RowBytes(dim)
-                              : internal::GeometryOf(internal::kLayoutInline, 4, dim).row_stride;
+  const auto lay = static_cast<std::uint32_t>(layout);
+  const internal::ShardGeometry g =
+      internal::GeometryOf(lay, 4, dim, internal::RowsPerBlock(lay, 4, dim, 1));
+  const std::size_t row = internal::RowBytes(dim);
+  // The pull's first READ of rows 0-3 (dense: their rows; inline: their
+  // blocks) and the re-READ of row 2's block: lengths and where row 2 is in
+  // them.
+  const std::uint64_t b2 = g.block_of(2);
+  const std::uint64_t first_len = g.inline_headers() ? g.bytes : 4 * row;
+  const std::uint64_t again_len = g.inline_headers() ? g.block_stride : g.block_rows(b2) * row;
+  const std::uint64_t again_start = g.inline_headers() ? g.header(b2) : g.row(g.first_row(b2));
   int rewrites = 0;
   auto f = SplitReads(row, 8, [&](const transport::fake::ReadPiece& p) {
-    const bool mid_row2 = (p.length == 4 * row && p.bytes_copied == 2 * row + row / 2) ||
-                          (p.length == row && p.bytes_copied == row / 2);
+    const bool mid_row2 =
+        InsideOnce(p, first_len, g.row(2), g.row(2) + row) ||
+        InsideOnce(p, again_len, g.row(2) - again_start, g.row(2) - again_start + row);
     if (mid_row2 && rewrites < 3) {
       ++rewrites;
       ASSERT_TRUE(internal::TEST_SetRow(server, 1, 2, 1.0f + rewrites).ok());
@@ -219,7 +236,8 @@ TEST(PsFakeTest, RowTornUntilTheDeadlineIsTimedOutAndTheClientStaysUsable) {
   std::vector<float> out(4 * 40);
   Status s = c.clients[0]->Pull(1, RowRange{0, 4}, out);
   EXPECT_EQ(s.code(), StatusCode::kTimedOut) << s;
-  EXPECT_NE(s.message().find("row 1 of table 'w'"), std::string::npos) << s;
+  // Rows 0 and 1 are server 0's shard, checked as one block.
+  EXPECT_NE(s.message().find("rows 0-1 (one checked block) of table 'w'"), std::string::npos) << s;
   ASSERT_TRUE(transport::fake::SetFaults(*internal::TEST_ServerEndpoint(server), {}).ok());
   // Every connection is still in step: the next pulls work and are whole.
   for (int i = 0; i < 3; ++i) {
@@ -419,18 +437,22 @@ TEST(PsFakeTest, RegisteredBuffersSkipTheStagingCopy) {
     for (int d = 0; d < 3; ++d) want[ids[k] * 3 + d] += static_cast<float>(k * 3 + d);
   }
   for (std::size_t i = 0; i < want.size(); ++i) ASSERT_EQ(out[i], want[i]) << i;
-  // Scattered pulls land in place too.
+  // Scattered rows are parts of the shards' checked blocks (each shard is one
+  // block of 12-byte rows): READ whole into staging, and just the wanted
+  // rows copied out (ZeroCopyPullsStageOnlyPartlyWantedBlocks has rows that
+  // land in place).
   std::vector<float> expect(out.begin(), out.end());
   std::fill(out.begin(), out.end(), 0.0f);
   ASSERT_TRUE(cl.Pull(1, std::span<const std::uint64_t>(ids), out.subspan(0, ids.size() * 3)).ok());
   for (std::size_t k = 0; k < ids.size(); ++k) {
     for (int d = 0; d < 3; ++d) ASSERT_EQ(out[k * 3 + d], expect[ids[k] * 3 + d]);
   }
-  EXPECT_EQ(cl.stats().bytes_staged, 0u);
+  EXPECT_EQ(cl.stats().bytes_staged, ids.size() * 3 * sizeof(float));
   // Unregistered memory is staged (and still correct).
   std::vector<float> plain(9 * 3);
+  std::uint64_t before = cl.stats().bytes_staged;
   ASSERT_TRUE(cl.Pull(1, RowRange{0, 9}, plain).ok());
-  EXPECT_EQ(cl.stats().bytes_staged, plain.size() * sizeof(float));
+  EXPECT_EQ(cl.stats().bytes_staged - before, plain.size() * sizeof(float));
   EXPECT_EQ(plain, expect);
   // A push whose gradients are in more pieces than a slot gathers is copied:
   // rows alternate between the servers, so each server's gradients are 10
@@ -439,7 +461,7 @@ TEST(PsFakeTest, RegisteredBuffersSkipTheStagingCopy) {
   for (int k = 0; k < 20; ++k) many.push_back(k % 2 == 0 ? 0 : 8);
   std::vector<float> many_grads(many.size() * 3, -1.0f);
   ASSERT_TRUE(cl.RegisterBuffer(many_grads).ok());
-  const std::uint64_t before = cl.stats().bytes_staged;
+  before = cl.stats().bytes_staged;
   ASSERT_TRUE(cl.Push(1, many, many_grads).ok());
   EXPECT_EQ(cl.stats().bytes_staged - before, many_grads.size() * sizeof(float));
   ASSERT_TRUE(cl.Pull(1, RowRange{0, 9}, out).ok());
@@ -453,6 +475,57 @@ TEST(PsFakeTest, RegisteredBuffersSkipTheStagingCopy) {
   const std::uint64_t staged = cl.stats().bytes_staged;
   ASSERT_TRUE(cl.Pull(1, RowRange{0, 9}, out).ok());
   EXPECT_GT(cl.stats().bytes_staged, staged) << "an unregistered buffer was used zero-copy";
+}
+
+// A pull into a registered buffer READs the blocks it wants wholly straight
+// into it, and a block it wants only part of (at either end of a range, or
+// a scattered row of a table of small rows) into staging, copying out the
+// wanted rows. Rows of 1 KiB and more are blocks of their own: scattered
+// rows land in place.
+TEST(PsFakeTest, ZeroCopyPullsStageOnlyPartlyWantedBlocks) {
+  const auto init = Initializer::Uniform(-1.0f, 1.0f, 9);
+  // 100 rows of 64 bytes on one server: blocks of 32 rows (the last of 4).
+  TableOptions small = MakeTable(1, "small", 100, 16, kAsp, init);
+  small.layout = RowLayout::kDense;
+  auto c = StartCluster("fake", 1, 1, {small, MakeTable(2, "wide", 6, 256, kAsp, init)});
+  ASSERT_EQ(c.clients.size(), 1u);
+  Client& cl = *c.clients[0];
+  ASSERT_EQ(internal::RowsPerBlock(internal::kLayoutDense, 100, 16, 1), 32u);
+  auto expect_rows = [&](std::uint32_t table, std::uint32_t dim, std::span<const std::uint64_t> ids,
+                         std::span<const float> got) {
+    std::vector<float> want(dim);
+    for (std::size_t k = 0; k < ids.size(); ++k) {
+      internal::InitRow(init, table, ids[k], want.data(), dim);
+      for (std::uint32_t d = 0; d < dim; ++d) ASSERT_EQ(got[k * dim + d], want[d]) << ids[k];
+    }
+  };
+  std::vector<float> out(100 * 256);
+  ASSERT_TRUE(cl.RegisterBuffer(out).ok());
+  std::vector<std::uint64_t> ids;
+  // Rows [10, 97): rows 10-31 and 96 staged, blocks [32, 96) in place.
+  for (std::uint64_t r = 10; r < 97; ++r) ids.push_back(r);
+  ASSERT_TRUE(cl.Pull(1, RowRange{10, 87}, std::span(out).first(87 * 16)).ok());
+  expect_rows(1, 16, ids, out);
+  EXPECT_EQ(cl.stats().bytes_staged, 23 * 64u);
+  EXPECT_EQ(cl.stats().zero_copy_calls, 1u);
+  // Rows [64, 100): two whole blocks (the short last one included), in place.
+  ids.clear();
+  for (std::uint64_t r = 64; r < 100; ++r) ids.push_back(r);
+  ASSERT_TRUE(cl.Pull(1, RowRange{64, 36}, std::span(out).first(36 * 16)).ok());
+  expect_rows(1, 16, ids, out);
+  EXPECT_EQ(cl.stats().bytes_staged, 23 * 64u);
+  // Rows [33, 35): inside one block, staged.
+  ASSERT_TRUE(cl.Pull(1, RowRange{33, 2}, std::span(out).first(2 * 16)).ok());
+  ids = {33, 34};
+  expect_rows(1, 16, ids, out);
+  EXPECT_EQ(cl.stats().bytes_staged, 25 * 64u);
+  EXPECT_EQ(cl.stats().zero_copy_calls, 2u);
+  // Scattered 1 KiB rows: in place.
+  ids = {5, 0, 3, 3};
+  ASSERT_TRUE(cl.Pull(2, ids, std::span(out).first(ids.size() * 256)).ok());
+  expect_rows(2, 256, ids, out);
+  EXPECT_EQ(cl.stats().bytes_staged, 25 * 64u);
+  EXPECT_EQ(cl.stats().zero_copy_calls, 3u);
 }
 
 TEST(PsFakeTest, InlineTablePullsPushesAndReportsItsLayout) {
