@@ -823,11 +823,15 @@ std::size_t AddBlockReads(const ShardRemote& shard, const transport::MemoryRegio
   const std::size_t row_bytes = g.row_bytes;
   if (g.inline_headers()) {
     const std::uint64_t remote = shard.base + g.header(pc.block);
-    const std::size_t bytes = pc.count * g.block_stride;
     if (!pc.user) {
+      // Up to the last row (a shard's last block may be short).
+      const std::uint64_t last = pc.block + pc.count - 1;
+      const std::size_t bytes =
+          (pc.count - 1) * g.block_stride + sizeof(BlockHeader) + g.block_rows(last) * row_bytes;
       batch->Add(Op::Read(pc.headers, staging, bytes, remote, shard.rkey));
       return bytes;
     }
+    const std::size_t bytes = pc.count * g.block_stride;
     const auto row = static_cast<std::uint32_t>(row_bytes);
     const auto pad = static_cast<std::uint32_t>(g.block_stride - sizeof(BlockHeader) - row_bytes);
     batch->Add(Op::Read(nullptr, nullptr, bytes, remote, shard.rkey));

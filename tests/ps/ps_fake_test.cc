@@ -189,9 +189,18 @@ void ExpectTornRowRetried(RowLayout layout, bool registered = false, std::uint32
   // The pull's first READ of rows 0-3 (dense: their rows; inline: their
   // blocks) and the re-READ of row 2's block: lengths and where row 2 is in
   // them.
-  const std::uint64_t b2 = g.block_of(2);
-  const std::uint64_t first_len = g.inline_headers() ? g.bytes : 4 * row;
-  const std::uint64_t again_len = g.inline_headers() ? g.block_stride : g.block_rows(b2) * row;
+  // Staged inline READs stop after their last row; scattered ones (rows of
+  // 1 KiB, registered) cover whole blocks, padding included.
+  const std::uint64_t b2 = g.block_of(2), last = g.blocks() - 1;
+  const std::uint64_t first_len =
+      !g.inline_headers() ? 4 * row
+      : registered
+          ? g.bytes
+          : last * g.block_stride + sizeof(internal::BlockHeader) + g.block_rows(last) * row;
+  const std::uint64_t again_len = !g.inline_headers() ? g.block_rows(b2) * row
+                                  : registered
+                                      ? g.block_stride
+                                      : sizeof(internal::BlockHeader) + g.block_rows(b2) * row;
   const std::uint64_t again_start = g.inline_headers() ? g.header(b2) : g.row(g.first_row(b2));
   int rewrites = 0;
   auto f = SplitReads(row, 8, [&](const transport::fake::ReadPiece& p) {
