@@ -18,8 +18,8 @@
 //   of the slowest, whether it pulls or not.
 // - Read-my-writes: a Pull also waits until each server involved has applied
 //   every push this client sent it before the Pull started.
-// - Rows are never torn: each row carries a checksum; a torn READ is retried
-//   (ClientStats::torn_retries counts them).
+// - Rows are never torn: each block of rows carries a checksum; a torn READ
+//   of a block is retried (ClientStats::torn_retries counts them).
 //
 // Buffers: `out` and `grads` are dense row-major [rows x dim] float spans of
 // exactly rows * dim floats, owned by the caller. Zero-copy: when the span
@@ -63,11 +63,11 @@ struct ClientStats {
   std::uint64_t pushes = 0;
   std::uint64_t rows_pulled = 0;
   std::uint64_t rows_pushed = 0;
-  std::uint64_t bytes_read = 0;       // READ payload incl. row headers
+  std::uint64_t bytes_read = 0;       // READ payload incl. block headers
   std::uint64_t bytes_written = 0;    // WRITE payload incl. slot headers
   std::uint64_t bytes_staged = 0;     // payload copied between staging and caller buffers
   std::uint64_t zero_copy_calls = 0;  // pulls/pushes that used a registered buffer
-  std::uint64_t torn_retries = 0;     // rows re-read because their checksum failed
+  std::uint64_t torn_retries = 0;     // blocks of rows re-read: their checksum failed
   std::uint64_t clock_reads = 0;      // READs of server clock words
   std::uint64_t pull_waits = 0;       // pulls that had to wait for other workers
   std::uint64_t credit_waits = 0;     // pushes that had to wait for ring space

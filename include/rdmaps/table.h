@@ -120,11 +120,16 @@ const char* OptimizerKindName(OptimizerOptions::Kind kind);
 
 // How a server keeps a table's rows (see docs/ps.md, "Row layouts").
 enum class RowLayout : std::uint32_t {
-  // Dense rows, checksummed headers apart: a pull lands in the caller's
-  // registered buffer (zero-copy) and a contiguous range is two READs per
-  // server; a scattered row costs a row READ and a 16-byte header READ.
+  // Rows are checked against checksummed headers, one per block of rows
+  // (one row of 1 KiB or more, or about 2 KiB of smaller rows; one row in
+  // tables of 65536 rows and more and in inline tables of more than 64 KiB
+  // per shard). A pull READs whole blocks.
+  // Dense rows, headers apart: a pull lands in the caller's registered
+  // buffer (zero-copy, except blocks it wants only in part) and a contiguous
+  // range is two READs per server; a scattered row costs a READ of its block
+  // and a 16-byte header READ.
   kDense = 0,
-  // Each row with its header beside it (padded to 16 bytes): one READ per
+  // Each block of rows after its header (padded to 16 bytes): one READ per
   // scattered row or per range (zero-copy by scattered READs for rows of
   // 1 KiB and more, else staged). For tables pulled a few rows at a time:
   // embedding tables pulled by scattered ids, single rows, small ranges.

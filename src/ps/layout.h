@@ -25,8 +25,9 @@
 // the block's rows as they lie in memory. Rows of under kBlockMinRowBytes
 // are blocked to about kCheckBlockBytes (one hash per 2 KiB instead of one
 // per row: XXH3 hashes 256-byte rows at 10 GB/s, 2 KiB at 18), except in
-// inline tables of more than kAutoInlineMaxShardBytes per shard, which are
-// pulled by scattered ids (B = 1, a row READ moves only its own bytes).
+// tables pulled by scattered ids as a rule (embedding-shaped ones, and
+// inline tables of more than kAutoInlineMaxShardBytes per shard): B = 1 there,
+// so a row READ moves and checks only its own bytes.
 // RowsPerBlock() says which; servers and clients agree, and the directory
 // carries it. A dense shard keeps rows and headers apart:
 //     [ rows: count x dim floats, dense ][ headers: blocks x BlockHeader ]
@@ -187,14 +188,15 @@ inline constexpr std::size_t kBlockMinRowBytes = 1024;
 inline constexpr std::size_t kCheckBlockBytes = 2048;
 
 // Rows per checked block of a table whose layout resolved to `layout` (not
-// kLayoutAuto): 1 for rows of kBlockMinRowBytes and more and for inline
-// tables of more than kAutoInlineMaxShardBytes per shard (pulled by
-// scattered ids, where a block would multiply the bytes a row READ moves),
-// else kCheckBlockBytes / RowBytes(dim).
+// kLayoutAuto): 1 for rows of kBlockMinRowBytes and more, for
+// embedding-shaped tables (at least kAutoEmbeddingMinRows rows) and for
+// inline tables of more than kAutoInlineMaxShardBytes per shard (the last
+// two are pulled by scattered ids, where a block would multiply the bytes a
+// row READ moves and checks), else kCheckBlockBytes / RowBytes(dim).
 inline std::uint32_t RowsPerBlock(std::uint32_t layout, std::uint64_t rows, std::uint32_t dim,
                                   std::uint32_t num_servers) {
   const std::size_t row = RowBytes(dim);
-  if (row >= kBlockMinRowBytes) return 1;
+  if (row >= kBlockMinRowBytes || rows >= kAutoEmbeddingMinRows) return 1;
   const std::uint64_t largest = (rows + num_servers - 1) / num_servers;
   if (layout == kLayoutInline && largest > kAutoInlineMaxShardBytes / row) return 1;
   return static_cast<std::uint32_t>(kCheckBlockBytes / row);

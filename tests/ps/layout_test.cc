@@ -200,14 +200,17 @@ TEST(ShardLayoutTest, GeometryOfBothLayouts) {
   }
 }
 
-TEST(ShardLayoutTest, SmallRowsAreCheckedInBlocksExceptInScatterPulledInlineTables) {
+TEST(ShardLayoutTest, SmallRowsAreCheckedInBlocksExceptInTablesPulledByScatteredIds) {
   // Rows of 1 KiB and more: one per block.
   EXPECT_EQ(RowsPerBlock(kLayoutDense, 100, 256, 1), 1u);
   EXPECT_EQ(RowsPerBlock(kLayoutInline, 100, 1024, 1), 1u);
   // Smaller rows: about kCheckBlockBytes of them.
   EXPECT_EQ(RowsPerBlock(kLayoutDense, 1000, 64, 1), kCheckBlockBytes / 256);
   EXPECT_EQ(RowsPerBlock(kLayoutDense, 1000, 255, 1), 2u);
-  EXPECT_EQ(RowsPerBlock(kLayoutDense, 1 << 20, 1, 1), kCheckBlockBytes / 4);
+  EXPECT_EQ(RowsPerBlock(kLayoutDense, 65535, 1, 1), kCheckBlockBytes / 4);
+  // Embedding-shaped tables, whatever their layout: one row per block.
+  EXPECT_EQ(RowsPerBlock(kLayoutDense, 65536, 1, 1), 1u);
+  EXPECT_EQ(RowsPerBlock(kLayoutDense, 1 << 20, 16, 64), 1u);
   // Inline tables: blocked while every shard holds at most 64 KiB of rows,
   // one row per block beyond (pulled by scattered ids).
   EXPECT_EQ(RowsPerBlock(kLayoutInline, 256, 64, 1), kCheckBlockBytes / 256);
