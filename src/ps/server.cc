@@ -429,7 +429,7 @@ bool ServerImpl::ApplySlot(std::uint32_t w, const SlotHeader& h, const std::byte
     auto apply_blocks = [&](std::uint64_t b0, std::uint64_t b1) {
       for (std::uint64_t b = b0; b < b1; ++b) {
         const std::uint64_t lo = std::max(first, geo.first_row(b));
-        const std::uint64_t hi = std::min(end, geo.first_row(b) + geo.block_rows(b));
+        const std::uint64_t hi = std::min(end, geo.end_row(b));
         for (std::uint64_t r = lo; r < hi; ++r) ApplyRow(t, r, g + (r - first) * dim);
         t.Seal(b);
       }

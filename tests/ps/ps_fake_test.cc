@@ -537,6 +537,34 @@ TEST(PsFakeTest, ZeroCopyPullsStageOnlyPartlyWantedBlocks) {
   EXPECT_EQ(cl.stats().zero_copy_calls, 3u);
 }
 
+// Range pushes that start and end inside blocks, small and large enough to
+// be applied on several cores, reseal every block they touch: the next pull
+// verifies (a stale header would read torn until the deadline) and sees
+// exactly the pushed rows changed.
+TEST(PsFakeTest, RangePushesResealEveryBlockTheyTouch) {
+  // 64-byte rows, blocks of 32; 8192 x 16 floats is over the parallel apply
+  // threshold.
+  for (RowLayout layout : {RowLayout::kDense, RowLayout::kInline}) {
+    TableOptions table = MakeTable(1, "w", 8192, 16, kAsp, Initializer::Constant(1.0f));
+    table.layout = layout;
+    table.optimizer = OptimizerOptions::Sgd(1.0f);
+    auto c = StartCluster("fake", 1, 1, {table}, 8,
+                          [](ClientOptions& o) { o.wait_timeout = std::chrono::seconds(5); });
+    ASSERT_EQ(c.clients.size(), 1u);
+    Client& cl = *c.clients[0];
+    std::vector<float> want(8192 * 16, 1.0f), out(8192 * 16);
+    for (RowRange r : {RowRange{20, 30}, RowRange{5, 8180}, RowRange{8191, 1}}) {
+      std::vector<float> g(r.count * 16, -1.0f);
+      ASSERT_TRUE(cl.Push(1, r, g).ok());
+      for (std::uint64_t i = r.begin * 16; i < (r.begin + r.count) * 16; ++i) want[i] += 1.0f;
+      ASSERT_TRUE(cl.Pull(1, RowRange{0, 8192}, out).ok()) << RowLayoutName(layout);
+      ASSERT_EQ(out, want) << RowLayoutName(layout) << " after pushing [" << r.begin << ", "
+                           << r.begin + r.count << ")";
+    }
+    EXPECT_EQ(cl.stats().torn_retries, 0u);
+  }
+}
+
 TEST(PsFakeTest, InlineTablePullsPushesAndReportsItsLayout) {
   const auto init = Initializer::Uniform(-1.0f, 1.0f, 5);
   auto c = StartCluster("fake", 3, 1, {InlineTable(7, "emb", 10, 5, init), MakeTable(8, "d", 3, 2)});
