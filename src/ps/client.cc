@@ -984,9 +984,10 @@ Status ClientImpl::ReadRuns(const TableMeta& t, std::vector<Run> runs, std::span
         Piece& r = q.front();
         const std::size_t start = internal::RoundUp(used, internal::kCacheLine);
         const std::size_t per_block = staged_block(r.user);
-        const std::uint64_t room =
-            start < s.staging_bytes ? (s.staging_bytes - start) / per_block : 0;
-        const std::uint64_t n = std::min({r.count, room, max_blocks_per_op});
+        std::uint64_t n = std::min(r.count, max_blocks_per_op);
+        if (start + n * per_block > s.staging_bytes) {  // staging is full: what fits
+          n = start < s.staging_bytes ? (s.staging_bytes - start) / per_block : 0;
+        }
         if (n == 0) break;
         Piece pc = r;
         pc.count = n;

@@ -216,7 +216,11 @@ struct ShardGeometry {
   std::size_t bytes = 0;           // of the region
   bool inline_headers() const { return layout == kLayoutInline; }
   std::uint64_t blocks() const { return (rows + rows_per_block - 1) / rows_per_block; }
-  std::uint64_t block_of(std::uint64_t local) const { return local / rows_per_block; }
+  // (Blocks of one row skip the divisions: they are most of a scattered
+  // pull's per-row work.)
+  std::uint64_t block_of(std::uint64_t local) const {
+    return rows_per_block == 1 ? local : local / rows_per_block;
+  }
   std::uint64_t first_row(std::uint64_t block) const { return block * rows_per_block; }
   // One past the last row of `block` (a shard's last block may be short).
   std::uint64_t end_row(std::uint64_t block) const {
@@ -226,6 +230,7 @@ struct ShardGeometry {
   std::uint64_t block_rows(std::uint64_t block) const { return end_row(block) - first_row(block); }
   std::size_t row(std::uint64_t local) const {
     if (!inline_headers()) return local * row_bytes;
+    if (rows_per_block == 1) return local * block_stride + sizeof(BlockHeader);
     return block_of(local) * block_stride + sizeof(BlockHeader) +
            (local % rows_per_block) * row_bytes;
   }
