@@ -537,6 +537,44 @@ TEST(PsFakeTest, ZeroCopyPullsStageOnlyPartlyWantedBlocks) {
   EXPECT_EQ(cl.stats().zero_copy_calls, 3u);
 }
 
+// Staging that holds a single block: every pull still completes, one block
+// (or one run of header slots) per batch, staged or in place.
+TEST(PsFakeTest, StagingOfOneBlockStillPullsEverything) {
+  const auto init = Initializer::Uniform(-1.0f, 1.0f, 3);
+  TableOptions dense = MakeTable(1, "dense", 300, 16, kAsp, init);  // blocks of 32 rows
+  dense.layout = RowLayout::kDense;
+  TableOptions inl = MakeTable(2, "inline", 300, 16, kAsp, init);
+  inl.layout = RowLayout::kInline;  // 9.4 KiB per shard: blocks of 32 rows too
+  TableOptions wide = MakeTable(3, "wide", 20, 300, kAsp, init);  // 1200-byte rows
+  auto c = StartCluster("fake", 2, 1, {dense, inl, wide}, 8,
+                        [](ClientOptions& o) { o.staging_bytes = 1; });
+  ASSERT_EQ(c.clients.size(), 1u);
+  Client& cl = *c.clients[0];
+  std::vector<float> registered(300 * 300);
+  ASSERT_TRUE(cl.RegisterBuffer(registered).ok());
+  std::vector<float> plain(300 * 300), want(300);
+  for (std::uint32_t table : {1u, 2u, 3u}) {
+    const std::uint32_t dim = table == 3 ? 300 : 16;
+    const std::uint64_t rows = table == 3 ? 20 : 300;
+    std::vector<std::uint64_t> ids;
+    for (std::uint64_t r = rows; r-- > 0;) ids.push_back(r * 7 % rows);
+    for (std::vector<float>* out : {&plain, &registered}) {
+      const std::span<float> range(out->data(), (rows - 3) * dim);
+      ASSERT_TRUE(cl.Pull(table, RowRange{1, rows - 3}, range).ok()) << table;
+      for (std::uint64_t r = 1; r < rows - 2; ++r) {
+        internal::InitRow(init, table, r, want.data(), dim);
+        for (std::uint32_t d = 0; d < dim; ++d) ASSERT_EQ(range[(r - 1) * dim + d], want[d]);
+      }
+      const std::span<float> scattered(out->data(), ids.size() * dim);
+      ASSERT_TRUE(cl.Pull(table, ids, scattered).ok()) << table;
+      for (std::size_t k = 0; k < ids.size(); ++k) {
+        internal::InitRow(init, table, ids[k], want.data(), dim);
+        for (std::uint32_t d = 0; d < dim; ++d) ASSERT_EQ(scattered[k * dim + d], want[d]);
+      }
+    }
+  }
+}
+
 // Range pushes that start and end inside blocks, small and large enough to
 // be applied on several cores, reseal every block they touch: the next pull
 // verifies (a stale header would read torn until the deadline) and sees
