@@ -25,10 +25,11 @@
 // exactly rows * dim floats, owned by the caller. Zero-copy: when the span
 // lies inside memory given to RegisterBuffer(), a Pull READs rows straight
 // into it (kInline tables: rows of 1 KiB and more, by scattered READs; their
-// smaller rows are staged) and a Push sends gradients straight from it (a
-// push of scattered rows whose gradients are in many separate pieces is
-// still copied). Other spans
-// are staged through the client's registered memory (one copy).
+// smaller rows are staged; rows of a checked block the pull wants only in
+// part are staged too, see RowLayout) and a Push sends gradients straight
+// from it (a push of scattered rows whose gradients are in many separate
+// pieces is still copied). Other spans are staged through the client's
+// registered memory (one copy).
 // ClientStats::bytes_staged counts the copies. On error, the contents of
 // `out` are unspecified.
 //
