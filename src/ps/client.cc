@@ -856,17 +856,16 @@ std::size_t AddBlockReads(const ShardRemote& shard, const transport::MemoryRegio
 // Block k of `pc` as a piece of its own (where it already landed).
 Piece BlockOf(const TableMeta& t, const internal::ShardGeometry& g, const Piece& pc,
               std::uint64_t k) {
-  const std::uint64_t b = pc.block + k;
-  const std::uint64_t lo = std::max(pc.lo, g.first_row(b));
   const Strides st = StridesOf(t, pc.user);
-  return {b,
-          1,
-          lo,
-          std::min(pc.hi, g.end_row(b)),
-          pc.out_row + (lo - pc.lo),
-          pc.user,
-          pc.headers + k * st.header,
-          pc.rows + k * st.rows};
+  Piece one = pc;
+  one.block = pc.block + k;
+  one.count = 1;
+  one.lo = std::max(pc.lo, g.first_row(one.block));
+  one.hi = std::min(pc.hi, g.end_row(one.block));
+  one.out_row = pc.out_row + (one.lo - pc.lo);
+  one.headers += k * st.header;
+  one.rows += k * st.rows;
+  return one;
 }
 
 // "row 7" or, for a block of several rows, "rows 0-24 (one checked block)".
