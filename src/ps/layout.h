@@ -204,7 +204,7 @@ inline std::uint32_t RowsPerBlock(std::uint32_t layout, std::uint64_t rows, std:
 
 // Where row `local` of a shard, the block holding it and the block's header
 // are, relative to the shard's region. Block b holds rows
-// [b * rows_per_block, min(count, (b + 1) * rows_per_block)), contiguous in
+// [b * rows_per_block, min(rows, (b + 1) * rows_per_block)), contiguous in
 // memory from data(b * rows_per_block).
 struct ShardGeometry {
   std::uint32_t layout = kLayoutDense;
