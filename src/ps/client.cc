@@ -1016,20 +1016,18 @@ Status ClientImpl::ReadRuns(const TableMeta& t, std::vector<Run> runs, std::span
       ServerLink& s = servers_[si];
       const ShardRemote& shard = t.shards[si];
       const internal::ShardGeometry& g = shard.geo;
-      // Accepts block k of `pc` when it matches its header, copying the
-      // wanted rows of a staged block out.
-      auto accept = [&](const Piece& pc, std::uint64_t k) {
-        const Strides st = StridesOf(t, pc.user);
-        const std::uint64_t b = pc.block + k;
-        const std::uint64_t first = g.first_row(b), end = g.end_row(b);
-        const std::byte* rows = pc.rows + k * st.rows;
-        const auto* header = reinterpret_cast<const BlockHeader*>(pc.headers + k * st.header);
-        if (!internal::VerifyRow(*header, rows, (end - first) * row_bytes)) return false;
-        if (!pc.user) {
-          const std::uint64_t lo = std::max(pc.lo, first), hi = std::min(pc.hi, end);
-          std::memcpy(out_bytes + (pc.out_row + (lo - pc.lo)) * row_bytes,
-                      rows + (lo - first) * row_bytes, (hi - lo) * row_bytes);
-          copied += (hi - lo) * row_bytes;
+      // Accepts a piece of one block (BlockOf) when the block matches its
+      // header, copying its wanted rows out when it is staged.
+      auto accept = [&](const Piece& one) {
+        const std::uint64_t first = g.first_row(one.block);
+        const auto* header = reinterpret_cast<const BlockHeader*>(one.headers);
+        if (!internal::VerifyRow(*header, one.rows, g.block_rows(one.block) * row_bytes)) {
+          return false;
+        }
+        if (!one.user) {
+          std::memcpy(out_bytes + one.out_row * row_bytes, one.rows + (one.lo - first) * row_bytes,
+                      (one.hi - one.lo) * row_bytes);
+          copied += (one.hi - one.lo) * row_bytes;
         }
         return true;
       };
@@ -1048,7 +1046,8 @@ Status ClientImpl::ReadRuns(const TableMeta& t, std::vector<Run> runs, std::span
               DrainSome(s, needed - completed, total_ops - completed, &completed, deadline));
         }
         for (std::uint64_t k = 0; k < pc.count; ++k) {
-          if (!accept(pc, k)) torn.push_back(BlockOf(t, g, pc, k));
+          const Piece one = BlockOf(t, g, pc, k);
+          if (!accept(one)) torn.push_back(one);
         }
       }
       while (!torn.empty()) {
@@ -1078,7 +1077,7 @@ Status ClientImpl::ReadRuns(const TableMeta& t, std::vector<Run> runs, std::span
         }
         std::vector<Piece> still;
         for (const Piece& pc : torn) {
-          if (!accept(pc, 0)) still.push_back(pc);
+          if (!accept(pc)) still.push_back(pc);
         }
         torn = std::move(still);
       }
