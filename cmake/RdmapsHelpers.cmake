@@ -3,6 +3,10 @@ function(rdmaps_warnings target)
   target_compile_options(${target} PRIVATE -Wall -Wextra -Wpedantic -Wshadow
     -Wnon-virtual-dtor -Wcast-align -Wunused -Woverloaded-virtual -Wnull-dereference
     -Wimplicit-fallthrough)
+  # Locking rules (src/base/mutex.h) are checked where the compiler can.
+  if(CMAKE_CXX_COMPILER_ID MATCHES "Clang")
+    target_compile_options(${target} PRIVATE -Wthread-safety)
+  endif()
   if(RDMAPS_WERROR)
     target_compile_options(${target} PRIVATE -Werror)
   endif()

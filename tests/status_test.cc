@@ -23,7 +23,7 @@ TEST(StatusTest, ErrorCarriesCodeAndMessage) {
 }
 
 TEST(StatusTest, CopyIsDeep) {
-  Status a = IOErrorError("disk");
+  Status a = IOError("disk");
   Status b = a;
   a = Status::OK();
   EXPECT_TRUE(a.ok());

@@ -6,7 +6,7 @@
 // TSan cannot restore the stack of the earlier access it cannot match a
 // suppression and reports the by-design race. Every other race in rdmaps is
 // still reported. Readers that need a consistent snapshot detect tears
-// themselves (see src/ps/layout.h).
+// themselves (see src/ps/wire.h).
 #pragma once
 
 #include <cstddef>

@@ -85,24 +85,25 @@ class [[nodiscard]] Status {
 
 std::ostream& operator<<(std::ostream& os, const Status& s);
 
-#define RDMAPS_STATUS_FACTORY_(Name)                                       \
-  inline Status Name##Error(std::string message) {                         \
-    return Status(StatusCode::k##Name, std::move(message));                \
+// One factory per code: InvalidArgumentError("..."), IOError("..."), ...
+#define RDMAPS_STATUS_FACTORY_(Function, Code)                              \
+  inline Status Function(std::string message) {                            \
+    return Status(StatusCode::Code, std::move(message));                   \
   }
-RDMAPS_STATUS_FACTORY_(InvalidArgument)
-RDMAPS_STATUS_FACTORY_(NotFound)
-RDMAPS_STATUS_FACTORY_(AlreadyExists)
-RDMAPS_STATUS_FACTORY_(PermissionDenied)
-RDMAPS_STATUS_FACTORY_(OutOfRange)
-RDMAPS_STATUS_FACTORY_(TimedOut)
-RDMAPS_STATUS_FACTORY_(Unavailable)
-RDMAPS_STATUS_FACTORY_(Cancelled)
-RDMAPS_STATUS_FACTORY_(ResourceExhausted)
-RDMAPS_STATUS_FACTORY_(FailedPrecondition)
-RDMAPS_STATUS_FACTORY_(NotSupported)
-RDMAPS_STATUS_FACTORY_(IOError)
-RDMAPS_STATUS_FACTORY_(DataLoss)
-RDMAPS_STATUS_FACTORY_(Internal)
+RDMAPS_STATUS_FACTORY_(InvalidArgumentError, kInvalidArgument)
+RDMAPS_STATUS_FACTORY_(NotFoundError, kNotFound)
+RDMAPS_STATUS_FACTORY_(AlreadyExistsError, kAlreadyExists)
+RDMAPS_STATUS_FACTORY_(PermissionDeniedError, kPermissionDenied)
+RDMAPS_STATUS_FACTORY_(OutOfRangeError, kOutOfRange)
+RDMAPS_STATUS_FACTORY_(TimedOutError, kTimedOut)
+RDMAPS_STATUS_FACTORY_(UnavailableError, kUnavailable)
+RDMAPS_STATUS_FACTORY_(CancelledError, kCancelled)
+RDMAPS_STATUS_FACTORY_(ResourceExhaustedError, kResourceExhausted)
+RDMAPS_STATUS_FACTORY_(FailedPreconditionError, kFailedPrecondition)
+RDMAPS_STATUS_FACTORY_(NotSupportedError, kNotSupported)
+RDMAPS_STATUS_FACTORY_(IOError, kIOError)
+RDMAPS_STATUS_FACTORY_(DataLossError, kDataLoss)
+RDMAPS_STATUS_FACTORY_(InternalError, kInternal)
 #undef RDMAPS_STATUS_FACTORY_
 
 // IOError carrying strerror(err): "what: Connection refused (errno 111)".

@@ -9,7 +9,7 @@
 //
 // Rows are range-partitioned across the S servers in contiguous shards: the
 // first rows % S servers hold rows / S + 1 rows, the others rows / S (servers
-// beyond `rows` hold none). See PartitionOf() in src/ps/layout.h.
+// beyond `rows` hold none). See PartitionOf() in src/ps/wire.h.
 //
 // These are plain value types; use them from any thread.
 #pragma once

@@ -25,7 +25,7 @@
 
 #include "rdmaps/client.h"
 #include "rdmaps/server.h"
-#include "src/ps/layout.h"
+#include "src/ps/wire.h"
 #include "src/ps/memory.h"
 #include "src/ps/optimizer.h"
 #include "transport/transport.h"

@@ -20,7 +20,7 @@
 #include <sstream>
 #include <thread>
 
-#include "src/cluster/layout.h"
+#include "src/cluster/resolve.h"
 
 namespace rdmaps::internal {
 
@@ -239,7 +239,7 @@ struct Joiner {
   std::string peer;  // IP:port as seen by the root, for messages.
 };
 
-Result<RendezvousResult> RunRoot(const Layout& layout, std::string_view self_address,
+Result<RendezvousResult> RunRoot(const ClusterLayout& layout, std::string_view self_address,
                                  TimePoint deadline) {
   const TimePoint start = Clock::now();
   const bool ranked = layout.rank >= 0;
@@ -547,7 +547,7 @@ Result<Fd> ConnectOnce(const HostPort& hp, TimePoint deadline) {
   return last;
 }
 
-Result<RendezvousResult> RunJoin(const Layout& layout, std::string_view self_address,
+Result<RendezvousResult> RunJoin(const ClusterLayout& layout, std::string_view self_address,
                                  TimePoint deadline) {
   const TimePoint start = Clock::now();
   const bool ranked = layout.rank >= 0;
@@ -666,7 +666,7 @@ std::uint64_t TokenHash(std::string_view token) {
   return h;
 }
 
-Result<RendezvousResult> RunRendezvous(const Layout& layout, std::string_view self_address,
+Result<RendezvousResult> RunRendezvous(const ClusterLayout& layout, std::string_view self_address,
                                        std::chrono::steady_clock::time_point deadline) {
   bool root = layout.rank == 0 || layout.role == Role::kScheduler;
   if (root) return RunRoot(layout, self_address, deadline);

@@ -32,7 +32,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "rdmaps/layout.h"
+#include "rdmaps/cluster.h"
 #include "rdmaps/status.h"
 
 namespace rdmaps::internal {
@@ -82,7 +82,7 @@ std::uint64_t TokenHash(std::string_view token);
 // Runs the rendezvous of `layout` (needs_rendezvous). The root is the
 // process with rank 0, or the scheduler when ranks are assigned (ps-lite).
 // `self_address` is this process's listen address (servers), or empty.
-Result<RendezvousResult> RunRendezvous(const Layout& layout, std::string_view self_address,
+Result<RendezvousResult> RunRendezvous(const ClusterLayout& layout, std::string_view self_address,
                                        std::chrono::steady_clock::time_point deadline);
 
 }  // namespace rdmaps::internal

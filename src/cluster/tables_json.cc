@@ -1,10 +1,11 @@
-// The job's table list as JSON (see include/rdmaps/layout.h for the format).
+// The job's table list as JSON (see include/rdmaps/cluster.h for the format).
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 
-#include "rdmaps/layout.h"
+#include "rdmaps/cluster.h"
+#include "rdmaps/tables_json.h"
 
 namespace rdmaps {
 

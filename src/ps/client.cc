@@ -1,6 +1,6 @@
 // The worker side. One Connection per server, owned under mu_; every call
 // builds its one-sided ops, posts them per server (servers are served in
-// parallel) and drains the completions. Protocol: src/ps/layout.h.
+// parallel) and drains the completions. Protocol: src/ps/wire.h.
 #include "rdmaps/client.h"
 
 #include <glog/logging.h>
@@ -17,7 +17,7 @@
 #include <unordered_map>
 
 #include "src/ps/common.h"
-#include "src/ps/layout.h"
+#include "src/ps/wire.h"
 #include "src/ps/memory.h"
 #include "src/ps/test_hooks.h"
 #include "transport/transport.h"
@@ -599,7 +599,7 @@ Status ClientImpl::ReadDirectories(Deadline deadline) {
     auto it = tables_.find(want.id);
     if (it == tables_.end() || it->second.info.name != want.name ||
         it->second.info.rows != want.rows || it->second.info.dim != want.dim ||
-        it->second.layout != internal::ResolveLayout(static_cast<std::uint32_t>(want.layout),
+        it->second.layout != internal::ResolveRowLayout(static_cast<std::uint32_t>(want.layout),
                                                      want.rows, want.dim, num_servers())) {
       return FailedPreconditionError("table " + std::to_string(want.id) + " ('" + want.name +
                                      "') of ClientOptions.tables is not what the servers "

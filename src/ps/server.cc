@@ -1,6 +1,6 @@
 // The parameter server node. Threads:
 // - the accept thread takes worker connections and sends each its bootstrap
-//   message (the one server-initiated op; see src/ps/layout.h);
+//   message (the one server-initiated op; see src/ps/wire.h);
 // - the apply thread waits for push notifications, applies push slots in
 //   per-worker seq order with the tables' optimizers, and republishes the
 //   control block after each batch.
@@ -23,7 +23,7 @@
 
 #include "src/ps/common.h"
 #include "src/ps/initializer.h"
-#include "src/ps/layout.h"
+#include "src/ps/wire.h"
 #include "src/ps/memory.h"
 #include "src/ps/optimizer.h"
 #include "src/ps/test_hooks.h"
@@ -49,7 +49,7 @@ internal::WireRegion Wire(const transport::MemoryRegion& mr) {
 }
 
 // A shard in registered memory, laid out as `geometry` says (dense rows then
-// headers, or each header before its block of rows; src/ps/layout.h).
+// headers, or each header before its block of rows; src/ps/wire.h).
 struct TableState {
   TableOptions options;
   internal::ShardRange shard;
@@ -242,7 +242,7 @@ Status ServerImpl::RegisterAll() {
     TableState& t = tables_[i];
     t.options = options_.tables[i];
     t.shard = internal::PartitionOf(t.options.rows, S, options_.server_index);
-    const std::uint32_t layout = internal::ResolveLayout(
+    const std::uint32_t layout = internal::ResolveRowLayout(
         static_cast<std::uint32_t>(t.options.layout), t.options.rows, t.options.dim, S);
     t.geometry =
         internal::GeometryOf(layout, t.shard.count, t.options.dim,

@@ -16,7 +16,7 @@
 #include <thread>
 #include <vector>
 
-#include "src/cluster/layout.h"
+#include "src/cluster/resolve.h"
 
 namespace rdmaps {
 namespace {
@@ -44,9 +44,9 @@ class RendezvousTest : public ::testing::Test {
   }
   void TearDown() override { std::remove(path_.c_str()); }
 
-  // A rank-based layout as ResolveLayout builds it for rank `rank`.
-  Layout Ranked(int rank, int world, int servers) const {
-    Layout l;
+  // A rank-based layout as ResolveCluster builds it for rank `rank`.
+  ClusterLayout Ranked(int rank, int world, int servers) const {
+    ClusterLayout l;
     l.source = "test";
     l.needs_rendezvous = true;
     l.rendezvous = "file:" + path_;
@@ -62,20 +62,20 @@ class RendezvousTest : public ::testing::Test {
   static std::string ServerAddress(int rank) { return "127.0.0.1:" + std::to_string(20000 + rank); }
 
   // Runs fn(i) for i in [0, n) on n threads; returns their results.
-  static std::vector<Result<Layout>> RunAll(int n, const std::function<Result<Layout>(int)>& fn) {
-    std::vector<std::optional<Result<Layout>>> out(static_cast<std::size_t>(n));
+  static std::vector<Result<ClusterLayout>> RunAll(int n, const std::function<Result<ClusterLayout>(int)>& fn) {
+    std::vector<std::optional<Result<ClusterLayout>>> out(static_cast<std::size_t>(n));
     std::vector<std::thread> threads;
     for (int i = 0; i < n; ++i) {
       threads.emplace_back([&, i] { out[static_cast<std::size_t>(i)].emplace(fn(i)); });
     }
     for (auto& t : threads) t.join();
-    std::vector<Result<Layout>> results;
+    std::vector<Result<ClusterLayout>> results;
     for (auto& o : out) results.push_back(std::move(*o));
     return results;
   }
 
-  LayoutOptions Opts(std::chrono::milliseconds timeout = 10s) const {
-    LayoutOptions o;
+  ClusterOptions Opts(std::chrono::milliseconds timeout = 10s) const {
+    ClusterOptions o;
     o.startup_timeout = timeout;
     return o;
   }
@@ -86,9 +86,9 @@ class RendezvousTest : public ::testing::Test {
 TEST_F(RendezvousTest, RanksLearnEveryServerAddress) {
   constexpr int kWorld = 5, kServers = 2;
   auto results = RunAll(kWorld, [&](int rank) {
-    Layout l = Ranked(rank, kWorld, kServers);
+    ClusterLayout l = Ranked(rank, kWorld, kServers);
     std::string self = rank < kServers ? ServerAddress(rank) : "";
-    return CompleteLayout(l, self, Opts());
+    return CompleteCluster(l, self, Opts());
   });
   for (int rank = 0; rank < kWorld; ++rank) {
     const auto& r = results[static_cast<std::size_t>(rank)];
@@ -107,8 +107,8 @@ TEST_F(RendezvousTest, RanksLearnEveryServerAddress) {
 TEST_F(RendezvousTest, StaleRendezvousFileFromAnEarlierJobIsReplaced) {
   std::ofstream(path_) << "127.0.0.1:1\n";  // nobody listens on port 1
   auto results = RunAll(3, [&](int rank) {
-    Layout l = Ranked(rank, 3, 1);
-    return CompleteLayout(l, rank == 0 ? ServerAddress(0) : "", Opts());
+    ClusterLayout l = Ranked(rank, 3, 1);
+    return CompleteCluster(l, rank == 0 ? ServerAddress(0) : "", Opts());
   });
   for (const auto& r : results) {
     ASSERT_TRUE(r.ok()) << r.status();
@@ -120,8 +120,8 @@ TEST_F(RendezvousTest, DeadlineNamesTheRanksThatNeverArrived) {
   constexpr int kWorld = 4, kServers = 1;
   // Rank 3 (worker2) is never started.
   auto results = RunAll(3, [&](int rank) {
-    Layout l = Ranked(rank, kWorld, kServers);
-    return CompleteLayout(l, rank == 0 ? ServerAddress(0) : "", Opts(600ms));
+    ClusterLayout l = Ranked(rank, kWorld, kServers);
+    return CompleteCluster(l, rank == 0 ? ServerAddress(0) : "", Opts(600ms));
   });
   for (int rank = 0; rank < 3; ++rank) {
     const auto& r = results[static_cast<std::size_t>(rank)];
@@ -134,8 +134,8 @@ TEST_F(RendezvousTest, DeadlineNamesTheRanksThatNeverArrived) {
 }
 
 TEST_F(RendezvousTest, JoinerWithoutRootTimesOutNamingTheRoot) {
-  Layout l = Ranked(1, 2, 1);
-  auto r = CompleteLayout(l, "", Opts(300ms));
+  ClusterLayout l = Ranked(1, 2, 1);
+  auto r = CompleteCluster(l, "", Opts(300ms));
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::kTimedOut);
   EXPECT_THAT(r.status().message(), HasSubstr("could not reach rank 0"));
@@ -144,7 +144,7 @@ TEST_F(RendezvousTest, JoinerWithoutRootTimesOutNamingTheRoot) {
 TEST_F(RendezvousTest, PsLiteSchedulerAssignsIndicesInArrivalOrder) {
   // Process 0 is the scheduler, 1-2 servers, 3-5 workers.
   auto results = RunAll(6, [&](int i) {
-    Layout l;
+    ClusterLayout l;
     l.source = "DMLC";
     l.needs_rendezvous = true;
     l.rendezvous = "file:" + path_;
@@ -155,7 +155,7 @@ TEST_F(RendezvousTest, PsLiteSchedulerAssignsIndicesInArrivalOrder) {
     l.world_size = 5;
     l.advertise_host = "127.0.0.1";
     l.role = i == 0 ? Role::kScheduler : i <= 2 ? Role::kServer : Role::kWorker;
-    return CompleteLayout(l, l.role == Role::kServer ? ServerAddress(i) : "", Opts());
+    return CompleteCluster(l, l.role == Role::kServer ? ServerAddress(i) : "", Opts());
   });
   std::vector<int> server_idx, worker_idx;
   for (int i = 0; i < 6; ++i) {
@@ -178,32 +178,32 @@ TEST_F(RendezvousTest, PsLiteSchedulerAssignsIndicesInArrivalOrder) {
 
 TEST_F(RendezvousTest, WrongJobTokenIsRefusedAndTheRootKeepsWaiting) {
   std::thread root([&] {
-    Layout l = Ranked(0, 2, 1);
+    ClusterLayout l = Ranked(0, 2, 1);
     l.job_token = "right";
-    auto r = CompleteLayout(l, ServerAddress(0), Opts());
+    auto r = CompleteCluster(l, ServerAddress(0), Opts());
     EXPECT_TRUE(r.ok()) << r.status();
   });
-  Layout stranger = Ranked(1, 2, 1);
+  ClusterLayout stranger = Ranked(1, 2, 1);
   stranger.job_token = "wrong";
-  auto refused = CompleteLayout(stranger, "", Opts());
+  auto refused = CompleteCluster(stranger, "", Opts());
   ASSERT_FALSE(refused.ok());
   EXPECT_EQ(refused.status().code(), StatusCode::kPermissionDenied);
   EXPECT_THAT(refused.status().message(), HasSubstr("job token mismatch"));
-  Layout member = Ranked(1, 2, 1);
+  ClusterLayout member = Ranked(1, 2, 1);
   member.job_token = "right";
-  auto ok = CompleteLayout(member, "", Opts());
+  auto ok = CompleteCluster(member, "", Opts());
   EXPECT_TRUE(ok.ok()) << ok.status();
   root.join();
 }
 
 TEST_F(RendezvousTest, ShapeMismatchFailsEveryone) {
   auto results = RunAll(2, [&](int rank) {
-    Layout l = Ranked(rank, 3, 1);
+    ClusterLayout l = Ranked(rank, 3, 1);
     if (rank == 1) {
       l.world_size = 4;  // this rank was launched with a different -np
       l.num_workers = 3;
     }
-    return CompleteLayout(l, rank == 0 ? ServerAddress(0) : "", Opts(5s));
+    return CompleteCluster(l, rank == 0 ? ServerAddress(0) : "", Opts(5s));
   });
   for (const auto& r : results) {
     ASSERT_FALSE(r.ok());
@@ -214,8 +214,8 @@ TEST_F(RendezvousTest, ShapeMismatchFailsEveryone) {
 
 TEST_F(RendezvousTest, DuplicateRankFailsEveryone) {
   auto results = RunAll(3, [&](int i) {
-    Layout l = Ranked(i == 2 ? 1 : i, 3, 1);
-    return CompleteLayout(l, i == 0 ? ServerAddress(0) : "", Opts(5s));
+    ClusterLayout l = Ranked(i == 2 ? 1 : i, 3, 1);
+    return CompleteCluster(l, i == 0 ? ServerAddress(0) : "", Opts(5s));
   });
   for (const auto& r : results) {
     ASSERT_FALSE(r.ok());
@@ -226,8 +226,8 @@ TEST_F(RendezvousTest, DuplicateRankFailsEveryone) {
 
 TEST_F(RendezvousTest, DuplicateServerAddressesFailEveryone) {
   auto results = RunAll(3, [&](int rank) {
-    Layout l = Ranked(rank, 3, 2);
-    return CompleteLayout(l, rank < 2 ? ServerAddress(0) : "", Opts(5s));
+    ClusterLayout l = Ranked(rank, 3, 2);
+    return CompleteCluster(l, rank < 2 ? ServerAddress(0) : "", Opts(5s));
   });
   for (const auto& r : results) {
     ASSERT_FALSE(r.ok());

@@ -2,7 +2,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include "rdmaps/layout.h"
+#include "rdmaps/cluster.h"
+#include "rdmaps/tables_json.h"
 
 namespace rdmaps {
 namespace {

@@ -20,7 +20,8 @@
 #include <vector>
 
 #include "rdmaps/client.h"
-#include "rdmaps/layout.h"
+#include "rdmaps/cluster.h"
+#include "rdmaps/tables_json.h"
 
 DEFINE_int32(iterations, 5, "BSP iterations");
 DEFINE_uint64(rows, 10, "rows of table \"sum\"");
@@ -67,11 +68,11 @@ int main(int argc, char** argv) {
   if (!described.ok()) return Fail(described.status(), "describing tables");
   if (*described) return 0;
 
-  LayoutOptions lo;
+  ClusterOptions lo;
   lo.num_servers = FLAGS_num_servers;
   lo.rendezvous = FLAGS_rendezvous;
   lo.startup_timeout = std::chrono::milliseconds(FLAGS_timeout_ms);
-  auto layout = ResolveWorkerLayout(lo, env);
+  auto layout = ResolveWorkerCluster(lo, env);
   if (!layout.ok()) return Fail(layout.status(), "resolving the layout");
   if (layout->role != Role::kWorker) {
     return Fail(InvalidArgumentError("resolved to " + layout->name()), "layout");

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "src/ps/initializer.h"
-#include "src/ps/layout.h"
+#include "src/ps/wire.h"
 #include "src/ps/optimizer.h"
 #include "src/ps/test_hooks.h"
 #include "tests/ps/ps_test_util.h"

@@ -46,7 +46,8 @@
 #include <string>
 #include <vector>
 
-#include "rdmaps/layout.h"
+#include "rdmaps/cluster.h"
+#include "rdmaps/tables_json.h"
 
 DEFINE_int32(servers, 1, "parameter servers to start");
 DEFINE_int32(workers, 1, "workers to start (each runs the command after --)");

@@ -5,7 +5,7 @@
 //   rdmaps-server --flagfile=/etc/rdmaps/server.flags
 //   mpirun -np 6 rdmaps-server --num_servers=2 --tables=t.json -- ./my_worker
 //
-// The layout comes from the resolver (include/rdmaps/layout.h): flags, a
+// The layout comes from the resolver (include/rdmaps/cluster.h): flags, a
 // ClusterSpec file, RDMAPS_*, TF_CONFIG, DMLC_*, or a rank-based launcher.
 // Under a rank-based launcher every rank runs the same command; the ranks
 // that the layout makes workers exec the command given after `--`.
@@ -40,10 +40,11 @@
 #include <thread>
 #include <vector>
 
-#include "rdmaps/layout.h"
+#include "rdmaps/cluster.h"
+#include "rdmaps/tables_json.h"
 #include "rdmaps/server.h"
 
-// Layout (see include/rdmaps/layout.h).
+// ClusterLayout (see include/rdmaps/cluster.h).
 DEFINE_string(role, "", "explicit layout: ps (or server) or worker");
 DEFINE_int32(task_index, -1, "explicit layout: index of this task within its role");
 DEFINE_string(ps_hosts, "", "explicit layout: comma-separated host:port of every server");
@@ -76,7 +77,7 @@ DEFINE_int32(run_timeout_s, 0, "give up (exit 1) after this long serving; 0: no 
 namespace {
 
 using rdmaps::Environment;
-using rdmaps::Layout;
+using rdmaps::ClusterLayout;
 using rdmaps::Result;
 using rdmaps::Role;
 using rdmaps::Status;
@@ -152,7 +153,7 @@ class SignalThread {
 // The command after `--` (the worker program for worker ranks).
 std::vector<std::string> g_worker_command;
 
-[[noreturn]] void ExecWorker(const Layout& layout) {
+[[noreturn]] void ExecWorker(const ClusterLayout& layout) {
   if (g_worker_command.empty()) {
     LOG(ERROR) << "this process is " << layout.name() << " in the " << layout.source
                << " layout, but rdmaps-server runs servers only; give the worker command "
@@ -202,7 +203,7 @@ Result<std::vector<rdmaps::TableOptions>> AskWorkerForTables() {
 
 int RealMain(SignalThread& signals) {
   Environment env = rdmaps::CurrentEnvironment();
-  rdmaps::LayoutOptions lo;
+  rdmaps::ClusterOptions lo;
   lo.role = FLAGS_role;
   lo.task_index = FLAGS_task_index;
   lo.ps_hosts = FLAGS_ps_hosts;
@@ -217,19 +218,19 @@ int RealMain(SignalThread& signals) {
   lo.startup_timeout = std::chrono::seconds(FLAGS_startup_timeout_s);
   const auto startup_deadline = std::chrono::steady_clock::now() + lo.startup_timeout;
 
-  auto resolved = rdmaps::ResolveLayout(lo, env);
+  auto resolved = rdmaps::ResolveCluster(lo, env);
   if (!resolved.ok()) {
     LOG(ERROR) << "layout: " << resolved.status();
     return kExitConfig;
   }
-  Layout layout = std::move(*resolved);
+  ClusterLayout layout = std::move(*resolved);
   if (FLAGS_print_layout) {
     std::cout << layout.ToString() << std::endl;
     return 0;
   }
   if (layout.role == Role::kWorker) ExecWorker(layout);
   if (layout.role == Role::kScheduler) {
-    auto done = rdmaps::CompleteLayout(layout, "", lo);
+    auto done = rdmaps::CompleteCluster(layout, "", lo);
     if (!done.ok()) {
       LOG(ERROR) << "scheduler: " << done.status();
       return kExitStartup;
@@ -282,7 +283,7 @@ int RealMain(SignalThread& signals) {
                     "is: pass --listen=HOST:PORT";
       return kExitConfig;
     }
-    auto done = rdmaps::CompleteLayout(layout, so.listen_address, lo);
+    auto done = rdmaps::CompleteCluster(layout, so.listen_address, lo);
     if (!done.ok()) {
       LOG(ERROR) << done.status();
       return kExitStartup;
@@ -309,7 +310,7 @@ int RealMain(SignalThread& signals) {
     ~JoinSignals() { s.Join(); }
   } join_signals{signals};
   if (layout.needs_rendezvous) {
-    auto done = rdmaps::CompleteLayout(layout, server->address(), lo);
+    auto done = rdmaps::CompleteCluster(layout, server->address(), lo);
     if (!done.ok()) {
       LOG(ERROR) << done.status();
       return kExitStartup;

@@ -6,7 +6,7 @@
 //   rdmaps-train --local --model=softmax --epochs=20 --lr=2e-4
 //
 // Under a launcher, each process finds its role in the cluster layout (see
-// include/rdmaps/layout.h): a worker trains on its own partition, pulls,
+// include/rdmaps/cluster.h): a worker trains on its own partition, pulls,
 // computes a mini-batch gradient, pushes, and calls Clock(); a process whose
 // role is "ps" serves the model's tables (so a launcher may start
 // rdmaps-train for every role). --inproc_* runs the servers and workers as
@@ -24,7 +24,8 @@
 #include <sstream>
 #include <string>
 
-#include "rdmaps/layout.h"
+#include "rdmaps/cluster.h"
+#include "rdmaps/tables_json.h"
 #include "rdmaps/server.h"
 #include "tools/train/idx.h"
 #include "tools/train/inproc_job.h"
@@ -204,7 +205,7 @@ void PrintReports(const TrainOptions& o, const std::vector<TrainReport>& reports
 
 // This process is a parameter server of the job: serve the model's tables
 // until every worker has said goodbye.
-Status Serve(const LayoutOptions& lo, Layout layout, const std::string& transport,
+Status Serve(const ClusterOptions& lo, ClusterLayout layout, const std::string& transport,
              const std::vector<TableOptions>& tables) {
   ServerOptions so;
   so.transport.transport = transport;
@@ -215,7 +216,7 @@ Status Serve(const LayoutOptions& lo, Layout layout, const std::string& transpor
   so.num_workers = static_cast<std::uint32_t>(layout.num_workers);
   so.tables = tables;
   RDMAPS_ASSIGN_OR_RETURN(std::unique_ptr<Server> server, Server::Start(so));
-  RDMAPS_ASSIGN_OR_RETURN(layout, CompleteLayout(std::move(layout), server->address(), lo));
+  RDMAPS_ASSIGN_OR_RETURN(layout, CompleteCluster(std::move(layout), server->address(), lo));
   LOG(INFO) << "ps" << so.server_index << " serving " << tables.size() << " tables at "
             << server->address();
   return server->Run();
@@ -312,16 +313,16 @@ Status Run() {
   }
 
   // Under a launcher (or the loopback default): our role from the layout.
-  LayoutOptions lo;
+  ClusterOptions lo;
   lo.default_role = Role::kWorker;
   lo.startup_timeout = std::chrono::milliseconds(FLAGS_wait_timeout_ms);
-  RDMAPS_ASSIGN_OR_RETURN(Layout layout, ResolveLayout(lo, env));
+  RDMAPS_ASSIGN_OR_RETURN(ClusterLayout layout, ResolveCluster(lo, env));
   std::string transport = FLAGS_transport;
   if (transport.empty()) transport = layout.transport.empty() ? "auto" : layout.transport;
   if (layout.role == Role::kServer) {
     return Serve(lo, std::move(layout), transport, tables);
   }
-  RDMAPS_ASSIGN_OR_RETURN(layout, CompleteLayout(std::move(layout), "", lo));
+  RDMAPS_ASSIGN_OR_RETURN(layout, CompleteCluster(std::move(layout), "", lo));
   if (layout.role == Role::kScheduler) return Status::OK();  // The rendezvous is done.
   LOG(INFO) << "worker " << layout.index << " of " << layout.num_workers << ", "
             << layout.num_servers << " servers, layout from " << layout.source;

@@ -91,7 +91,7 @@ Status WcStatusToStatus(const ibv_wc& wc, OpType type) {
       return InvalidArgumentError(what + ": the local buffer is not covered by a "
                                          "live registration on this endpoint");
     default:
-      return IOErrorError(what);
+      return IOError(what);
   }
 }
 
@@ -362,7 +362,7 @@ Result<std::size_t> VerbsConnection::Wait(std::span<Completion> out,
 
     // Sleep in the kernel: arm, re-check (a CQE may have raced the arm), wait.
     if (ibv_req_notify_cq(cq_.get(), 0) != 0) {
-      return IOErrorError("ibv_req_notify_cq failed on the connection to " + peer_.address);
+      return IOError("ibv_req_notify_cq failed on the connection to " + peer_.address);
     }
     n = Poll(out);
     if (n > 0) return n;

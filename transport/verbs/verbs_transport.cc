@@ -748,7 +748,7 @@ Status VerbsEndpoint::OpenDevice() {
                                   sh->recv_channel.get(), 0));
   if (!sh->recv_cq) return ErrnoError("ibv_create_cq for notifications", errno);
   if (ibv_req_notify_cq(sh->recv_cq.get(), 0) != 0) {
-    return IOErrorError("ibv_req_notify_cq on the notification CQ failed");
+    return IOError("ibv_req_notify_cq on the notification CQ failed");
   }
   ibv_srq_init_attr sa{};
   sa.attr.max_wr = static_cast<std::uint32_t>(sh->srq_depth);

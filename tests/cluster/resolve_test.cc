@@ -1,6 +1,6 @@
 // The layout resolver: every source, its precedence, Slurm node lists, and
 // every malformed case (each must be InvalidArgument quoting the culprit).
-#include "src/cluster/layout.h"
+#include "src/cluster/resolve.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -15,7 +15,7 @@ namespace {
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
-void ExpectInvalid(const Result<Layout>& r, const std::string& quoted) {
+void ExpectInvalid(const Result<ClusterLayout>& r, const std::string& quoted) {
   ASSERT_FALSE(r.ok()) << r->ToString();
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << r.status();
   EXPECT_THAT(r.status().message(), HasSubstr(quoted));
@@ -91,12 +91,12 @@ TEST(HostPortTest, RejectsMalformed) {
 // --- Source 1: explicit options ------------------------------------------
 
 TEST(ExplicitLayoutTest, FlagsGiveTheWholeLayout) {
-  LayoutOptions o;
+  ClusterOptions o;
   o.role = "ps";
   o.task_index = 1;
   o.ps_hosts = "h1:7000,h2:7000";
   o.worker_hosts = "w1:0,w2:0,w3:0";
-  auto r = ResolveLayout(o, {});
+  auto r = ResolveCluster(o, {});
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->source, "options");
   EXPECT_EQ(r->role, Role::kServer);
@@ -109,12 +109,12 @@ TEST(ExplicitLayoutTest, FlagsGiveTheWholeLayout) {
 }
 
 TEST(ExplicitLayoutTest, WorkerCountInsteadOfAddresses) {
-  LayoutOptions o;
+  ClusterOptions o;
   o.role = "worker";
   o.task_index = 2;
   o.ps_hosts = "h1:7000";
   o.num_workers = 3;
-  auto r = ResolveLayout(o, {});
+  auto r = ResolveCluster(o, {});
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->role, Role::kWorker);
   EXPECT_EQ(r->num_workers, 3);
@@ -122,7 +122,7 @@ TEST(ExplicitLayoutTest, WorkerCountInsteadOfAddresses) {
 }
 
 TEST(ExplicitLayoutTest, WinsOverEverySourceInTheEnvironment) {
-  LayoutOptions o;
+  ClusterOptions o;
   o.role = "worker";
   o.task_index = 0;
   o.ps_hosts = "h1:7000";
@@ -131,13 +131,13 @@ TEST(ExplicitLayoutTest, WinsOverEverySourceInTheEnvironment) {
                      {"RDMAPS_ROLE", "ps"},
                      {"OMPI_COMM_WORLD_RANK", "0"},
                      {"OMPI_COMM_WORLD_SIZE", "2"}};
-  auto r = ResolveLayout(o, env);
+  auto r = ResolveCluster(o, env);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->source, "options");
 }
 
 TEST(ExplicitLayoutTest, MalformedCases) {
-  LayoutOptions base;
+  ClusterOptions base;
   base.role = "ps";
   base.task_index = 0;
   base.ps_hosts = "h1:7000,h2:7000";
@@ -146,53 +146,53 @@ TEST(ExplicitLayoutTest, MalformedCases) {
   {
     auto o = base;
     o.task_index = 2;
-    ExpectInvalid(ResolveLayout(o, {}), "ps task index 2 is out of range");
+    ExpectInvalid(ResolveCluster(o, {}), "ps task index 2 is out of range");
   }
   {
     auto o = base;
     o.role = "worker";
     o.task_index = 5;
-    ExpectInvalid(ResolveLayout(o, {}), "worker task index 5 is out of range");
+    ExpectInvalid(ResolveCluster(o, {}), "worker task index 5 is out of range");
   }
   {
     auto o = base;
     o.ps_hosts = "h1:7000,h1:7000";
-    ExpectInvalid(ResolveLayout(o, {}), "duplicate address 'h1:7000'");
+    ExpectInvalid(ResolveCluster(o, {}), "duplicate address 'h1:7000'");
   }
   {
     auto o = base;
     o.worker_hosts = "w:1,w:2,w:3";
-    ExpectInvalid(ResolveLayout(o, {}), "3 worker addresses but num_workers=2");
+    ExpectInvalid(ResolveCluster(o, {}), "3 worker addresses but num_workers=2");
   }
   {
     auto o = base;
     o.num_servers = 3;
-    ExpectInvalid(ResolveLayout(o, {}), "counts disagree: 2 ps addresses");
+    ExpectInvalid(ResolveCluster(o, {}), "counts disagree: 2 ps addresses");
   }
   {
     auto o = base;
     o.role = "janitor";
-    ExpectInvalid(ResolveLayout(o, {}), "unknown role 'janitor'");
+    ExpectInvalid(ResolveCluster(o, {}), "unknown role 'janitor'");
   }
   {
     auto o = base;
     o.task_index = -1;
-    ExpectInvalid(ResolveLayout(o, {}), "needs --role and --task_index");
+    ExpectInvalid(ResolveCluster(o, {}), "needs --role and --task_index");
   }
   {
     auto o = base;
     o.ps_hosts = "";
-    ExpectInvalid(ResolveLayout(o, {}), "needs --ps_hosts");
+    ExpectInvalid(ResolveCluster(o, {}), "needs --ps_hosts");
   }
   {
     auto o = base;
     o.ps_hosts = "h1:7000,h2";
-    ExpectInvalid(ResolveLayout(o, {}), "'h2' has no port");
+    ExpectInvalid(ResolveCluster(o, {}), "'h2' has no port");
   }
   {
     auto o = base;
     o.num_workers = 0;
-    ExpectInvalid(ResolveLayout(o, {}), "no workers");
+    ExpectInvalid(ResolveCluster(o, {}), "no workers");
   }
 }
 
@@ -208,11 +208,11 @@ class ClusterSpecFileTest : public ::testing::Test {
 };
 
 TEST_F(ClusterSpecFileTest, ReadsTensorFlowClusterSpec) {
-  LayoutOptions o;
+  ClusterOptions o;
   o.role = "worker";
   o.task_index = 1;
   o.cluster_spec = Write(R"({"ps": ["a:1", "b:1"], "worker": ["c:0", "d:0"]})");
-  auto r = ResolveLayout(o, {});
+  auto r = ResolveCluster(o, {});
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->source, "cluster_spec");
   EXPECT_THAT(r->servers, ElementsAre("a:1", "b:1"));
@@ -221,31 +221,31 @@ TEST_F(ClusterSpecFileTest, ReadsTensorFlowClusterSpec) {
 }
 
 TEST_F(ClusterSpecFileTest, BadJsonIsQuoted) {
-  LayoutOptions o;
+  ClusterOptions o;
   o.role = "worker";
   o.task_index = 0;
   o.cluster_spec = Write(R"({"ps": ["a:1",)");
-  ExpectInvalid(ResolveLayout(o, {}), "is not valid JSON: '{\"ps\": [\"a:1\",'");
+  ExpectInvalid(ResolveCluster(o, {}), "is not valid JSON: '{\"ps\": [\"a:1\",'");
 }
 
 TEST_F(ClusterSpecFileTest, WrongTypesAreQuoted) {
-  LayoutOptions o;
+  ClusterOptions o;
   o.role = "worker";
   o.task_index = 0;
   o.cluster_spec = Write(R"({"ps": "a:1", "worker": ["c:0"]})");
-  ExpectInvalid(ResolveLayout(o, {}), "\"ps\" must be a list");
+  ExpectInvalid(ResolveCluster(o, {}), "\"ps\" must be a list");
   o.cluster_spec = Write(R"({"ps": [7], "worker": ["c:0"]})");
-  ExpectInvalid(ResolveLayout(o, {}), "entry '7'");
+  ExpectInvalid(ResolveCluster(o, {}), "entry '7'");
   o.cluster_spec = Write(R"({"worker": ["c:0"]})");
-  ExpectInvalid(ResolveLayout(o, {}), "no \"ps\" job");
+  ExpectInvalid(ResolveCluster(o, {}), "no \"ps\" job");
 }
 
 TEST_F(ClusterSpecFileTest, MissingFileIsNotFound) {
-  LayoutOptions o;
+  ClusterOptions o;
   o.role = "worker";
   o.task_index = 0;
   o.cluster_spec = "/nonexistent/spec.json";
-  auto r = ResolveLayout(o, {});
+  auto r = ResolveCluster(o, {});
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::kNotFound);
   EXPECT_THAT(r.status().message(), HasSubstr("/nonexistent/spec.json"));
@@ -261,7 +261,7 @@ TEST(RdmapsEnvLayoutTest, ReadsWhatRdmapsLocalSets) {
                      {"RDMAPS_TRANSPORT", "tcp"},
                      {"RDMAPS_JOB_TOKEN", "secret"},
                      {"TF_CONFIG", "{}"}};
-  auto r = ResolveLayout({}, env);
+  auto r = ResolveCluster({}, env);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->source, "RDMAPS_*");
   EXPECT_EQ(r->role, Role::kWorker);
@@ -273,13 +273,13 @@ TEST(RdmapsEnvLayoutTest, ReadsWhatRdmapsLocalSets) {
 }
 
 TEST(RdmapsEnvLayoutTest, Malformed) {
-  ExpectInvalid(ResolveLayout({}, {{"RDMAPS_ROLE", "worker"}}),
+  ExpectInvalid(ResolveCluster({}, {{"RDMAPS_ROLE", "worker"}}),
                 "RDMAPS_TASK_INDEX and RDMAPS_PS_HOSTS must be set");
-  ExpectInvalid(ResolveLayout({}, {{"RDMAPS_ROLE", "worker"},
+  ExpectInvalid(ResolveCluster({}, {{"RDMAPS_ROLE", "worker"},
                                    {"RDMAPS_TASK_INDEX", "x"},
                                    {"RDMAPS_PS_HOSTS", "a:1"}}),
                 "RDMAPS_TASK_INDEX='x'");
-  ExpectInvalid(ResolveLayout({}, {{"RDMAPS_ROLE", "worker"},
+  ExpectInvalid(ResolveCluster({}, {{"RDMAPS_ROLE", "worker"},
                                    {"RDMAPS_TASK_INDEX", "1"},
                                    {"RDMAPS_PS_HOSTS", "a:1"},
                                    {"RDMAPS_NUM_WORKERS", "1"}}),
@@ -293,7 +293,7 @@ TEST(TfConfigLayoutTest, PsTask) {
       {"TF_CONFIG",
        R"({"cluster": {"ps": ["ps0:2222", "ps1:2222"], "worker": ["w0:2222", "w1:2222"]},
            "task": {"type": "ps", "index": 1}})"}};
-  auto r = ResolveLayout({}, env);
+  auto r = ResolveCluster({}, env);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->source, "TF_CONFIG");
   EXPECT_EQ(r->role, Role::kServer);
@@ -305,48 +305,48 @@ TEST(TfConfigLayoutTest, PsTask) {
 TEST(TfConfigLayoutTest, ChiefCountsAsWorkerZero) {
   std::string cluster =
       R"("cluster": {"chief": ["c:1"], "ps": ["p:1"], "worker": ["w0:1", "w1:1"]})";
-  auto chief = ResolveLayout({}, {{"TF_CONFIG", "{" + cluster +
+  auto chief = ResolveCluster({}, {{"TF_CONFIG", "{" + cluster +
                                                     R"(, "task": {"type": "chief", "index": 0}})"}});
   ASSERT_TRUE(chief.ok()) << chief.status();
   EXPECT_EQ(chief->role, Role::kWorker);
   EXPECT_EQ(chief->index, 0);
   EXPECT_EQ(chief->num_workers, 3);
   EXPECT_THAT(chief->workers, ElementsAre("c:1", "w0:1", "w1:1"));
-  auto w1 = ResolveLayout({}, {{"TF_CONFIG", "{" + cluster +
+  auto w1 = ResolveCluster({}, {{"TF_CONFIG", "{" + cluster +
                                                  R"(, "task": {"type": "worker", "index": 1}})"}});
   ASSERT_TRUE(w1.ok()) << w1.status();
   EXPECT_EQ(w1->index, 2);
 }
 
 TEST(TfConfigLayoutTest, Malformed) {
-  ExpectInvalid(ResolveLayout({}, {{"TF_CONFIG", "{\"cluster\": "}}),
+  ExpectInvalid(ResolveCluster({}, {{"TF_CONFIG", "{\"cluster\": "}}),
                 "TF_CONFIG is not a JSON object: '{\"cluster\": '");
-  ExpectInvalid(ResolveLayout({}, {{"TF_CONFIG", R"({"task": {"type": "ps"}})"}}),
+  ExpectInvalid(ResolveCluster({}, {{"TF_CONFIG", R"({"task": {"type": "ps"}})"}}),
                 "no \"cluster\"");
-  ExpectInvalid(ResolveLayout({}, {{"TF_CONFIG", R"({"cluster": {"ps": ["a:1"]}})"}}),
+  ExpectInvalid(ResolveCluster({}, {{"TF_CONFIG", R"({"cluster": {"ps": ["a:1"]}})"}}),
                 "no \"task\"");
   ExpectInvalid(
-      ResolveLayout({}, {{"TF_CONFIG",
+      ResolveCluster({}, {{"TF_CONFIG",
                           R"({"cluster": {"ps": ["a:1"], "worker": ["b:1"]},
                               "task": {"type": "evaluator", "index": 0}})"}}),
       "task type 'evaluator'");
   ExpectInvalid(
-      ResolveLayout({}, {{"TF_CONFIG",
+      ResolveCluster({}, {{"TF_CONFIG",
                           R"({"cluster": {"ps": ["a:1"], "worker": ["b:1"]},
                               "task": {"type": "ps", "index": 1}})"}}),
       "ps task index 1 is out of range");
   ExpectInvalid(
-      ResolveLayout({}, {{"TF_CONFIG",
+      ResolveCluster({}, {{"TF_CONFIG",
                           R"({"cluster": {"ps": ["a:1", "a:1"], "worker": ["b:1"]},
                               "task": {"type": "ps", "index": 0}})"}}),
       "duplicate address 'a:1'");
   ExpectInvalid(
-      ResolveLayout({}, {{"TF_CONFIG",
+      ResolveCluster({}, {{"TF_CONFIG",
                           R"({"cluster": {"worker": ["b:1"]},
                               "task": {"type": "worker", "index": 0}})"}}),
       "no \"ps\" job");
   ExpectInvalid(
-      ResolveLayout({}, {{"TF_CONFIG",
+      ResolveCluster({}, {{"TF_CONFIG",
                           R"({"cluster": {"ps": ["a:1"], "worker": ["b:1"]},
                               "task": {"type": "worker", "index": [0]}})"}}),
       "\"index\" '[0]'");
@@ -364,7 +364,7 @@ Environment Dmlc(const char* role) {
 }
 
 TEST(DmlcLayoutTest, NeedsARendezvousAtTheScheduler) {
-  auto r = ResolveLayout({}, Dmlc("server"));
+  auto r = ResolveCluster({}, Dmlc("server"));
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->source, "DMLC");
   EXPECT_EQ(r->role, Role::kServer);
@@ -374,7 +374,7 @@ TEST(DmlcLayoutTest, NeedsARendezvousAtTheScheduler) {
   EXPECT_EQ(r->advertise_host, "10.1.2.9");
   EXPECT_EQ(r->num_servers, 2);
   EXPECT_EQ(r->num_workers, 4);
-  auto s = ResolveLayout({}, Dmlc("scheduler"));
+  auto s = ResolveCluster({}, Dmlc("scheduler"));
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_EQ(s->role, Role::kScheduler);
 }
@@ -382,28 +382,28 @@ TEST(DmlcLayoutTest, NeedsARendezvousAtTheScheduler) {
 TEST(DmlcLayoutTest, Malformed) {
   Environment env = Dmlc("worker");
   env.erase("DMLC_NUM_WORKER");
-  ExpectInvalid(ResolveLayout({}, env), "DMLC_NUM_WORKER is not");
+  ExpectInvalid(ResolveCluster({}, env), "DMLC_NUM_WORKER is not");
   env = Dmlc("worker");
   env["DMLC_PS_ROOT_PORT"] = "http";
-  ExpectInvalid(ResolveLayout({}, env), "DMLC_PS_ROOT_PORT='http'");
+  ExpectInvalid(ResolveCluster({}, env), "DMLC_PS_ROOT_PORT='http'");
   env = Dmlc("worker");
   env["DMLC_NUM_SERVER"] = "0";
-  ExpectInvalid(ResolveLayout({}, env), "DMLC_NUM_SERVER=0");
-  ExpectInvalid(ResolveLayout({}, Dmlc("boss")), "unknown role 'boss'");
-  LayoutOptions o;
+  ExpectInvalid(ResolveCluster({}, env), "DMLC_NUM_SERVER=0");
+  ExpectInvalid(ResolveCluster({}, Dmlc("boss")), "unknown role 'boss'");
+  ClusterOptions o;
   o.num_servers = 3;
-  ExpectInvalid(ResolveLayout(o, Dmlc("worker")), "counts disagree: DMLC_NUM_SERVER=2");
+  ExpectInvalid(ResolveCluster(o, Dmlc("worker")), "counts disagree: DMLC_NUM_SERVER=2");
 }
 
 // --- Source 5: rank-based launchers ------------------------------------------
 
 TEST(RankLayoutTest, OpenMpiSingleNodeUsesLoopback) {
-  LayoutOptions o;
+  ClusterOptions o;
   o.num_servers = 2;
   Environment env = {{"OMPI_COMM_WORLD_RANK", "3"},
                      {"OMPI_COMM_WORLD_SIZE", "5"},
                      {"OMPI_COMM_WORLD_LOCAL_SIZE", "5"}};
-  auto r = ResolveLayout(o, env);
+  auto r = ResolveCluster(o, env);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->source, "Open MPI");
   EXPECT_EQ(r->role, Role::kWorker);
@@ -415,11 +415,11 @@ TEST(RankLayoutTest, OpenMpiSingleNodeUsesLoopback) {
 }
 
 TEST(RankLayoutTest, FirstRanksServe) {
-  LayoutOptions o;
+  ClusterOptions o;
   o.num_servers = 2;
   o.rendezvous = "root:1234";
   Environment env = {{"PMI_RANK", "1"}, {"PMI_SIZE", "4"}};
-  auto r = ResolveLayout(o, env);
+  auto r = ResolveCluster(o, env);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->source, "MPICH");
   EXPECT_EQ(r->role, Role::kServer);
@@ -432,27 +432,27 @@ TEST(RankLayoutTest, RdmapsVariablesStandInForOptions) {
                      {"PMI_SIZE", "4"},
                      {"RDMAPS_NUM_SERVERS", "2"},
                      {"RDMAPS_RENDEZVOUS", "file:/shared/rdzv"}};
-  auto r = ResolveLayout({}, env);
+  auto r = ResolveCluster({}, env);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->num_servers, 2);
   EXPECT_EQ(r->role, Role::kServer);
   EXPECT_EQ(r->rendezvous, "file:/shared/rdzv");
-  LayoutOptions o;
+  ClusterOptions o;
   o.num_servers = 1;  // options win
   o.rendezvous = "h:1";
-  auto r2 = ResolveLayout(o, env);
+  auto r2 = ResolveCluster(o, env);
   ASSERT_TRUE(r2.ok()) << r2.status();
   EXPECT_EQ(r2->num_servers, 1);
   EXPECT_EQ(r2->rendezvous, "h:1");
   env["RDMAPS_NUM_SERVERS"] = "two";
-  ExpectInvalid(ResolveLayout({}, env), "RDMAPS_NUM_SERVERS='two'");
+  ExpectInvalid(ResolveCluster({}, env), "RDMAPS_NUM_SERVERS='two'");
 }
 
 TEST(RankLayoutTest, MultiNodeMpiWithoutRendezvousSaysHowToFixIt) {
   Environment env = {{"OMPI_COMM_WORLD_RANK", "0"},
                      {"OMPI_COMM_WORLD_SIZE", "8"},
                      {"OMPI_COMM_WORLD_LOCAL_SIZE", "4"}};
-  ExpectInvalid(ResolveLayout({}, env), "--rendezvous=HOST:PORT");
+  ExpectInvalid(ResolveCluster({}, env), "--rendezvous=HOST:PORT");
 }
 
 TEST(RankLayoutTest, TorchrunUsesMasterPortPlusOne) {
@@ -461,14 +461,14 @@ TEST(RankLayoutTest, TorchrunUsesMasterPortPlusOne) {
                      {"MASTER_ADDR", "m.example"},
                      {"MASTER_PORT", "29500"},
                      {"LOCAL_WORLD_SIZE", "1"}};
-  auto r = ResolveLayout({}, env);
+  auto r = ResolveCluster({}, env);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->source, "torchrun");
   EXPECT_EQ(r->rendezvous, "m.example:29501");
   EXPECT_EQ(r->role, Role::kWorker);
   EXPECT_EQ(r->index, 1);
   env.erase("MASTER_ADDR");
-  ExpectInvalid(ResolveLayout({}, env), "MASTER_ADDR");
+  ExpectInvalid(ResolveCluster({}, env), "MASTER_ADDR");
 }
 
 TEST(RankLayoutTest, SlurmRootIsTheFirstNode) {
@@ -477,7 +477,7 @@ TEST(RankLayoutTest, SlurmRootIsTheFirstNode) {
                      {"SLURM_JOB_NODELIST", "node[01-03,7],gpu5"},
                      {"SLURM_JOB_ID", "12345"},
                      {"SLURMD_NODENAME", "node01"}};
-  auto r = ResolveLayout({}, env);
+  auto r = ResolveCluster({}, env);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->source, "Slurm");
   EXPECT_EQ(r->role, Role::kServer);
@@ -491,36 +491,36 @@ TEST(RankLayoutTest, InnermostLauncherWins) {
   Environment env = {{"SLURM_PROCID", "0"},          {"SLURM_NTASKS", "1"},
                      {"SLURM_JOB_NODELIST", "n1"},   {"OMPI_COMM_WORLD_RANK", "2"},
                      {"OMPI_COMM_WORLD_SIZE", "3"},  {"OMPI_COMM_WORLD_LOCAL_SIZE", "3"}};
-  auto r = ResolveLayout({}, env);
+  auto r = ResolveCluster({}, env);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->source, "Open MPI");
   EXPECT_EQ(r->rank, 2);
 }
 
 TEST(RankLayoutTest, Malformed) {
-  ExpectInvalid(ResolveLayout({}, {{"PMI_RANK", "4"}, {"PMI_SIZE", "4"}}),
+  ExpectInvalid(ResolveCluster({}, {{"PMI_RANK", "4"}, {"PMI_SIZE", "4"}}),
                 "PMI_RANK=4 PMI_SIZE=4 is out of range");
-  ExpectInvalid(ResolveLayout({}, {{"PMI_RANK", "x"}, {"PMI_SIZE", "4"}}), "PMI_RANK='x'");
-  LayoutOptions o;
+  ExpectInvalid(ResolveCluster({}, {{"PMI_RANK", "x"}, {"PMI_SIZE", "4"}}), "PMI_RANK='x'");
+  ClusterOptions o;
   o.num_servers = 2;
-  ExpectInvalid(ResolveLayout(o, {{"PMI_RANK", "0"}, {"PMI_SIZE", "2"}}), "leaves no worker");
+  ExpectInvalid(ResolveCluster(o, {{"PMI_RANK", "0"}, {"PMI_SIZE", "2"}}), "leaves no worker");
   o.num_workers = 5;
-  ExpectInvalid(ResolveLayout(o, {{"PMI_RANK", "0"}, {"PMI_SIZE", "4"}, {"MPI_LOCALNRANKS", "4"}}),
+  ExpectInvalid(ResolveCluster(o, {{"PMI_RANK", "0"}, {"PMI_SIZE", "4"}, {"MPI_LOCALNRANKS", "4"}}),
                 "counts disagree");
-  ExpectInvalid(ResolveLayout({}, {{"SLURM_PROCID", "0"},
+  ExpectInvalid(ResolveCluster({}, {{"SLURM_PROCID", "0"},
                                    {"SLURM_NTASKS", "2"},
                                    {"SLURM_JOB_NODELIST", "node[1-"}}),
                 "unmatched '['");
-  ExpectInvalid(ResolveLayout({}, {{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}}),
+  ExpectInvalid(ResolveCluster({}, {{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}}),
                 "SLURM_JOB_NODELIST");
 }
 
 // --- Source 6: loopback ----------------------------------------------------
 
 TEST(LoopbackLayoutTest, NothingSetMeansOneMachine) {
-  LayoutOptions o;
+  ClusterOptions o;
   o.default_role = Role::kServer;
-  auto r = ResolveLayout(o, {{"HOME", "/root"}, {"RANK", "1"}});  // RANK alone is not a launcher
+  auto r = ResolveCluster(o, {{"HOME", "/root"}, {"RANK", "1"}});  // RANK alone is not a launcher
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->source, "loopback");
   EXPECT_EQ(r->role, Role::kServer);
@@ -531,12 +531,12 @@ TEST(LoopbackLayoutTest, NothingSetMeansOneMachine) {
 }
 
 TEST(LayoutTest, CompleteLayoutIsANoOpWithoutRendezvous) {
-  LayoutOptions o;
+  ClusterOptions o;
   o.role = "worker";
   o.task_index = 0;
   o.ps_hosts = "h:1";
   o.num_workers = 1;
-  auto r = ResolveWorkerLayout(o, {});
+  auto r = ResolveWorkerCluster(o, {});
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_THAT(r->servers, ElementsAre("h:1"));
 }

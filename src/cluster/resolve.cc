@@ -1,4 +1,4 @@
-#include "src/cluster/layout.h"
+#include "src/cluster/resolve.h"
 
 #include <glog/logging.h>
 #include <unistd.h>
@@ -21,7 +21,7 @@ namespace rdmaps {
 namespace {
 
 using internal::HostPort;
-using internal::MaybeLayout;
+using internal::MaybeCluster;
 
 std::string Lower(std::string_view s) {
   std::string out(s);
@@ -59,11 +59,11 @@ bool IsLoopbackHost(std::string_view host) {
 
 // Fills role-independent fields and checks the result. `ps` and `workers`
 // are address lists; `num_workers` (> 0) stands in when workers is empty.
-Result<Layout> FromLists(Role role, int index, std::vector<std::string> ps,
+Result<ClusterLayout> FromLists(Role role, int index, std::vector<std::string> ps,
                          std::vector<std::string> workers, int num_workers,
-                         const LayoutOptions& options, std::string source,
+                         const ClusterOptions& options, std::string source,
                          std::string detail) {
-  Layout layout;
+  ClusterLayout layout;
   layout.role = role;
   layout.index = index;
   layout.source = std::move(source);
@@ -88,12 +88,12 @@ Result<Layout> FromLists(Role role, int index, std::vector<std::string> ps,
   if (role == Role::kServer && index >= 0 && index < layout.num_servers) {
     layout.listen_address = layout.servers[static_cast<std::size_t>(index)];
   }
-  RDMAPS_RETURN_IF_ERROR(internal::ValidateLayout(layout));
+  RDMAPS_RETURN_IF_ERROR(internal::ValidateCluster(layout));
   return layout;
 }
 
-Result<Layout> FromClusterSpecJson(const nlohmann::json& cluster, Role role, int index,
-                                   const LayoutOptions& options, const std::string& source,
+Result<ClusterLayout> FromClusterSpecJson(const nlohmann::json& cluster, Role role, int index,
+                                   const ClusterOptions& options, const std::string& source,
                                    std::string detail) {
   if (!cluster.is_object()) {
     return InvalidArgumentError(source + ": the cluster must be a JSON object like "
@@ -166,12 +166,12 @@ Environment CurrentEnvironment() {
   return env;
 }
 
-std::string Layout::name() const {
+std::string ClusterLayout::name() const {
   if (role == Role::kScheduler) return "scheduler";
   return std::string(RoleName(role)) + (index >= 0 ? std::to_string(index) : "?");
 }
 
-std::string Layout::ToString() const {
+std::string ClusterLayout::ToString() const {
   std::ostringstream os;
   os << "layout from " << source;
   if (!source_detail.empty()) os << " (" << source_detail << ")";
@@ -374,7 +374,7 @@ Result<std::vector<std::string>> ExpandSlurmNodeList(std::string_view text) {
   return out;
 }
 
-Status ValidateLayout(const Layout& layout) {
+Status ValidateCluster(const ClusterLayout& layout) {
   const std::string& src = layout.source;
   if (layout.num_servers < 1) {
     return InvalidArgumentError(src + ": no parameter servers; give at least one ps address");
@@ -415,39 +415,39 @@ Status ValidateLayout(const Layout& layout) {
   return Status::OK();
 }
 
-MaybeLayout LayoutFromOptions(const LayoutOptions& o) {
+MaybeCluster ClusterFromOptions(const ClusterOptions& o) {
   bool any = !o.role.empty() || o.task_index >= 0 || !o.ps_hosts.empty() ||
              !o.worker_hosts.empty() || !o.cluster_spec.empty();
   if (!any) return std::nullopt;
   const std::string src = o.cluster_spec.empty() ? "options" : "cluster_spec";
   if (o.role.empty() || o.task_index < 0) {
-    return Result<Layout>(InvalidArgumentError(
+    return Result<ClusterLayout>(InvalidArgumentError(
         src + ": an explicit layout needs --role and --task_index (got role=" + Quote(o.role) +
         ", task_index=" + std::to_string(o.task_index) + ")"));
   }
   auto role = ParseRole(o.role);
-  if (!role.ok()) return Result<Layout>(role.status());
+  if (!role.ok()) return Result<ClusterLayout>(role.status());
   if (*role == Role::kScheduler) {
-    return Result<Layout>(
+    return Result<ClusterLayout>(
         InvalidArgumentError(src + ": role scheduler exists only in ps-lite (DMLC_ROLE) jobs"));
   }
   std::string detail = "role=" + o.role + " task_index=" + std::to_string(o.task_index);
   if (!o.cluster_spec.empty()) {
     if (!o.ps_hosts.empty() || !o.worker_hosts.empty()) {
-      return Result<Layout>(InvalidArgumentError(
+      return Result<ClusterLayout>(InvalidArgumentError(
           "give either --cluster_spec=" + o.cluster_spec +
           " or --ps_hosts/--worker_hosts, not both"));
     }
     std::ifstream in(o.cluster_spec);
     if (!in) {
-      return Result<Layout>(NotFoundError("cluster_spec: cannot open " + Quote(o.cluster_spec) +
+      return Result<ClusterLayout>(NotFoundError("cluster_spec: cannot open " + Quote(o.cluster_spec) +
                                           "; check the path given to --cluster_spec"));
     }
     std::stringstream ss;
     ss << in.rdbuf();
     nlohmann::json j = nlohmann::json::parse(ss.str(), nullptr, /*allow_exceptions=*/false);
     if (j.is_discarded()) {
-      return Result<Layout>(InvalidArgumentError("cluster_spec: " + Quote(o.cluster_spec) +
+      return Result<ClusterLayout>(InvalidArgumentError("cluster_spec: " + Quote(o.cluster_spec) +
                                                  " is not valid JSON: " + Quote(ss.str())));
     }
     // Accept a bare ClusterSpec or one wrapped in {"cluster": ...}.
@@ -456,74 +456,74 @@ MaybeLayout LayoutFromOptions(const LayoutOptions& o) {
                                detail + " file=" + o.cluster_spec);
   }
   if (o.ps_hosts.empty()) {
-    return Result<Layout>(InvalidArgumentError(
+    return Result<ClusterLayout>(InvalidArgumentError(
         "options: an explicit layout needs --ps_hosts (or --cluster_spec); got " + detail));
   }
   auto ps = ParseHostList(o.ps_hosts, "--ps_hosts");
-  if (!ps.ok()) return Result<Layout>(ps.status());
+  if (!ps.ok()) return Result<ClusterLayout>(ps.status());
   std::vector<std::string> workers;
   if (!o.worker_hosts.empty()) {
     auto w = ParseHostList(o.worker_hosts, "--worker_hosts");
-    if (!w.ok()) return Result<Layout>(w.status());
+    if (!w.ok()) return Result<ClusterLayout>(w.status());
     workers = std::move(*w);
   }
   return FromLists(*role, o.task_index, std::move(*ps), std::move(workers), o.num_workers, o,
                    src, detail);
 }
 
-MaybeLayout LayoutFromRdmapsEnv(const LayoutOptions& o, const Environment& env) {
+MaybeCluster ClusterFromRdmapsEnv(const ClusterOptions& o, const Environment& env) {
   const std::string* role_s = Find(env, "RDMAPS_ROLE");
   if (!role_s) return std::nullopt;
   const std::string src = "RDMAPS_*";
   auto role = ParseRole(*role_s);
-  if (!role.ok()) return Result<Layout>(role.status().WithContext("RDMAPS_ROLE"));
+  if (!role.ok()) return Result<ClusterLayout>(role.status().WithContext("RDMAPS_ROLE"));
   const std::string* idx_s = Find(env, "RDMAPS_TASK_INDEX");
   const std::string* ps_s = Find(env, "RDMAPS_PS_HOSTS");
   if (!idx_s || !ps_s) {
-    return Result<Layout>(InvalidArgumentError(
+    return Result<ClusterLayout>(InvalidArgumentError(
         "RDMAPS_ROLE=" + *role_s + " is set but RDMAPS_TASK_INDEX and RDMAPS_PS_HOSTS must be "
         "set with it"));
   }
   auto idx = ParseCount("RDMAPS_TASK_INDEX", *idx_s);
-  if (!idx.ok()) return Result<Layout>(idx.status());
+  if (!idx.ok()) return Result<ClusterLayout>(idx.status());
   auto ps = ParseHostList(*ps_s, "RDMAPS_PS_HOSTS");
-  if (!ps.ok()) return Result<Layout>(ps.status());
+  if (!ps.ok()) return Result<ClusterLayout>(ps.status());
   std::vector<std::string> workers;
   if (const auto* w = Find(env, "RDMAPS_WORKER_HOSTS"); w && !w->empty()) {
     auto list = ParseHostList(*w, "RDMAPS_WORKER_HOSTS");
-    if (!list.ok()) return Result<Layout>(list.status());
+    if (!list.ok()) return Result<ClusterLayout>(list.status());
     workers = std::move(*list);
   }
   int num_workers = o.num_workers;
   if (const auto* n = Find(env, "RDMAPS_NUM_WORKERS")) {
     auto c = ParseCount("RDMAPS_NUM_WORKERS", *n);
-    if (!c.ok()) return Result<Layout>(c.status());
+    if (!c.ok()) return Result<ClusterLayout>(c.status());
     num_workers = *c;
   }
   std::string detail = "RDMAPS_ROLE=" + *role_s + " RDMAPS_TASK_INDEX=" + *idx_s;
   return FromLists(*role, *idx, std::move(*ps), std::move(workers), num_workers, o, src, detail);
 }
 
-MaybeLayout LayoutFromTfConfig(const LayoutOptions& o, const Environment& env) {
+MaybeCluster ClusterFromTfConfig(const ClusterOptions& o, const Environment& env) {
   const std::string* tf = Find(env, "TF_CONFIG");
   if (!tf || tf->empty()) return std::nullopt;
   const std::string src = "TF_CONFIG";
   nlohmann::json j = nlohmann::json::parse(*tf, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) {
-    return Result<Layout>(InvalidArgumentError("TF_CONFIG is not a JSON object: " + Quote(*tf)));
+    return Result<ClusterLayout>(InvalidArgumentError("TF_CONFIG is not a JSON object: " + Quote(*tf)));
   }
   if (!j.contains("cluster")) {
-    return Result<Layout>(
+    return Result<ClusterLayout>(
         InvalidArgumentError("TF_CONFIG has no \"cluster\": " + Quote(*tf)));
   }
   if (!j.contains("task") || !j.at("task").is_object()) {
-    return Result<Layout>(InvalidArgumentError(
+    return Result<ClusterLayout>(InvalidArgumentError(
         "TF_CONFIG has no \"task\" object like {\"type\": \"worker\", \"index\": 0}: " +
         Quote(*tf)));
   }
   const auto& task = j.at("task");
   if (!task.contains("type") || !task.at("type").is_string()) {
-    return Result<Layout>(
+    return Result<ClusterLayout>(
         InvalidArgumentError("TF_CONFIG task has no string \"type\": " + Quote(task.dump())));
   }
   std::string type = task.at("type").get<std::string>();
@@ -534,15 +534,15 @@ MaybeLayout LayoutFromTfConfig(const LayoutOptions& o, const Environment& env) {
       index = ij.get<int>();
     } else if (ij.is_string()) {
       auto c = ParseCount("TF_CONFIG task.index", ij.get<std::string>());
-      if (!c.ok()) return Result<Layout>(c.status());
+      if (!c.ok()) return Result<ClusterLayout>(c.status());
       index = *c;
     } else {
-      return Result<Layout>(InvalidArgumentError("TF_CONFIG task \"index\" " +
+      return Result<ClusterLayout>(InvalidArgumentError("TF_CONFIG task \"index\" " +
                                                  Quote(ij.dump()) + " is not an integer"));
     }
   }
   if (index < 0) {
-    return Result<Layout>(InvalidArgumentError("TF_CONFIG task index " + std::to_string(index) +
+    return Result<ClusterLayout>(InvalidArgumentError("TF_CONFIG task index " + std::to_string(index) +
                                                " is negative"));
   }
   Role role;
@@ -555,7 +555,7 @@ MaybeLayout LayoutFromTfConfig(const LayoutOptions& o, const Environment& env) {
       index += static_cast<int>(j.at("cluster").at("chief").size());  // chief is worker 0
     }
   } else {
-    return Result<Layout>(InvalidArgumentError(
+    return Result<ClusterLayout>(InvalidArgumentError(
         "TF_CONFIG task type " + Quote(type) +
         " is not one rdmaps runs; use \"ps\", \"worker\" or \"chief\""));
   }
@@ -566,7 +566,7 @@ MaybeLayout LayoutFromTfConfig(const LayoutOptions& o, const Environment& env) {
 namespace {
 
 // The host this process advertises in a rendezvous.
-std::string AdvertiseHost(const LayoutOptions& o, bool single_node, const std::string* node) {
+std::string AdvertiseHost(const ClusterOptions& o, bool single_node, const std::string* node) {
   if (!o.advertise_host.empty()) return o.advertise_host;
   if (single_node) return "127.0.0.1";
   if (node && !node->empty()) return *node;
@@ -575,12 +575,12 @@ std::string AdvertiseHost(const LayoutOptions& o, bool single_node, const std::s
 
 }  // namespace
 
-MaybeLayout LayoutFromDmlc(const LayoutOptions& o, const Environment& env) {
+MaybeCluster ClusterFromDmlc(const ClusterOptions& o, const Environment& env) {
   const std::string* role_s = Find(env, "DMLC_ROLE");
   if (!role_s) return std::nullopt;
   const std::string src = "DMLC";
   auto role = ParseRole(*role_s);
-  if (!role.ok()) return Result<Layout>(role.status().WithContext("DMLC_ROLE"));
+  if (!role.ok()) return Result<ClusterLayout>(role.status().WithContext("DMLC_ROLE"));
   const char* needed[] = {"DMLC_PS_ROOT_URI", "DMLC_PS_ROOT_PORT", "DMLC_NUM_SERVER",
                           "DMLC_NUM_WORKER"};
   std::string missing;
@@ -588,17 +588,17 @@ MaybeLayout LayoutFromDmlc(const LayoutOptions& o, const Environment& env) {
     if (!Find(env, n)) missing += std::string(missing.empty() ? "" : ", ") + n;
   }
   if (!missing.empty()) {
-    return Result<Layout>(InvalidArgumentError("DMLC_ROLE=" + *role_s + " is set but " +
+    return Result<ClusterLayout>(InvalidArgumentError("DMLC_ROLE=" + *role_s + " is set but " +
                                                missing + " is not; ps-lite needs all of them"));
   }
   auto port = ParseCount("DMLC_PS_ROOT_PORT", *Find(env, "DMLC_PS_ROOT_PORT"));
-  if (!port.ok()) return Result<Layout>(port.status());
+  if (!port.ok()) return Result<ClusterLayout>(port.status());
   auto ns = ParseCount("DMLC_NUM_SERVER", *Find(env, "DMLC_NUM_SERVER"));
-  if (!ns.ok()) return Result<Layout>(ns.status());
+  if (!ns.ok()) return Result<ClusterLayout>(ns.status());
   auto nw = ParseCount("DMLC_NUM_WORKER", *Find(env, "DMLC_NUM_WORKER"));
-  if (!nw.ok()) return Result<Layout>(nw.status());
+  if (!nw.ok()) return Result<ClusterLayout>(nw.status());
   const std::string& uri = *Find(env, "DMLC_PS_ROOT_URI");
-  Layout layout;
+  ClusterLayout layout;
   layout.source = src;
   layout.role = *role;
   layout.index = -1;
@@ -606,17 +606,17 @@ MaybeLayout LayoutFromDmlc(const LayoutOptions& o, const Environment& env) {
   layout.num_workers = *nw;
   layout.source_detail = "DMLC_ROLE=" + *role_s + " root " + uri + ":" + std::to_string(*port);
   if (*ns < 1 || *nw < 1) {
-    return Result<Layout>(InvalidArgumentError(
+    return Result<ClusterLayout>(InvalidArgumentError(
         "DMLC: DMLC_NUM_SERVER=" + std::to_string(*ns) + " DMLC_NUM_WORKER=" +
         std::to_string(*nw) + "; both must be at least 1"));
   }
   if (o.num_servers > 0 && o.num_servers != *ns) {
-    return Result<Layout>(InvalidArgumentError(
+    return Result<ClusterLayout>(InvalidArgumentError(
         "DMLC: counts disagree: DMLC_NUM_SERVER=" + std::to_string(*ns) +
         " but num_servers=" + std::to_string(o.num_servers)));
   }
   if (port.value() < 1 || port.value() > 65535) {
-    return Result<Layout>(InvalidArgumentError("DMLC_PS_ROOT_PORT=" + std::to_string(*port) +
+    return Result<ClusterLayout>(InvalidArgumentError("DMLC_PS_ROOT_PORT=" + std::to_string(*port) +
                                                " is outside 1..65535"));
   }
   layout.needs_rendezvous = true;
@@ -624,10 +624,10 @@ MaybeLayout LayoutFromDmlc(const LayoutOptions& o, const Environment& env) {
   layout.world_size = *ns + *nw;
   layout.advertise_host = AdvertiseHost(o, IsLoopbackHost(uri), Find(env, "DMLC_NODE_HOST"));
   layout.listen_address = JoinHostPort(layout.advertise_host, 0);
-  return Result<Layout>(std::move(layout));
+  return Result<ClusterLayout>(std::move(layout));
 }
 
-MaybeLayout LayoutFromRanks(const LayoutOptions& o, const Environment& env) {
+MaybeCluster ClusterFromRanks(const ClusterOptions& o, const Environment& env) {
   struct Launcher {
     const char* name;
     const char* rank;
@@ -652,13 +652,13 @@ MaybeLayout LayoutFromRanks(const LayoutOptions& o, const Environment& env) {
   if (!l) return std::nullopt;
   const std::string src = l->name;
   auto rank = ParseCount(l->rank, *Find(env, l->rank));
-  if (!rank.ok()) return Result<Layout>(rank.status());
+  if (!rank.ok()) return Result<ClusterLayout>(rank.status());
   auto size = ParseCount(l->size, *Find(env, l->size));
-  if (!size.ok()) return Result<Layout>(size.status());
+  if (!size.ok()) return Result<ClusterLayout>(size.status());
   std::string detail = std::string(l->rank) + "=" + std::to_string(*rank) + " " + l->size + "=" +
                        std::to_string(*size);
   if (*rank >= *size) {
-    return Result<Layout>(InvalidArgumentError(src + ": rank " + detail +
+    return Result<ClusterLayout>(InvalidArgumentError(src + ": rank " + detail +
                                                " is out of range (rank must be < size)"));
   }
   // Any worker program works under mpirun/srun/torchrun without flags of its
@@ -667,17 +667,17 @@ MaybeLayout LayoutFromRanks(const LayoutOptions& o, const Environment& env) {
   if (o.num_servers <= 0) {
     if (const auto* ns = Find(env, "RDMAPS_NUM_SERVERS")) {
       auto v = ParseCount("RDMAPS_NUM_SERVERS", *ns);
-      if (!v.ok()) return Result<Layout>(v.status());
+      if (!v.ok()) return Result<ClusterLayout>(v.status());
       if (*v > 0) servers = *v;
     }
   }
   if (servers >= *size) {
-    return Result<Layout>(InvalidArgumentError(
+    return Result<ClusterLayout>(InvalidArgumentError(
         src + ": " + detail + " with num_servers=" + std::to_string(servers) +
         " leaves no worker; start more ranks or lower --num_servers"));
   }
   if (o.num_workers > 0 && o.num_workers != *size - servers) {
-    return Result<Layout>(InvalidArgumentError(
+    return Result<ClusterLayout>(InvalidArgumentError(
         src + ": counts disagree: " + detail + " minus " + std::to_string(servers) +
         " servers is " + std::to_string(*size - servers) + " workers, but num_workers=" +
         std::to_string(o.num_workers)));
@@ -696,11 +696,11 @@ MaybeLayout LayoutFromRanks(const LayoutOptions& o, const Environment& env) {
     if (!list) list = Find(env, "SLURM_JOB_NODELIST");
     if (!list) list = Find(env, "SLURM_NODELIST");
     if (!list) {
-      return Result<Layout>(InvalidArgumentError(
+      return Result<ClusterLayout>(InvalidArgumentError(
           "Slurm: SLURM_PROCID is set but SLURM_JOB_NODELIST is not; run under srun"));
     }
     auto nodes = ExpandSlurmNodeList(*list);
-    if (!nodes.ok()) return Result<Layout>(nodes.status());
+    if (!nodes.ok()) return Result<ClusterLayout>(nodes.status());
     single_node = nodes->size() == 1;
     node_name = Find(env, "SLURMD_NODENAME");
     if (rendezvous.empty()) {
@@ -718,14 +718,14 @@ MaybeLayout LayoutFromRanks(const LayoutOptions& o, const Environment& env) {
     const auto* port_s = Find(env, "MASTER_PORT");
     if (rendezvous.empty()) {
       if (!addr || !port_s) {
-        return Result<Layout>(InvalidArgumentError(
+        return Result<ClusterLayout>(InvalidArgumentError(
             "torchrun: RANK and WORLD_SIZE are set but MASTER_ADDR/MASTER_PORT are not; set "
             "them or pass --rendezvous=HOST:PORT"));
       }
       auto port = ParseCount("MASTER_PORT", *port_s);
-      if (!port.ok()) return Result<Layout>(port.status());
+      if (!port.ok()) return Result<ClusterLayout>(port.status());
       if (*port < 1 || *port >= 65535) {
-        return Result<Layout>(InvalidArgumentError("MASTER_PORT=" + *port_s +
+        return Result<ClusterLayout>(InvalidArgumentError("MASTER_PORT=" + *port_s +
                                                    " is outside 1..65534"));
       }
       // MASTER_PORT itself belongs to torch's TCPStore.
@@ -734,14 +734,14 @@ MaybeLayout LayoutFromRanks(const LayoutOptions& o, const Environment& env) {
     if (addr && IsLoopbackHost(*addr)) single_node = true;
   } else if (rendezvous.empty()) {
     if (!single_node) {
-      return Result<Layout>(InvalidArgumentError(
+      return Result<ClusterLayout>(InvalidArgumentError(
           src + ": the job spans several nodes and " + src +
           " does not say where rank 0 runs; pass --rendezvous=HOST:PORT naming rank 0's host "
           "(or --rendezvous=file:PATH on a shared file system)"));
     }
     rendezvous = JoinHostPort("127.0.0.1", kDefaultRendezvousPort);
   }
-  Layout layout;
+  ClusterLayout layout;
   layout.source = src;
   layout.source_detail = detail;
   layout.rank = *rank;
@@ -756,13 +756,13 @@ MaybeLayout LayoutFromRanks(const LayoutOptions& o, const Environment& env) {
   layout.listen_address = JoinHostPort(layout.advertise_host, 0);
   if (!rendezvous.starts_with("file:")) {
     auto hp = ParseHostPort(rendezvous, "--rendezvous");
-    if (!hp.ok()) return Result<Layout>(hp.status());
+    if (!hp.ok()) return Result<ClusterLayout>(hp.status());
   }
-  return Result<Layout>(std::move(layout));
+  return Result<ClusterLayout>(std::move(layout));
 }
 
-Layout LoopbackLayout(const LayoutOptions& o) {
-  Layout layout;
+ClusterLayout LoopbackCluster(const ClusterOptions& o) {
+  ClusterLayout layout;
   layout.source = "loopback";
   layout.source_detail = "no layout configured";
   layout.role = o.default_role == Role::kScheduler ? Role::kWorker : o.default_role;
@@ -778,23 +778,23 @@ Layout LoopbackLayout(const LayoutOptions& o) {
 
 }  // namespace internal
 
-Result<Layout> ResolveLayout(const LayoutOptions& options, const Environment& env) {
-  using Source = MaybeLayout (*)(const LayoutOptions&, const Environment&);
+Result<ClusterLayout> ResolveCluster(const ClusterOptions& options, const Environment& env) {
+  using Source = MaybeCluster (*)(const ClusterOptions&, const Environment&);
   static constexpr Source kSources[] = {
-      [](const LayoutOptions& o, const Environment&) { return internal::LayoutFromOptions(o); },
-      internal::LayoutFromRdmapsEnv,
-      internal::LayoutFromTfConfig,
-      internal::LayoutFromDmlc,
-      internal::LayoutFromRanks,
+      [](const ClusterOptions& o, const Environment&) { return internal::ClusterFromOptions(o); },
+      internal::ClusterFromRdmapsEnv,
+      internal::ClusterFromTfConfig,
+      internal::ClusterFromDmlc,
+      internal::ClusterFromRanks,
   };
-  std::optional<Result<Layout>> found;
+  std::optional<Result<ClusterLayout>> found;
   for (Source s : kSources) {
     found = s(options, env);
     if (found) break;
   }
-  Result<Layout> result = found ? std::move(*found) : Result<Layout>(internal::LoopbackLayout(options));
+  Result<ClusterLayout> result = found ? std::move(*found) : Result<ClusterLayout>(internal::LoopbackCluster(options));
   if (!result.ok()) return result;
-  Layout& layout = *result;
+  ClusterLayout& layout = *result;
   if (const auto* t = Find(env, "RDMAPS_TRANSPORT")) layout.transport = *t;
   layout.job_token = options.job_token;
   if (layout.job_token.empty()) {
@@ -807,8 +807,8 @@ Result<Layout> ResolveLayout(const LayoutOptions& options, const Environment& en
   return result;
 }
 
-Result<Layout> CompleteLayout(Layout layout, std::string_view self_address,
-                              const LayoutOptions& options) {
+Result<ClusterLayout> CompleteCluster(ClusterLayout layout, std::string_view self_address,
+                              const ClusterOptions& options) {
   if (!layout.needs_rendezvous) return layout;
   RDMAPS_ASSIGN_OR_RETURN(
       internal::RendezvousResult r,
@@ -829,9 +829,9 @@ Result<Layout> CompleteLayout(Layout layout, std::string_view self_address,
   return layout;
 }
 
-Result<Layout> ResolveWorkerLayout(const LayoutOptions& options, const Environment& env) {
-  RDMAPS_ASSIGN_OR_RETURN(Layout layout, ResolveLayout(options, env));
-  return CompleteLayout(std::move(layout), "", options);
+Result<ClusterLayout> ResolveWorkerCluster(const ClusterOptions& options, const Environment& env) {
+  RDMAPS_ASSIGN_OR_RETURN(ClusterLayout layout, ResolveCluster(options, env));
+  return CompleteCluster(std::move(layout), "", options);
 }
 
 }  // namespace rdmaps

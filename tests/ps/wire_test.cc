@@ -1,5 +1,5 @@
 // The range partition at its edges and the checked-block (torn-read) format.
-#include "src/ps/layout.h"
+#include "src/ps/wire.h"
 
 #include <gtest/gtest.h>
 
@@ -134,21 +134,21 @@ TEST(ShardLayoutTest, AutoLayoutDependsOnTheLargestShard) {
   using internal::kLayoutAuto;
   using internal::kLayoutDense;
   using internal::kLayoutInline;
-  using internal::ResolveLayout;
-  EXPECT_EQ(ResolveLayout(kLayoutDense, 1, 1, 1), kLayoutDense);  // explicit stays
-  EXPECT_EQ(ResolveLayout(kLayoutInline, 1 << 30, 1024, 1), kLayoutInline);
-  EXPECT_EQ(ResolveLayout(kLayoutAuto, 16384, 1, 1), kLayoutInline);  // 64 KiB
-  EXPECT_EQ(ResolveLayout(kLayoutAuto, 16385, 1, 1), kLayoutDense);
-  EXPECT_EQ(ResolveLayout(kLayoutAuto, 16385, 1, 2), kLayoutInline);         // 8193 per shard
-  EXPECT_EQ(ResolveLayout(kLayoutAuto, 2 * 16384 + 1, 1, 2), kLayoutDense);  // 16385 first
-  EXPECT_EQ(ResolveLayout(kLayoutAuto, 1, 16384, 1), kLayoutInline);
-  EXPECT_EQ(ResolveLayout(kLayoutAuto, 1, 16385, 8), kLayoutDense);  // one row > 64 KiB
-  EXPECT_EQ(ResolveLayout(kLayoutAuto, std::uint64_t{1} << 62, 1u << 24, 3), kLayoutDense);
+  using internal::ResolveRowLayout;
+  EXPECT_EQ(ResolveRowLayout(kLayoutDense, 1, 1, 1), kLayoutDense);  // explicit stays
+  EXPECT_EQ(ResolveRowLayout(kLayoutInline, 1 << 30, 1024, 1), kLayoutInline);
+  EXPECT_EQ(ResolveRowLayout(kLayoutAuto, 16384, 1, 1), kLayoutInline);  // 64 KiB
+  EXPECT_EQ(ResolveRowLayout(kLayoutAuto, 16385, 1, 1), kLayoutDense);
+  EXPECT_EQ(ResolveRowLayout(kLayoutAuto, 16385, 1, 2), kLayoutInline);         // 8193 per shard
+  EXPECT_EQ(ResolveRowLayout(kLayoutAuto, 2 * 16384 + 1, 1, 2), kLayoutDense);  // 16385 first
+  EXPECT_EQ(ResolveRowLayout(kLayoutAuto, 1, 16384, 1), kLayoutInline);
+  EXPECT_EQ(ResolveRowLayout(kLayoutAuto, 1, 16385, 8), kLayoutDense);  // one row > 64 KiB
+  EXPECT_EQ(ResolveRowLayout(kLayoutAuto, std::uint64_t{1} << 62, 1u << 24, 3), kLayoutDense);
   // Embedding-shaped: >= 65536 rows of < 1 KiB.
-  EXPECT_EQ(ResolveLayout(kLayoutAuto, 65536, 255, 1), kLayoutInline);
-  EXPECT_EQ(ResolveLayout(kLayoutAuto, 65536, 256, 1), kLayoutDense);  // 1 KiB rows
-  EXPECT_EQ(ResolveLayout(kLayoutAuto, 65535, 16, 1), kLayoutDense);   // 1 MiB, too few rows
-  EXPECT_EQ(ResolveLayout(kLayoutAuto, std::uint64_t{1} << 40, 16, 64), kLayoutInline);
+  EXPECT_EQ(ResolveRowLayout(kLayoutAuto, 65536, 255, 1), kLayoutInline);
+  EXPECT_EQ(ResolveRowLayout(kLayoutAuto, 65536, 256, 1), kLayoutDense);  // 1 KiB rows
+  EXPECT_EQ(ResolveRowLayout(kLayoutAuto, 65535, 16, 1), kLayoutDense);   // 1 MiB, too few rows
+  EXPECT_EQ(ResolveRowLayout(kLayoutAuto, std::uint64_t{1} << 40, 16, 64), kLayoutInline);
 }
 
 TEST(ShardLayoutTest, GeometryOfBothLayouts) {

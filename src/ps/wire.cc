@@ -1,4 +1,4 @@
-#include "src/ps/layout.h"
+#include "src/ps/wire.h"
 
 #include <xxhash.h>
 

@@ -172,7 +172,7 @@ inline constexpr std::uint64_t kAutoEmbeddingMaxRowBytes = 1024;
 // kAutoInlineMaxShardBytes of rows (every pull of it is small) or when it is
 // embedding-shaped (pulled by scattered ids, as a rule), else dense.
 // Servers and clients agree.
-inline std::uint32_t ResolveLayout(std::uint32_t layout, std::uint64_t rows, std::uint32_t dim,
+inline std::uint32_t ResolveRowLayout(std::uint32_t layout, std::uint64_t rows, std::uint32_t dim,
                                    std::uint32_t num_servers) {
   if (layout != kLayoutAuto) return layout;
   const std::uint64_t largest = (rows + num_servers - 1) / num_servers;

@@ -28,11 +28,11 @@
 // the offending part), never silently skipped: skipping is how start-ups hang.
 //
 // Two steps, because a server must listen before it can report its address:
-//   RDMAPS_ASSIGN_OR_RETURN(Layout layout, ResolveLayout(options, env));
+//   RDMAPS_ASSIGN_OR_RETURN(ClusterLayout layout, ResolveCluster(options, env));
 //   // A server: listen on layout.listen_address, then pass the real address.
-//   RDMAPS_ASSIGN_OR_RETURN(layout, CompleteLayout(std::move(layout),
+//   RDMAPS_ASSIGN_OR_RETURN(layout, CompleteCluster(std::move(layout),
 //                                                  listen_address, options));
-// CompleteLayout is a no-op for sources that already name every server, and
+// CompleteCluster is a no-op for sources that already name every server, and
 // otherwise runs the rendezvous, by options.startup_timeout; when that passes
 // every waiting process gets TimedOut naming the ranks that never arrived.
 //
@@ -47,7 +47,6 @@
 #include <vector>
 
 #include "rdmaps/status.h"
-#include "rdmaps/table.h"
 
 namespace rdmaps {
 
@@ -72,7 +71,7 @@ inline constexpr int kDefaultServerPort = 7470;
 // Rendezvous port at the root when the launcher does not imply one.
 inline constexpr int kDefaultRendezvousPort = 7471;
 
-struct LayoutOptions {
+struct ClusterOptions {
   // Explicit layout (source 1). role: "ps"/"server", "worker" or "chief".
   std::string role;
   int task_index = -1;
@@ -112,14 +111,14 @@ struct LayoutOptions {
   std::chrono::milliseconds startup_timeout{60000};
 };
 
-struct Layout {
+struct ClusterLayout {
   Role role = Role::kWorker;
   // Index within the role: servers 0..num_servers-1, workers likewise. -1
   // until a ps-lite rendezvous assigns it.
   int index = 0;
   int num_servers = 0;
   int num_workers = 0;
-  // Every server's address, by index; complete after CompleteLayout.
+  // Every server's address, by index; complete after CompleteCluster.
   std::vector<std::string> servers;
   // Workers' addresses by index when the source names them (informational:
   // workers do not listen), else empty.
@@ -136,7 +135,7 @@ struct Layout {
   std::string transport;
   std::string job_token;
 
-  // Rank-based and ps-lite sources before CompleteLayout.
+  // Rank-based and ps-lite sources before CompleteCluster.
   bool needs_rendezvous = false;
   std::string rendezvous;  // "host:port" or "file:PATH".
   int rank = -1;           // -1: assigned by the root (ps-lite).
@@ -150,7 +149,7 @@ struct Layout {
 };
 
 // Picks the first present source (see the top of this file). No network.
-Result<Layout> ResolveLayout(const LayoutOptions& options, const Environment& env);
+Result<ClusterLayout> ResolveCluster(const ClusterOptions& options, const Environment& env);
 
 // Finishes a layout: for sources that need a rendezvous, registers
 // `self_address` (a server's real listen address; a worker may pass "") with
@@ -159,38 +158,10 @@ Result<Layout> ResolveLayout(const LayoutOptions& options, const Environment& en
 // call. TimedOut at options.startup_timeout naming the missing ranks;
 // PermissionDenied on a job-token mismatch; FailedPrecondition on a protocol
 // version mismatch; InvalidArgument when ranks disagree on the job's shape.
-Result<Layout> CompleteLayout(Layout layout, std::string_view self_address,
-                              const LayoutOptions& options);
+Result<ClusterLayout> CompleteCluster(ClusterLayout layout, std::string_view self_address,
+                              const ClusterOptions& options);
 
-// ResolveLayout then CompleteLayout with no address of its own: for workers.
-Result<Layout> ResolveWorkerLayout(const LayoutOptions& options, const Environment& env);
-
-// --- The job's tables -------------------------------------------------
-//
-// Every server and worker of a job needs the same table list. The tools pass
-// it as JSON (rdmaps-server --tables=FILE, rdmaps-local --tables=FILE):
-//   {"tables": [{"id": 0, "name": "w1", "rows": 784, "dim": 128,
-//                "staleness": "bsp" | "asp" | 3,
-//                "init": {"kind": "uniform", "low": -0.05, "high": 0.05, "seed": 1},
-//                "optimizer": {"kind": "adam", "learning_rate": 0.001}}]}
-// "init" kinds: zeros, constant (value), uniform (low, high, seed), normal
-// (mean, stddev, seed). "optimizer" kinds: sgd, momentum (momentum), adagrad
-// (initial_accumulator, epsilon), adam (beta1, beta2, epsilon). Omitted
-// fields take TableOptions' defaults; unknown keys are an error (typos).
-Result<std::vector<TableOptions>> ParseTablesJson(std::string_view json);
-std::string TablesToJson(const std::vector<TableOptions>& tables);
-// Reads and parses a tables file; NotFound / InvalidArgument naming it.
-Result<std::vector<TableOptions>> ReadTablesFile(const std::string& path);
-
-// How a worker program tells rdmaps-local (or rdmaps-server -- CMD) its
-// tables when no --tables file is given: the launcher runs the worker
-// command once with RDMAPS_DESCRIBE_TABLES=PATH set. A worker program calls
-// this right after parsing its flags; when it returns true the tables were
-// written to PATH and the program must exit 0 without training:
-//   RDMAPS_ASSIGN_OR_RETURN(bool described, DescribeTablesIfAsked(tables, env));
-//   if (described) return 0;
-inline constexpr char kDescribeTablesEnv[] = "RDMAPS_DESCRIBE_TABLES";
-Result<bool> DescribeTablesIfAsked(const std::vector<TableOptions>& tables,
-                                   const Environment& env);
+// ResolveCluster then CompleteCluster with no address of its own: for workers.
+Result<ClusterLayout> ResolveWorkerCluster(const ClusterOptions& options, const Environment& env);
 
 }  // namespace rdmaps

@@ -1,4 +1,4 @@
-// Internals of the layout resolver (include/rdmaps/layout.h), exposed for
+// Internals of the layout resolver (include/rdmaps/cluster.h), exposed for
 // tests: host lists, Slurm node lists, and each source on its own.
 //
 // Thread safety: pure functions.
@@ -9,7 +9,7 @@
 #include <string_view>
 #include <vector>
 
-#include "rdmaps/layout.h"
+#include "rdmaps/cluster.h"
 #include "rdmaps/status.h"
 
 namespace rdmaps::internal {
@@ -37,17 +37,17 @@ Result<int> ParseCount(std::string_view name, std::string_view text);
 
 // Each source alone. std::nullopt when the source is absent; an error when it
 // is present but malformed.
-using MaybeLayout = std::optional<Result<Layout>>;
-MaybeLayout LayoutFromOptions(const LayoutOptions& options);
-MaybeLayout LayoutFromRdmapsEnv(const LayoutOptions& options, const Environment& env);
-MaybeLayout LayoutFromTfConfig(const LayoutOptions& options, const Environment& env);
-MaybeLayout LayoutFromDmlc(const LayoutOptions& options, const Environment& env);
-MaybeLayout LayoutFromRanks(const LayoutOptions& options, const Environment& env);
-Layout LoopbackLayout(const LayoutOptions& options);
+using MaybeCluster = std::optional<Result<ClusterLayout>>;
+MaybeCluster ClusterFromOptions(const ClusterOptions& options);
+MaybeCluster ClusterFromRdmapsEnv(const ClusterOptions& options, const Environment& env);
+MaybeCluster ClusterFromTfConfig(const ClusterOptions& options, const Environment& env);
+MaybeCluster ClusterFromDmlc(const ClusterOptions& options, const Environment& env);
+MaybeCluster ClusterFromRanks(const ClusterOptions& options, const Environment& env);
+ClusterLayout LoopbackCluster(const ClusterOptions& options);
 
 // Checks counts, index range and duplicate addresses (entries with port 0
 // are exempt: a worker does not listen).
-Status ValidateLayout(const Layout& layout);
+Status ValidateCluster(const ClusterLayout& layout);
 
 // gethostname(), or "localhost" if that fails.
 std::string LocalHostName();
