@@ -3,7 +3,8 @@
 #
 #   scripts/dev.sh demo    install what is missing, build, run the demo
 #   scripts/dev.sh test    install what is missing, build, run every test
-#                          (plain build with -Werror, then ASan+UBSan, then TSan)
+#                          (plain g++ build with -Werror, then ASan+UBSan, then TSan
+#                          built with clang, whose -Wthread-safety checks lock rules)
 #   scripts/dev.sh deps    only install the Debian packages
 #   scripts/dev.sh build   only configure and build (build/)
 #
@@ -16,7 +17,7 @@ jobs="${RDMAPS_JOBS:-$(nproc)}"
 
 # Debian 12 packages the build, the tests and the VM harness need.
 packages=(
-  build-essential cmake ninja-build pkg-config g++ clang
+  build-essential cmake ninja-build pkg-config g++ clang libclang-rt-14-dev
   libgflags-dev libgoogle-glog-dev libgtest-dev libgmock-dev libbenchmark-dev
   libtbb-dev libeigen3-dev nlohmann-json3-dev libxxhash-dev
   libibverbs-dev librdmacm-dev rdma-core ibverbs-providers ibverbs-utils rdmacm-utils perftest
@@ -39,10 +40,10 @@ install_deps() {
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
 }
 
-# build DIR [cmake args...]
+# build DIR [cmake args...]; CXX=... before the call picks another compiler.
 build() {
   local dir="$1"; shift
-  local cxx="${RDMAPS_CXX:-g++}"
+  local cxx="${CXX_FOR_BUILD:-${RDMAPS_CXX:-g++}}"
   cmake -S "$here" -B "$dir" -G Ninja -DCMAKE_CXX_COMPILER="$cxx" -DRDMAPS_WERROR=ON "$@" >/dev/null
   cmake --build "$dir" -j "$jobs"
 }
@@ -79,8 +80,8 @@ case "$cmd" in
       build "$here/build-asan" -DRDMAPS_SANITIZE='address;undefined' -DRDMAPS_BUILD_PERF=OFF \
         -DCMAKE_BUILD_TYPE=Debug
       ASAN_OPTIONS=detect_leaks=1 run_tests "$here/build-asan" -LE 'vm|slow|install'
-      echo "dev.sh: ThreadSanitizer"
-      build "$here/build-tsan" -DRDMAPS_SANITIZE=thread -DRDMAPS_BUILD_PERF=OFF \
+      echo "dev.sh: ThreadSanitizer, built with clang (-Wthread-safety -Werror)"
+      CXX_FOR_BUILD=clang++ build "$here/build-tsan" -DRDMAPS_SANITIZE=thread -DRDMAPS_BUILD_PERF=OFF \
         -DCMAKE_BUILD_TYPE=RelWithDebInfo
       run_tests "$here/build-tsan" -LE 'vm|slow|install'
     fi
