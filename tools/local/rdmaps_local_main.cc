@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "tools/common/flags.h"
 #include "tools/local/launch.h"
 
 DEFINE_int32(servers, 1, "parameter servers to start");
@@ -65,7 +66,7 @@ int main(int argc, char** argv) {
   gflags::SetUsageMessage(
       "starts a whole rdmaps job on this machine\n"
       "  rdmaps-local --servers N --workers M -- <worker command...>");
-  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  rdmaps::tools::ParseCommandLineFlags(&argc, &argv);
   FLAGS_logtostderr = true;
   google::InitGoogleLogging(argv[0]);
   options.servers = FLAGS_servers;
