@@ -28,6 +28,7 @@
 #include "src/ps/wire.h"
 #include "src/ps/memory.h"
 #include "src/ps/optimizer.h"
+#include "tools/common/flags.h"
 #include "transport/transport.h"
 
 DEFINE_string(transport, "tcp", "tcp, fake or verbs");
@@ -370,6 +371,6 @@ int Main() {
 
 int main(int argc, char** argv) {
   gflags::SetUsageMessage("ps-bench: parameter-server pull/push vs raw transport ops");
-  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  rdmaps::tools::ParseCommandLineFlags(&argc, &argv);
   return rdmaps::Main();
 }

@@ -1,9 +1,9 @@
 #include "perf/rdmaps-perf/perf_cli.h"
 
-#include <gflags/gflags.h>
-
 #include <cstdlib>
 #include <map>
+
+#include "tools/common/flags.h"
 
 namespace rdmaps::perf {
 
@@ -14,7 +14,7 @@ std::vector<std::string> ParseFlags(int argc, char** argv) {
   cargs.push_back(nullptr);
   int cargc = static_cast<int>(args.size());
   char** cargv = cargs.data();
-  gflags::ParseCommandLineFlags(&cargc, &cargv, true);
+  tools::ParseCommandLineFlags(&cargc, &cargv);
   return std::vector<std::string>(cargv + 1, cargv + cargc);
 }
 

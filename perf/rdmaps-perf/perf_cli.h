@@ -20,8 +20,9 @@ namespace rdmaps::perf {
 // -x gid_index, -h help. Arguments after "--" stay as they are.
 std::vector<std::string> TranslateArgs(int argc, char** argv);
 
-// TranslateArgs, then gflags::ParseCommandLineFlags; returns the positional
-// arguments (the program name excluded).
+// TranslateArgs, then rdmaps::tools::ParseCommandLineFlags (gflags with the
+// tool's own flags first in --help, tools/common/flags.h); returns the
+// positional arguments (the program name excluded).
 std::vector<std::string> ParseFlags(int argc, char** argv);
 
 // An IPv6 literal in brackets ("[::1]"), anything else as is.

@@ -41,7 +41,8 @@
 #include <string>
 #include <vector>
 
-#include "transport/transport.h"
+#include "rdmaps/transports.h"
+#include "tools/common/flags.h"
 
 DEFINE_uint64(memory, 256ull << 20,
               "bytes the configured server would register (checked against the memlock limit)");
@@ -99,11 +100,16 @@ std::string Bytes(unsigned long long v) {
 
 int MtuBytes(ibv_mtu m) {
   switch (m) {
-    case IBV_MTU_256: return 256;
-    case IBV_MTU_512: return 512;
-    case IBV_MTU_1024: return 1024;
-    case IBV_MTU_2048: return 2048;
-    case IBV_MTU_4096: return 4096;
+    case IBV_MTU_256:
+      return 256;
+    case IBV_MTU_512:
+      return 512;
+    case IBV_MTU_1024:
+      return 1024;
+    case IBV_MTU_2048:
+      return 2048;
+    case IBV_MTU_4096:
+      return 4096;
   }
   return 0;
 }
@@ -157,16 +163,16 @@ int CheckDevices(Report& r) {
       ibv_port_attr pa{};
       if (ibv_query_port(ctx, static_cast<std::uint8_t>(p), &pa) != 0) continue;
       std::string ll = pa.link_layer == IBV_LINK_LAYER_ETHERNET ? "Ethernet (RoCE)" : "InfiniBand";
-      std::string desc = name + " port " + std::to_string(p) + ": " +
-                         ibv_port_state_str(pa.state) + ", " + ll + ", active MTU " +
-                         std::to_string(MtuBytes(pa.active_mtu)) + " (max " +
-                         std::to_string(MtuBytes(pa.max_mtu)) + ")";
+      std::string desc = name + " port " + std::to_string(p) + ": " + ibv_port_state_str(pa.state) +
+                         ", " + ll + ", active MTU " + std::to_string(MtuBytes(pa.active_mtu)) +
+                         " (max " + std::to_string(MtuBytes(pa.max_mtu)) + ")";
       if (pa.state == IBV_PORT_ACTIVE) {
         any_active = true;
         r.Ok(desc);
         if (pa.active_mtu < pa.max_mtu && pa.link_layer == IBV_LINK_LAYER_ETHERNET) {
-          r.Info("the netdev's MTU limits the RDMA MTU; a larger one (`ip link set IFACE "
-                 "mtu 9000`) raises bandwidth on real RoCE NICs");
+          r.Info(
+              "the netdev's MTU limits the RDMA MTU; a larger one (`ip link set IFACE "
+              "mtu 9000`) raises bandwidth on real RoCE NICs");
         }
       } else {
         r.Warn(desc, pa.link_layer == IBV_LINK_LAYER_ETHERNET
@@ -202,9 +208,9 @@ int CheckDevices(Report& r) {
                "default_roce_mode) or keep peers in one L2 segment");
       } else {
         r.Ok(name + " port " + std::to_string(p) + ": " + std::to_string(usable) +
-             " usable GID(s)" + (pa.link_layer == IBV_LINK_LAYER_ETHERNET
-                                     ? ", " + std::to_string(v2) + " RoCE v2"
-                                     : std::string()));
+             " usable GID(s)" +
+             (pa.link_layer == IBV_LINK_LAYER_ETHERNET ? ", " + std::to_string(v2) + " RoCE v2"
+                                                       : std::string()));
       }
       if (FLAGS_gid_index >= 0) {
         ibv_gid gid{};
@@ -337,7 +343,9 @@ void CheckRdmaCm(Report& r, bool have_devices) {
   int status = 0;
   std::string fix =
       "the peer's IP must be on an RDMA device's netdev and routable from one of ours "
-      "(`rdma link`, `ip route get " + host + "`); if there is no RDMA path, use "
+      "(`rdma link`, `ip route get " +
+      host +
+      "`); if there is no RDMA path, use "
       "--transport=tcp";
   if (id == nullptr || rdma_resolve_addr(id, nullptr, ai->ai_addr, FLAGS_timeout_ms) != 0) {
     r.Fail("rdma_resolve_addr(" + FLAGS_peer + ") failed: " + std::strerror(errno), fix);
@@ -351,16 +359,16 @@ void CheckRdmaCm(Report& r, bool have_devices) {
            fix);
   } else {
     std::string dev = id->verbs ? ibv_get_device_name(id->verbs->device) : "?";
-    r.Ok("address " + FLAGS_peer + " -> device " + dev + " port " +
-         std::to_string(id->port_num) + " (routes there; what address_hint=" + FLAGS_peer +
-         " opens)");
+    r.Ok("address " + FLAGS_peer + " -> device " + dev + " port " + std::to_string(id->port_num) +
+         " (routes there; what address_hint=" + FLAGS_peer + " opens)");
     if (rdma_resolve_route(id, FLAGS_timeout_ms) != 0 || !WaitEvent(ch, &type, &status) ||
         type != RDMA_CM_EVENT_ROUTE_RESOLVED) {
       r.Fail("route resolution to " + FLAGS_peer + " failed (" +
                  (type == RDMA_CM_EVENT_ROUTE_RESOLVED ? "timeout" : rdma_event_str(type)) + ")",
              "check GIDs on both sides and IP routing; on InfiniBand a subnet manager must run");
     } else {
-      r.Ok("route to " + FLAGS_peer + " resolved (rdma_cm can connect there if a server "
+      r.Ok("route to " + FLAGS_peer +
+           " resolved (rdma_cm can connect there if a server "
            "listens)");
     }
   }
@@ -403,8 +411,8 @@ void CheckListen(Report& r, bool have_devices) {
            "to its interface: `rdma link add rxe0 type rxe netdev IFACE`");
   } else {
     r.Ok("address " + FLAGS_listen + " -> device " + ibv_get_device_name(id->verbs->device) +
-         " port " + std::to_string(id->port_num) + " (owns it; what address_hint=" +
-         FLAGS_listen + " opens)");
+         " port " + std::to_string(id->port_num) + " (owns it; what address_hint=" + FLAGS_listen +
+         " opens)");
   }
   if (id) rdma_destroy_id(id);
   if (ch) rdma_destroy_event_channel(ch);
@@ -432,8 +440,8 @@ void CheckSoftRoce(Report& r, bool have_active) {
   }
   // Kernel config: INFINIBAND off means no RDMA stack at all.
   std::string infiniband_cfg;
-  if (FILE* p = popen("zcat /proc/config.gz 2>/dev/null | grep -E '^(# )?CONFIG_INFINIBAND[ =]'",
-                      "r")) {
+  if (FILE* p =
+          popen("zcat /proc/config.gz 2>/dev/null | grep -E '^(# )?CONFIG_INFINIBAND[ =]'", "r")) {
     char buf[256];
     if (fgets(buf, sizeof buf, p)) infiniband_cfg = buf;
     pclose(p);
@@ -450,21 +458,21 @@ void CheckSoftRoce(Report& r, bool have_active) {
     r.Ok("rdma_rxe is " + std::string(loaded ? "loaded" : "available") + " for kernel " + rel);
     r.Info("set it up (as root): `" + cmd + "`" +
            (ifaces.empty() ? " (IFACE: an up interface with an IPv4 address)"
-                           : " (" + ifaces.front().first + " has " + ifaces.front().second +
-                                 ")"));
+                           : " (" + ifaces.front().first + " has " + ifaces.front().second + ")"));
     r.Info("then connect peers to that interface's IP; rxe on `lo` is refused by the kernel");
     return;
   }
   if (infiniband_cfg.find("is not set") != std::string::npos) {
-    r.Warn("this kernel (" + rel + ") is built without RDMA support (CONFIG_INFINIBAND is "
-           "not set): Soft-RoCE cannot run on it",
+    r.Warn("this kernel (" + rel +
+               ") is built without RDMA support (CONFIG_INFINIBAND is "
+               "not set): Soft-RoCE cannot run on it",
            "use --transport=tcp here, or run the verbs tests in the Soft-RoCE VM "
            "(tests/vm/run_in_vm.sh boots a Debian kernel with rdma_rxe in qemu)");
     return;
   }
   r.Warn("the rdma_rxe module is not installed for kernel " + rel,
-         "install your distribution's kernel modules (Debian: linux-image-" + rel +
-             "), then `" + cmd + "`; or use --transport=tcp");
+         "install your distribution's kernel modules (Debian: linux-image-" + rel + "), then `" +
+             cmd + "`; or use --transport=tcp");
 }
 
 int Main() {
@@ -479,7 +487,7 @@ int Main() {
 
   r.Section("transport selection");
   std::string why;
-  bool usable = transport::VerbsUsable(&why);
+  bool usable = AutoTransport(&why) == "verbs";
   if (usable) {
     r.Ok("--transport=auto picks verbs");
   } else {
@@ -507,7 +515,7 @@ int main(int argc, char** argv) {
   gflags::SetUsageMessage(
       "checks RDMA devices, ports, GIDs, MTU, memlock, /dev/infiniband, rdma_cm reachability "
       "and Soft-RoCE; exit 0 when ready for --transport=verbs, 1 when not");
-  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  rdmaps::tools::ParseCommandLineFlags(&argc, &argv);
   if (argc > 1) {
     std::cerr << "rdmaps-doctor: unexpected argument '" << argv[1] << "' (see --help)\n";
     return 2;

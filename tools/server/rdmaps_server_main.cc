@@ -42,6 +42,7 @@
 
 #include "rdmaps/cluster.h"
 #include "rdmaps/tables_json.h"
+#include "tools/common/flags.h"
 #include "rdmaps/server.h"
 
 // ClusterLayout (see include/rdmaps/cluster.h).
@@ -399,7 +400,7 @@ int main(int argc, char** argv) {
   gflags::SetUsageMessage(
       "runs one rdmaps parameter server node\n"
       "  rdmaps-server --tables=FILE [layout flags] [-- worker command for worker ranks]");
-  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  rdmaps::tools::ParseCommandLineFlags(&argc, &argv);
   FLAGS_logtostderr = FLAGS_logtostderr || std::getenv("GLOG_log_dir") == nullptr;
   google::InitGoogleLogging(argv[0]);
   SignalThread signals;  // before any thread starts

@@ -27,6 +27,7 @@
 #include "rdmaps/cluster.h"
 #include "rdmaps/tables_json.h"
 #include "rdmaps/server.h"
+#include "tools/common/flags.h"
 #include "tools/train/idx.h"
 #include "tools/train/inproc_job.h"
 #include "tools/train/model.h"
@@ -359,7 +360,7 @@ Status Run() {
 
 int main(int argc, char** argv) {
   gflags::SetUsageMessage("data-parallel Fashion-MNIST training through rdmaps");
-  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  rdmaps::tools::ParseCommandLineFlags(&argc, &argv);
   google::InitGoogleLogging(argv[0]);
   FLAGS_logtostderr = true;
   const rdmaps::Status s = rdmaps::train::Run();

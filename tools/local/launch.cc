@@ -1,0 +1,372 @@
+#include "tools/local/launch.h"
+
+#include <glog/logging.h>
+#include <signal.h>
+#include <stdlib.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "rdmaps/cluster.h"
+#include "rdmaps/tables_json.h"
+#include "tools/local/job.h"
+
+namespace rdmaps::local {
+namespace {
+
+using ChildId = Job::ChildId;
+// The exit code of the whole run, once a phase has ended it.
+using Outcome = std::optional<int>;
+
+std::map<std::string, std::string> BaseEnv() {
+  auto env = CurrentEnvironment();
+  // A layout inherited from an enclosing launcher must not leak in.
+  for (const char* k :
+       {"RDMAPS_ROLE", "RDMAPS_TASK_INDEX", "RDMAPS_PS_HOSTS", "RDMAPS_WORKER_HOSTS",
+        "RDMAPS_NUM_WORKERS", "TF_CONFIG", "DMLC_ROLE", kDescribeTablesEnv}) {
+    env.erase(k);
+  }
+  if (!env.count("GLOG_logtostderr") && !env.count("GLOG_log_dir")) env["GLOG_logtostderr"] = "1";
+  return env;
+}
+
+std::string ServerBinary(const LaunchOptions& o) {
+  if (!o.server_binary.empty()) return o.server_binary;
+  std::error_code ec;
+  auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    for (auto candidate : {self.parent_path() / "rdmaps-server",
+                           self.parent_path().parent_path() / "server" / "rdmaps-server"}) {
+      if (std::filesystem::exists(candidate, ec)) return candidate.string();
+    }
+  }
+  return "rdmaps-server";  // from PATH
+}
+
+std::string RandomToken() {
+  std::random_device rd;
+  char buf[17];
+  std::snprintf(buf, sizeof(buf), "%08x%08x", rd(), rd());
+  return buf;
+}
+
+std::string JoinHosts(const std::vector<std::string>& v) {
+  std::string s;
+  for (const auto& x : v) s += (s.empty() ? "" : ",") + x;
+  return s;
+}
+
+std::string TfConfig(const LaunchOptions& o, const std::vector<std::string>& ps, const char* type,
+                     int index) {
+  nlohmann::json cluster;
+  cluster["ps"] = ps;
+  std::vector<std::string> w(static_cast<std::size_t>(o.workers), o.host + ":0");
+  cluster["worker"] = w;
+  return nlohmann::json({{"cluster", cluster}, {"task", {{"type", type}, {"index", index}}}})
+      .dump();
+}
+
+// The layout environment of one process.
+void AddLayoutEnv(const LaunchOptions& o, std::map<std::string, std::string>& env, bool server,
+                  int index, const std::vector<std::string>& ps, const std::string& token) {
+  env["RDMAPS_TRANSPORT"] = o.transport;
+  env["RDMAPS_JOB_TOKEN"] = token;
+  if (o.layout_env == "tf_config") {
+    env["TF_CONFIG"] = TfConfig(o, ps, server ? "ps" : "worker", index);
+    return;
+  }
+  env["RDMAPS_ROLE"] = server ? "ps" : "worker";
+  env["RDMAPS_TASK_INDEX"] = std::to_string(index);
+  env["RDMAPS_PS_HOSTS"] = JoinHosts(ps);
+  env["RDMAPS_NUM_WORKERS"] = std::to_string(o.workers);
+}
+
+// Splits --server_args at spaces.
+std::vector<std::string> SplitArgs(const std::string& text) {
+  std::vector<std::string> out;
+  for (std::size_t p = 0; p < text.size();) {
+    auto q = text.find(' ', p);
+    if (q == std::string::npos) q = text.size();
+    if (q > p) out.push_back(text.substr(p, q - p));
+    p = q + 1;
+  }
+  return out;
+}
+
+// The options make a job, or the reason why not on stderr.
+Outcome CheckOptions(const LaunchOptions& o) {
+  if (o.command.empty()) {
+    std::cerr << "rdmaps-local: give the worker command after --, e.g.\n"
+                 "  rdmaps-local --servers 2 --workers 3 -- ./my_worker --epochs=2\n";
+    return kExitConfig;
+  }
+  if (o.servers < 1 || o.workers < 1) {
+    std::cerr << "rdmaps-local: --servers and --workers must be at least 1\n";
+    return kExitConfig;
+  }
+  if (o.layout_env != "rdmaps" && o.layout_env != "tf_config") {
+    std::cerr << "rdmaps-local: --layout_env must be rdmaps or tf_config, not '" << o.layout_env
+              << "'\n";
+    return kExitConfig;
+  }
+  return std::nullopt;
+}
+
+void PrintLayout(const LaunchOptions& o) {
+  std::vector<std::string> ps;
+  for (int i = 0; i < o.servers; ++i) ps.push_back(o.host + ":<port " + std::to_string(i) + ">");
+  std::cout << "rdmaps-local layout: " << o.servers << " servers on " << o.host
+            << " (ports chosen at start-up), " << o.workers << " workers, transport " << o.transport
+            << ", layout via " << (o.layout_env == "tf_config" ? "TF_CONFIG" : "RDMAPS_* variables")
+            << "\n";
+  for (int w = 0; w < o.workers; ++w) {
+    std::cout << "  worker" << w << ": RDMAPS_ROLE=worker RDMAPS_TASK_INDEX=" << w
+              << " RDMAPS_PS_HOSTS=" << JoinHosts(ps) << " RDMAPS_NUM_WORKERS=" << o.workers
+              << "\n";
+  }
+}
+
+// The phases of one run, in order; each either ends the run with an exit
+// code or leaves the next phase its state.
+class Launcher {
+ public:
+  Launcher(const LaunchOptions& options, Job& job, std::string tmpdir)
+      : o_(options),
+        job_(job),
+        tmpdir_(std::move(tmpdir)),
+        token_(o_.job_token.empty() ? RandomToken() : o_.job_token),
+        start_(Clock::now()),
+        startup_deadline_(start_ + o_.startup_timeout),
+        job_deadline_(o_.timeout.count() > 0 ? start_ + o_.timeout : Clock::time_point::max()) {}
+
+  int Run() {
+    for (auto phase :
+         {&Launcher::ResolveTables, &Launcher::StartServers, &Launcher::WaitForAddresses,
+          &Launcher::StartWorkers, &Launcher::Supervise}) {
+      if (Outcome rc = (this->*phase)()) return *rc;
+    }
+    return TearDown();
+  }
+
+ private:
+  // --tables, checked, or the tables the worker command describes.
+  Outcome ResolveTables() {
+    if (!o_.tables.empty()) {
+      auto t = ReadTablesFile(o_.tables);
+      if (!t.ok()) {
+        job_.Say(t.status().ToString());
+        return kExitConfig;
+      }
+      tables_path_ = std::filesystem::absolute(o_.tables).string();
+      return std::nullopt;
+    }
+    tables_path_ = tmpdir_ + "/tables.json";
+    auto env = BaseEnv();
+    env[kDescribeTablesEnv] = tables_path_;
+    auto id = job_.Spawn({.name = "describe", .argv = o_.command, .env = env});
+    if (!id.ok()) {
+      job_.Say(id.status().ToString());
+      return 1;
+    }
+    auto wake = job_.WaitUntil(startup_deadline_, [&] { return job_.exit_code(*id).has_value(); });
+    if (wake.reason == Job::Wake::kSignal) return job_.StopForSignal(wake.signal);
+    if (wake.reason == Job::Wake::kDeadline) {
+      job_.Say("the worker command did not describe its tables within the start-up deadline");
+      job_.StopAll();
+      return kExitTimeout;
+    }
+    auto t = ReadTablesFile(tables_path_);
+    if (*job_.exit_code(*id) != 0 || !t.ok()) {
+      job_.Say("the worker command did not describe its tables (" + job_.how(*id) + ", " +
+               t.status().ToString() + "): it must call rdmaps::DescribeTablesIfAsked() when " +
+               kDescribeTablesEnv + " is set, or pass --tables=FILE");
+      return kExitConfig;
+    }
+    job_.Say("tables from the worker command: " + std::to_string(t->size()) + " table(s)");
+    return std::nullopt;
+  }
+
+  // Servers, each to report its address on fd 3.
+  Outcome StartServers() {
+    const std::vector<std::string> placeholder(static_cast<std::size_t>(o_.servers),
+                                               o_.host + ":0");
+    const std::string binary = ServerBinary(o_);
+    for (int i = 0; i < o_.servers; ++i) {
+      ChildSpec spec{.name = "ps" + std::to_string(i),
+                     .argv = {binary, "--tables=" + tables_path_, "--ready_fd=3",
+                              "--startup_timeout_s=" + std::to_string(o_.startup_timeout.count())},
+                     .env = BaseEnv(),
+                     .server = true,
+                     .ready_pipe = true};
+      AddLayoutEnv(o_, spec.env, true, i, placeholder, token_);
+      for (auto& arg : SplitArgs(o_.server_args)) spec.argv.push_back(std::move(arg));
+      auto id = job_.Spawn(spec);
+      if (!id.ok()) {
+        job_.Say(id.status().ToString());
+        job_.StopAll();
+        return 1;
+      }
+      servers_.push_back(*id);
+      job_.Say(spec.name + " pid=" + std::to_string(job_.pid(*id)) + " started");
+    }
+    return std::nullopt;
+  }
+
+  Outcome WaitForAddresses() {
+    auto all_ready = [&] {
+      for (ChildId id : servers_) {
+        if (!job_.ready_line(id)) return false;
+      }
+      return true;
+    };
+    auto one_exited = [&] {
+      for (ChildId id : servers_) {
+        if (job_.exit_code(id)) return true;
+      }
+      return false;
+    };
+    // The job deadline (--timeout_s) counts only once the servers are ready.
+    auto wake = job_.WaitUntil(startup_deadline_, [&] { return all_ready() || one_exited(); });
+    if (wake.reason == Job::Wake::kSignal) return job_.StopForSignal(wake.signal);
+    if (!all_ready()) {
+      for (ChildId id : servers_) {
+        if (auto rc = job_.exit_code(id)) {
+          job_.Say(job_.name(id) + " exited (" + job_.how(id) + ") before it was ready; stopping");
+          job_.StopAll();
+          return *rc != 0 ? *rc : 1;
+        }
+      }
+      std::string missing;
+      for (ChildId id : servers_) {
+        if (!job_.ready_line(id)) missing += " " + job_.name(id);
+      }
+      job_.Say("start-up deadline (" + std::to_string(o_.startup_timeout.count()) +
+               " s) passed; servers never ready:" + missing);
+      job_.StopAll();
+      return kExitTimeout;
+    }
+    for (ChildId id : servers_) ps_.push_back(*job_.ready_line(id));
+    job_.Say("servers ready: " + JoinHosts(ps_));
+    return std::nullopt;
+  }
+
+  Outcome StartWorkers() {
+    for (int w = 0; w < o_.workers; ++w) {
+      const std::string name = "worker" + std::to_string(w);
+      if (w == o_.omit_worker) {
+        job_.Say(name + " not started (--omit_worker)");
+        continue;
+      }
+      ChildSpec spec{.name = name, .argv = o_.command, .env = BaseEnv()};
+      AddLayoutEnv(o_, spec.env, false, w, ps_, token_);
+      auto id = job_.Spawn(spec);
+      if (!id.ok()) {
+        job_.Say(id.status().ToString());
+        job_.StopAll();
+        return 1;
+      }
+      workers_.push_back(*id);
+      job_.Say(name + " pid=" + std::to_string(job_.pid(*id)) + " started");
+    }
+    return std::nullopt;
+  }
+
+  // Until every worker has exited, or something fails.
+  Outcome Supervise() {
+    auto workers_done_or_failure = [&] {
+      if (job_.failure()) return true;
+      for (ChildId id : workers_) {
+        if (!job_.exit_code(id)) return false;
+      }
+      return true;
+    };
+    auto wake = job_.WaitUntil(job_deadline_, workers_done_or_failure);
+    if (wake.reason == Job::Wake::kSignal) return job_.StopForSignal(wake.signal);
+    if (job_.failure()) {
+      // Collect a server failure that caused this one (see Job::kSettle).
+      wake =
+          job_.WaitUntil(job_.failure()->at + Job::kSettle, [&] { return job_.failure()->server; });
+      if (wake.reason == Job::Wake::kSignal) return job_.StopForSignal(wake.signal);
+      job_.Say(job_.failure()->what + "; stopping the job");
+      job_.StopAll();
+      return job_.failure()->exit_code;
+    }
+    if (wake.reason == Job::Wake::kDeadline) {
+      job_.Say("job deadline (--timeout_s=" + std::to_string(o_.timeout.count()) +
+               ") passed; stopping the job");
+      job_.StopAll();
+      return kExitTimeout;
+    }
+    return std::nullopt;
+  }
+
+  // Servers exit by themselves once every worker has closed.
+  int TearDown() {
+    const auto servers_by = std::min(job_deadline_, Clock::now() + o_.grace);
+    auto wake = job_.WaitUntil(servers_by, [&] { return job_.Live() == 0; });
+    if (wake.reason == Job::Wake::kSignal) return job_.StopForSignal(wake.signal);
+    if (job_.Live() > 0) {
+      job_.Say("servers still running " + std::to_string(o_.grace.count()) +
+               " s after the last worker; stopping them");
+      job_.StopAll();
+    }
+    if (job_.failure()) {
+      job_.Say("job failed: " + job_.failure()->what);
+      return job_.failure()->exit_code;
+    }
+    std::chrono::duration<double> took = Clock::now() - start_;
+    job_.Say("job done in " + std::to_string(took.count()) + " s");
+    return 0;
+  }
+
+  // Constant after construction.
+  const LaunchOptions& o_;
+  Job& job_;
+  const std::string tmpdir_;
+  const std::string token_;
+  const Clock::time_point start_;
+  const Clock::time_point startup_deadline_;
+  const Clock::time_point job_deadline_;
+
+  // Set by the phases, in order.
+  std::string tables_path_;
+  std::vector<ChildId> servers_;
+  std::vector<std::string> ps_;  // the servers' addresses
+  std::vector<ChildId> workers_;
+};
+
+}  // namespace
+
+int Launch(const LaunchOptions& options) {
+  if (Outcome rc = CheckOptions(options)) return *rc;
+  if (options.print_layout) {
+    PrintLayout(options);
+    return 0;
+  }
+  JobOptions job_options;
+  job_options.grace = options.grace;
+  auto job = Job::Create(std::move(job_options));
+  if (!job.ok()) {
+    LOG(ERROR) << job.status().ToString();
+    return 1;
+  }
+  char tmpdir[] = "/tmp/rdmaps-local-XXXXXX";
+  if (!mkdtemp(tmpdir)) {
+    PLOG(ERROR) << "mkdtemp";
+    return 1;
+  }
+  int rc = Launcher(options, **job, tmpdir).Run();
+  std::error_code ec;
+  std::filesystem::remove_all(tmpdir, ec);
+  return rc;
+}
+
+}  // namespace rdmaps::local

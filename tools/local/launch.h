@@ -1,0 +1,67 @@
+// One rdmaps-local run: a whole rdmaps job on this machine, in phases.
+//
+// 1. Tables: LaunchOptions::tables, or else the worker command is run once
+//    with RDMAPS_DESCRIBE_TABLES=PATH and must write its tables there
+//    (rdmaps::DescribeTablesIfAsked) and exit 0.
+// 2. Servers: N rdmaps-server child processes listening on port 0 of `host`;
+//    each reports its real address on a pipe (--ready_fd) when ready.
+// 3. Workers: M child processes of the worker command, each with its layout
+//    in the environment: RDMAPS_ROLE=worker, RDMAPS_TASK_INDEX,
+//    RDMAPS_PS_HOSTS, RDMAPS_NUM_WORKERS, RDMAPS_TRANSPORT, RDMAPS_JOB_TOKEN
+//    (or, with layout_env "tf_config", a TF_CONFIG per process).
+// 4. Every child's output is streamed with a prefix ("[ps0] ...",
+//    "[worker2] ..."). The job ends when every worker has exited: Launch
+//    returns the first non-zero exit code (a signal N counts as 128+N), or 0.
+//    A failing worker, a server exiting early, Ctrl-C / SIGTERM (forwarded
+//    to every child) or the job deadline stop everything: SIGTERM, then
+//    SIGKILL after the grace period.
+// The children are supervised by a Job (job.h).
+//
+// Thread safety: Launch blocks the calling thread until the job has ended.
+#pragma once
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+namespace rdmaps::local {
+
+// Exit codes of Launch besides the children's.
+inline constexpr int kExitConfig = 2;
+inline constexpr int kExitTimeout = 124;
+
+struct LaunchOptions {
+  int servers = 1;
+  int workers = 1;
+  // "tcp", "verbs" or "auto"; given to every process as RDMAPS_TRANSPORT.
+  std::string transport = "auto";
+  // The address servers listen on.
+  std::string host = "127.0.0.1";
+  // The job's tables as a JSON file; empty: ask the worker command.
+  std::string tables;
+  // "rdmaps" (RDMAPS_* variables) or "tf_config".
+  std::string layout_env = "rdmaps";
+  // rdmaps-server to run; empty: next to this executable, else from PATH.
+  std::string server_binary;
+  // Extra flags for every rdmaps-server, space-separated.
+  std::string server_args;
+  // Empty: random per run.
+  std::string job_token;
+  // For the servers to be ready and the workers to connect.
+  std::chrono::seconds startup_timeout{60};
+  // For the whole job (exit kExitTimeout); 0: none.
+  std::chrono::seconds timeout{0};
+  // After SIGTERM, children get this long before SIGKILL.
+  std::chrono::seconds grace{10};
+  // Fault drill: this worker is not started (its slot stays empty).
+  int omit_worker = -1;
+  // Print the layout the workers would get, start nothing.
+  bool print_layout = false;
+  // The worker command.
+  std::vector<std::string> command;
+};
+
+// Runs the job; returns rdmaps-local's exit code.
+int Launch(const LaunchOptions& options);
+
+}  // namespace rdmaps::local
