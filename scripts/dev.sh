@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # rdmaps developer entry point. Works as root on a fresh Debian 12 machine.
 #
-#   scripts/dev.sh demo    install what is missing, build, run the demo
+#   scripts/dev.sh demo    install what is missing, build what the demo runs, run it
 #   scripts/dev.sh test    install what is missing, build, run every test
 #                          (plain g++ build with -Werror, then ASan+UBSan, then TSan
 #                          built with clang, whose -Wthread-safety checks lock rules)
@@ -40,12 +40,17 @@ install_deps() {
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
 }
 
-# build DIR [cmake args...]; CXX=... before the call picks another compiler.
-build() {
+# configure DIR [cmake args...]; CXX_FOR_BUILD=... before the call picks another compiler.
+configure() {
   local dir="$1"; shift
   local cxx="${CXX_FOR_BUILD:-${RDMAPS_CXX:-g++}}"
   cmake -S "$here" -B "$dir" -G Ninja -DCMAKE_CXX_COMPILER="$cxx" -DRDMAPS_WERROR=ON "$@" >/dev/null
-  cmake --build "$dir" -j "$jobs"
+}
+
+# build DIR [cmake args...]: configure, then build every target.
+build() {
+  configure "$@"
+  cmake --build "$1" -j "$jobs"
 }
 
 run_tests() {
@@ -64,12 +69,12 @@ case "$cmd" in
     ;;
   demo)
     install_deps
-    build "$here/build"
-    if [[ -x "$here/build/tools/local/rdmaps-local" && -x "$here/build/tools/train/rdmaps-train" ]]; then
-      exec "$here/build/tools/local/rdmaps-local" --servers 2 --workers 4 -- \
-        "$here/build/tools/train/rdmaps-train" --model=mlp
-    fi
-    exec "$here/build/perf/rdmaps-perf/rdmaps-perf" --transport=tcp --loopback --op=read -s 65536 -n 2000
+    # Only the three programs the demo runs (rdmaps-local starts rdmaps-server
+    # and rdmaps-train); `dev.sh test` builds the rest in the same tree.
+    configure "$here/build"
+    cmake --build "$here/build" -j "$jobs" --target rdmaps-local rdmaps-server rdmaps-train
+    exec "$here/build/tools/local/rdmaps-local" --servers 2 --workers 4 -- \
+      "$here/build/tools/train/rdmaps-train" --model=mlp
     ;;
   test)
     install_deps

@@ -2,6 +2,15 @@
 // (ClientOptions). Plain value types; tools fill them from flags and pass them
 // to Server::Start() / Client::Connect().
 //
+// Under a launcher, FromCluster() fills in what the resolved cluster layout
+// decides (rdmaps/cluster.h); the caller adds the rest:
+//
+//   RDMAPS_ASSIGN_OR_RETURN(ClusterLayout layout,
+//                           ResolveWorkerCluster(ClusterOptions{}, CurrentEnvironment()));
+//   ClientOptions options = ClientOptions::FromCluster(layout);
+//   options.tables = my_tables;  // optional: checked against the servers'
+//   RDMAPS_ASSIGN_OR_RETURN(std::unique_ptr<Client> client, Client::Connect(options));
+//
 // Every server and every client of a job must be given the same `tables` (the
 // servers check that their table lists agree through the directory each
 // client reads; a mismatch fails Client::Connect with FailedPrecondition).
@@ -17,6 +26,8 @@
 #include "rdmaps/table.h"
 
 namespace rdmaps {
+
+struct ClusterLayout;  // rdmaps/cluster.h
 
 // Which transport to use and how; mirrors the transport layer's endpoint
 // options without exposing its header.
@@ -59,6 +70,13 @@ struct ServerOptions {
   std::uint32_t apply_threads = 0;
   // Run() returns once every worker has connected and then closed or died.
   bool exit_when_workers_done = true;
+
+  // The options a server of `layout` (role kServer) starts with: the
+  // layout's transport (when it names one) and job token, listen_address,
+  // server_index (when known: a ps-lite server learns it in CompleteCluster;
+  // until then it stays 0), num_servers and num_workers. Every other field
+  // keeps its default.
+  static ServerOptions FromCluster(const ClusterLayout& layout);
 };
 
 struct ClientOptions {
@@ -88,6 +106,12 @@ struct ClientOptions {
   // Bytes of registered staging memory per server connection (pull side);
   // a pull larger than this is split into several batches of READs.
   std::size_t staging_bytes = 4 << 20;
+
+  // The options a worker of a completed `layout` (role kWorker, after
+  // CompleteCluster or ResolveWorkerCluster) connects with: the layout's
+  // transport (when it names one) and job token, worker_id, num_workers and
+  // servers. Every other field keeps its default.
+  static ClientOptions FromCluster(const ClusterLayout& layout);
 };
 
 }  // namespace rdmaps

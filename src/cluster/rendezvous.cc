@@ -4,7 +4,6 @@
 #include <endian.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <glog/logging.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -20,6 +19,7 @@
 #include <sstream>
 #include <thread>
 
+#include "src/base/log.h"
 #include "src/cluster/resolve.h"
 
 namespace rdmaps::internal {
@@ -257,8 +257,8 @@ Result<RendezvousResult> RunRoot(const ClusterLayout& layout, std::string_view s
     RDMAPS_ASSIGN_OR_RETURN(listener, ListenOn(hp.host, hp.port));
     where = layout.rendezvous;
   }
-  LOG(INFO) << "rendezvous root listening at " << where << ", expecting " << S << " ps + " << W
-            << " workers";
+  RDMAPS_LOG(INFO) << "rendezvous root listening at " << where << ", expecting " << S << " ps + "
+                   << W << " workers";
 
   std::vector<Joiner> conns;
   // Arrived processes: rank -> conn index (ranked); arrival order (ps-lite).
@@ -300,7 +300,7 @@ Result<RendezvousResult> RunRoot(const ClusterLayout& layout, std::string_view s
                           "rendezvous protocol version " + std::to_string(h.version) +
                           " != root's " + std::to_string(kRendezvousVersion) +
                           "; run the same rdmaps version everywhere"));
-      LOG(WARNING) << "rendezvous: refused " << who << ": protocol version " << h.version;
+      RDMAPS_LOG(WARNING) << "rendezvous: refused " << who << ": protocol version " << h.version;
       return Status::OK();
     }
     if (h.token_hash != token) {
@@ -308,7 +308,7 @@ Result<RendezvousResult> RunRoot(const ClusterLayout& layout, std::string_view s
                           "rendezvous root " + where +
                           " refused this process: job token mismatch (another job on the same "
                           "port, or a different RDMAPS_JOB_TOKEN / --job_token)"));
-      LOG(WARNING) << "rendezvous: refused " << who << ": job token mismatch";
+      RDMAPS_LOG(WARNING) << "rendezvous: refused " << who << ": job token mismatch";
       return Status::OK();
     }
     if (static_cast<int>(h.num_servers) != S || static_cast<int>(h.num_workers) != W ||
@@ -383,9 +383,9 @@ Result<RendezvousResult> RunRoot(const ClusterLayout& layout, std::string_view s
       if (n <= 0) {
         // Gone before the answer: it no longer counts as arrived.
         if (j.hello) {
-          LOG(WARNING) << "rendezvous: "
-                       << (ranked ? RankName(true, S, j.header.rank) : j.peer)
-                       << " disconnected while waiting";
+          RDMAPS_LOG(WARNING) << "rendezvous: "
+                              << (ranked ? RankName(true, S, j.header.rank) : j.peer)
+                              << " disconnected while waiting";
         }
         forget(ci);
         j.fd.Reset();
@@ -396,7 +396,8 @@ Result<RendezvousResult> RunRoot(const ClusterLayout& layout, std::string_view s
       if (j.in.size() < sizeof(HelloHeader)) continue;
       j.header = DecodeHello(j.in.data());
       if (j.header.magic != kRendezvousHelloMagic || j.header.addr_len > kMaxRendezvousAddress) {
-        LOG(WARNING) << "rendezvous: dropped " << j.peer << ": not an rdmaps rendezvous hello";
+        RDMAPS_LOG(WARNING) << "rendezvous: dropped " << j.peer
+                            << ": not an rdmaps rendezvous hello";
         answer_error(j, InvalidArgumentError("not an rdmaps rendezvous hello"));
         continue;
       }
@@ -499,12 +500,12 @@ Result<RendezvousResult> RunRoot(const ClusterLayout& layout, std::string_view s
     Status s = SendAll(j.fd.get(),
                        EncodeAnswer(Status::OK(), Role(j.header.role), idx, S, W, body),
                        Clock::now() + std::chrono::seconds(2));
-    if (!s.ok()) LOG(WARNING) << "rendezvous: answering " << j.peer << ": " << s;
+    if (!s.ok()) RDMAPS_LOG(WARNING) << "rendezvous: answering " << j.peer << ": " << s;
   }
   mine.servers = std::move(servers);
   mine.workers = std::move(workers);
-  LOG(INFO) << "rendezvous complete: " << S << " ps + " << W << " workers in "
-            << Seconds(Clock::now() - start);
+  RDMAPS_LOG(INFO) << "rendezvous complete: " << S << " ps + " << W << " workers in "
+                   << Seconds(Clock::now() - start);
   return mine;
 }
 

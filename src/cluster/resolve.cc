@@ -1,6 +1,5 @@
 #include "src/cluster/resolve.h"
 
-#include <glog/logging.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -12,6 +11,7 @@
 #include <set>
 #include <sstream>
 
+#include "src/base/log.h"
 #include "src/cluster/rendezvous.h"
 
 extern char** environ;
@@ -800,10 +800,10 @@ Result<ClusterLayout> ResolveCluster(const ClusterOptions& options, const Enviro
   if (layout.job_token.empty()) {
     if (const auto* t = Find(env, "RDMAPS_JOB_TOKEN")) layout.job_token = *t;
   }
-  LOG(INFO) << "rdmaps layout: using " << layout.source << " (" << layout.source_detail
-            << "): " << layout.name() << " of " << layout.num_servers << " ps + "
-            << layout.num_workers << " workers"
-            << (layout.needs_rendezvous ? ", rendezvous at " + layout.rendezvous : "");
+  RDMAPS_LOG(INFO) << "rdmaps layout: using " << layout.source << " (" << layout.source_detail
+                   << "): " << layout.name() << " of " << layout.num_servers << " ps + "
+                   << layout.num_workers << " workers"
+                   << (layout.needs_rendezvous ? ", rendezvous at " + layout.rendezvous : "");
   return result;
 }
 
@@ -824,8 +824,8 @@ Result<ClusterLayout> CompleteCluster(ClusterLayout layout, std::string_view sel
                                 ? layout.servers[static_cast<std::size_t>(layout.index)]
                                 : std::string(self_address);
   }
-  LOG(INFO) << "rdmaps layout: rendezvous at " << layout.rendezvous << " done: "
-            << layout.name() << ", servers " << Join(layout.servers, ",");
+  RDMAPS_LOG(INFO) << "rdmaps layout: rendezvous at " << layout.rendezvous
+                   << " done: " << layout.name() << ", servers " << Join(layout.servers, ",");
   return layout;
 }
 

@@ -7,7 +7,6 @@
 // Workers' pulls are served by the transport without any thread of ours.
 #include "rdmaps/server.h"
 
-#include <glog/logging.h>
 #include <tbb/blocked_range.h>
 #include <tbb/global_control.h>
 #include <tbb/parallel_for.h>
@@ -21,12 +20,13 @@
 #include <thread>
 #include <unordered_map>
 
+#include "src/base/log.h"
 #include "src/ps/common.h"
 #include "src/ps/initializer.h"
-#include "src/ps/wire.h"
 #include "src/ps/memory.h"
 #include "src/ps/optimizer.h"
 #include "src/ps/test_hooks.h"
+#include "src/ps/wire.h"
 #include "transport/transport.h"
 
 namespace rdmaps {
@@ -212,10 +212,10 @@ Status ServerImpl::Init() {
     ApplyLoop();
     --running_;
   });
-  LOG(INFO) << "ps server " << options_.server_index << "/" << options_.num_servers
-            << " listening on " << address_ << " (" << endpoint_->kind() << "), "
-            << options_.tables.size() << " tables, " << options_.num_workers << " workers, "
-            << stats_.registered_bytes << " bytes registered";
+  RDMAPS_LOG(INFO) << "ps server " << options_.server_index << "/" << options_.num_servers
+                   << " listening on " << address_ << " (" << endpoint_->kind() << "), "
+                   << options_.tables.size() << " tables, " << options_.num_workers << " workers, "
+                   << stats_.registered_bytes << " bytes registered";
   return Status::OK();
 }
 
@@ -332,8 +332,8 @@ void ServerImpl::AcceptLoop() {
     auto r = endpoint_->Accept(DeadlineAfter(std::chrono::milliseconds(200)));
     if (!r.ok()) {
       if (r.status().code() != StatusCode::kTimedOut && !stop_.load()) {
-        LOG(WARNING) << "ps server " << options_.server_index
-                     << ": accept failed: " << r.status();
+        RDMAPS_LOG(WARNING) << "ps server " << options_.server_index
+                            << ": accept failed: " << r.status();
       }
       continue;
     }
@@ -341,8 +341,8 @@ void ServerImpl::AcceptLoop() {
     const transport::PeerInfo& peer = conn->peer();
     internal::HelloMsg hello{};
     if (peer.user_data.size() != sizeof(hello)) {
-      LOG(WARNING) << "ps server: rejecting " << peer.address
-                   << ": handshake carries no rdmaps hello (not an rdmaps worker?)";
+      RDMAPS_LOG(WARNING) << "ps server: rejecting " << peer.address
+                          << ": handshake carries no rdmaps hello (not an rdmaps worker?)";
       continue;
     }
     std::memcpy(&hello, peer.user_data.data(), sizeof(hello));
@@ -350,9 +350,9 @@ void ServerImpl::AcceptLoop() {
                                internal::kBootstrapSlotBytes;
     if (hello.magic != internal::kHelloMagic || hello.worker_id >= options_.num_workers ||
         hello.boot_length < need || peer.peer_id != hello.worker_id) {
-      LOG(WARNING) << "ps server " << options_.server_index << ": rejecting " << peer.address
-                   << ": bad hello (worker id " << hello.worker_id << ", job has "
-                   << options_.num_workers << " workers; check --num_workers on both sides)";
+      RDMAPS_LOG(WARNING) << "ps server " << options_.server_index << ": rejecting " << peer.address
+                          << ": bad hello (worker id " << hello.worker_id << ", job has "
+                          << options_.num_workers << " workers; check --num_workers on both sides)";
       continue;
     }
     const transport::Op op = transport::Op::WriteWithImm(
@@ -372,20 +372,20 @@ void ServerImpl::AcceptLoop() {
       }
     }
     if (!s.ok()) {
-      LOG(WARNING) << "ps server " << options_.server_index << ": bootstrap of worker "
-                   << hello.worker_id << " failed: " << s;
+      RDMAPS_LOG(WARNING) << "ps server " << options_.server_index << ": bootstrap of worker "
+                          << hello.worker_id << " failed: " << s;
       continue;
     }
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (seen_[hello.worker_id]) {
-        LOG(WARNING) << "ps server: worker " << hello.worker_id << " connected again";
+        RDMAPS_LOG(WARNING) << "ps server: worker " << hello.worker_id << " connected again";
       }
       seen_[hello.worker_id] = true;
       ++stats_.workers_connected;
     }
-    VLOG(1) << "ps server " << options_.server_index << ": worker " << hello.worker_id
-            << " connected from " << peer.address;
+    RDMAPS_LOG(VERBOSE) << "ps server " << options_.server_index << ": worker " << hello.worker_id
+                        << " connected from " << peer.address;
     connections_.push_back(std::move(conn));
     cv_.notify_all();
   }
@@ -498,7 +498,7 @@ void ServerImpl::ApplyLoop() {
   while (!stop_.load()) {
     auto r = endpoint_->WaitNotifications(batch, DeadlineAfter(std::chrono::milliseconds(200)));
     if (!r.ok()) {
-      if (!stop_.load()) LOG(WARNING) << "ps server: WaitNotifications: " << r.status();
+      if (!stop_.load()) RDMAPS_LOG(WARNING) << "ps server: WaitNotifications: " << r.status();
       continue;
     }
     if (*r == 0) continue;
@@ -509,7 +509,8 @@ void ServerImpl::ApplyLoop() {
         const transport::Notification& n = batch[i];
         const std::uint32_t w = n.peer_id;
         if (w >= options_.num_workers) {
-          LOG_EVERY_N(WARNING, 100) << "ps server: notification from unknown peer " << n.peer_id;
+          RDMAPS_LOG_EVERY_N(WARNING, 100)
+              << "ps server: notification from unknown peer " << n.peer_id;
           std::lock_guard<std::mutex> lock(mu_);
           ++stats_.protocol_errors;
           continue;
@@ -522,9 +523,9 @@ void ServerImpl::ApplyLoop() {
               ++stats_.workers_done;
             } else {
               stats_.dead_workers.push_back(w);
-              LOG(WARNING) << "ps server " << options_.server_index << ": worker " << w
-                           << " disconnected without Close() (crashed or killed?) at clock "
-                           << workers_[w].clock;
+              RDMAPS_LOG(WARNING) << "ps server " << options_.server_index << ": worker " << w
+                                  << " disconnected without Close() (crashed or killed?) at clock "
+                                  << workers_[w].clock;
             }
             membership_changed = true;
           }
@@ -538,10 +539,10 @@ void ServerImpl::ApplyLoop() {
         std::memcpy(&h, base, sizeof(h));
         if (n.imm != internal::ImmOfSeq(seq) || h.seq != seq ||
             !ApplySlot(w, h, base + sizeof(SlotHeader))) {
-          LOG_EVERY_N(WARNING, 100) << "ps server " << options_.server_index
-                                    << ": dropping malformed or out-of-sequence push from worker "
-                                    << w << " (expected seq " << seq << ", slot says " << h.seq
-                                    << ", imm " << n.imm << ")";
+          RDMAPS_LOG_EVERY_N(WARNING, 100)
+              << "ps server " << options_.server_index
+              << ": dropping malformed or out-of-sequence push from worker " << w
+              << " (expected seq " << seq << ", slot says " << h.seq << ", imm " << n.imm << ")";
           std::lock_guard<std::mutex> lock(mu_);
           ++stats_.protocol_errors;
           continue;

@@ -78,12 +78,7 @@ int main(int argc, char** argv) {
     return Fail(InvalidArgumentError("resolved to " + layout->name()), "layout");
   }
 
-  ClientOptions co;
-  co.transport.transport = layout->transport.empty() ? "tcp" : layout->transport;
-  co.transport.job_token = layout->job_token;
-  co.worker_id = static_cast<std::uint32_t>(layout->index);
-  co.num_workers = static_cast<std::uint32_t>(layout->num_workers);
-  co.servers = layout->servers;
+  ClientOptions co = ClientOptions::FromCluster(*layout);  // tcp unless the layout says
   co.tables = tables;
   co.connect_timeout = std::chrono::milliseconds(FLAGS_timeout_ms);
   co.wait_timeout = std::chrono::milliseconds(FLAGS_timeout_ms);

@@ -1,9 +1,9 @@
 // The tcp backend's hot path: posting ops and reaping their responses on the
 // initiator (TcpConnection, run by the caller's thread), and serving inbound
 // ops on the target (EndpointCore::Serve, run by the progress thread).
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
-#include <poll.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -11,8 +11,7 @@
 #include <climits>
 #include <cstring>
 
-#include <glog/logging.h>
-
+#include "src/base/log.h"
 #include "transport/racy_copy.h"
 #include "transport/tcp/tcp_internal.h"
 
@@ -570,8 +569,8 @@ void TcpConnection::ReadResponses() {
           malformed = "oversized error message";
         }
         if (!malformed.empty()) {
-          LOG(WARNING) << "tcp transport: malformed response from " << Describe() << ": "
-                       << malformed << "; closing the connection";
+          RDMAPS_LOG(WARNING) << "tcp transport: malformed response from " << Describe() << ": "
+                              << malformed << "; closing the connection";
           Fail(UnavailableError("malformed response from " + Describe() + " (" + malformed +
                                 "); the connection is closed"),
                StatusCode::kCancelled, "flushed: the connection to " + Describe() + " failed");

@@ -12,8 +12,7 @@
 #include <cstring>
 #include <random>
 
-#include <glog/logging.h>
-
+#include "src/base/log.h"
 #include "transport/tcp/tcp_internal.h"
 
 namespace rdmaps::transport::tcp {
@@ -244,7 +243,7 @@ void EndpointCore::Run() {
     int timeout = inbound_.empty() ? -1 : tick_ms;
     int n = ::epoll_wait(epoll_.get(), events, kMaxEvents, timeout);
     if (n < 0 && errno != EINTR) {
-      PLOG(ERROR) << "tcp transport: epoll_wait failed; inbound ops are no longer served";
+      RDMAPS_PLOG(ERROR) << "tcp transport: epoll_wait failed; inbound ops are no longer served";
       return;
     }
     for (int i = 0; i < n; ++i) {
@@ -266,7 +265,7 @@ void EndpointCore::Run() {
           ev.events = EPOLLIN;
           ev.data.ptr = &kListenerTag;
           if (::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, l.get(), &ev) != 0) {
-            PLOG(WARNING) << "tcp transport: cannot watch the listening socket";
+            RDMAPS_PLOG(WARNING) << "tcp transport: cannot watch the listening socket";
           }
           listeners_.push_back(std::move(l));
         }
@@ -276,7 +275,7 @@ void EndpointCore::Run() {
           ev.events = EPOLLIN;
           ev.data.ptr = in.get();
           if (::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, in->fd.get(), &ev) != 0) {
-            PLOG(WARNING) << "tcp transport: cannot watch a served socket";
+            RDMAPS_PLOG(WARNING) << "tcp transport: cannot watch a served socket";
             CloseInbound(in, "epoll_ctl failed", true);
             continue;
           }
@@ -311,13 +310,13 @@ void EndpointCore::AcceptNew() {
       if (fd < 0) {
         if (errno == EINTR) continue;
         if (errno != EAGAIN && errno != EWOULDBLOCK) {
-          PLOG(WARNING) << "tcp transport: accept failed";
+          RDMAPS_PLOG(WARNING) << "tcp transport: accept failed";
         }
         break;
       }
       if (handshaking_ >= kMaxHandshaking) {
-        LOG(WARNING) << "tcp transport: refusing a connection from " << PeerAddress(fd)
-                     << ": already " << handshaking_ << " sockets in their handshake";
+        RDMAPS_LOG(WARNING) << "tcp transport: refusing a connection from " << PeerAddress(fd)
+                            << ": already " << handshaking_ << " sockets in their handshake";
         ::close(fd);
         continue;
       }
@@ -332,7 +331,7 @@ void EndpointCore::AcceptNew() {
       ev.events = EPOLLIN;
       ev.data.ptr = in.get();
       if (::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, fd, &ev) != 0) {
-        PLOG(WARNING) << "tcp transport: cannot watch an accepted socket";
+        RDMAPS_PLOG(WARNING) << "tcp transport: cannot watch an accepted socket";
         continue;
       }
       inbound_[in.get()] = std::move(in);
@@ -351,8 +350,8 @@ void EndpointCore::Handle(const std::shared_ptr<Inbound>& in, std::uint32_t even
     }
     // Let the refusal reach the peer before closing: closing with unread
     // bytes would reset the connection and could destroy the reply.
-    LOG(WARNING) << "tcp transport: refused a connection from " << in->peer_address << ": "
-                 << s.message();
+    RDMAPS_LOG(WARNING) << "tcp transport: refused a connection from " << in->peer_address << ": "
+                        << s.message();
     --handshaking_;
     in->phase = Inbound::Phase::kDraining;
     in->deadline = DeadlineAfter(handshake_timeout_);
@@ -391,9 +390,10 @@ void EndpointCore::CloseInbound(const std::shared_ptr<Inbound>& in, const std::s
   if (it == inbound_.end()) return;
   if (in->phase == Inbound::Phase::kHello) --handshaking_;
   if (warn) {
-    LOG(WARNING) << "tcp transport: closing connection from " << in->peer_address
-                 << (in->paired ? " (peer " + std::to_string(in->peer_id) + ")" : std::string())
-                 << ": " << reason;
+    RDMAPS_LOG(WARNING) << "tcp transport: closing connection from " << in->peer_address
+                        << (in->paired ? " (peer " + std::to_string(in->peer_id) + ")"
+                                       : std::string())
+                        << ": " << reason;
   }
   ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, in->fd.get(), nullptr);
   {

@@ -48,7 +48,7 @@
 //    and discards what still arrives.
 //
 // Any frame that breaks these rules (bad magic, unknown opcode or status,
-// oversized length, truncated frame) closes that socket with a LOG(WARNING)
+// oversized length, truncated frame) closes that socket with a RDMAPS_LOG(WARNING)
 // naming the reason; other connections are unaffected.
 #pragma once
 
