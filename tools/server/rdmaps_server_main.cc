@@ -257,11 +257,14 @@ int RealMain(SignalThread& signals) {
     tables = std::move(*t);
   }
 
-  rdmaps::ServerOptions so;
-  so.transport.transport = !FLAGS_transport.empty()  ? FLAGS_transport
-                           : !layout.transport.empty() ? layout.transport
-                                                       : "auto";
-  so.transport.job_token = layout.job_token;
+  // What the layout decides (transport, token, index, counts, listen
+  // address), then this tool's flags over it.
+  rdmaps::ServerOptions so = rdmaps::ServerOptions::FromCluster(layout);
+  if (!FLAGS_transport.empty()) {
+    so.transport.transport = FLAGS_transport;
+  } else if (layout.transport.empty()) {
+    so.transport.transport = "auto";
+  }
   so.transport.op_timeout = std::chrono::milliseconds(FLAGS_op_timeout_ms);
   so.transport.ib_dev = FLAGS_ib_dev;
   so.transport.ib_port = FLAGS_ib_port;
@@ -270,9 +273,7 @@ int RealMain(SignalThread& signals) {
   so.push_slots = FLAGS_push_slots;
   so.push_slot_bytes = FLAGS_push_slot_bytes;
   so.apply_threads = FLAGS_apply_threads;
-  so.num_servers = static_cast<std::uint32_t>(layout.num_servers);
-  so.num_workers = static_cast<std::uint32_t>(layout.num_workers);
-  so.listen_address = FLAGS_listen.empty() ? layout.listen_address : FLAGS_listen;
+  if (!FLAGS_listen.empty()) so.listen_address = FLAGS_listen;
 
   std::unique_ptr<rdmaps::Server> server;
   if (layout.needs_rendezvous && layout.index < 0) {
