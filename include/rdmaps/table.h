@@ -11,12 +11,17 @@
 // first rows % S servers hold rows / S + 1 rows, the others rows / S (servers
 // beyond `rows` hold none). See PartitionOf() in src/ps/wire.h.
 //
-// These are plain value types; use them from any thread.
+// These are plain value types, and the functions here are pure: use them
+// from any thread.
 #pragma once
 
 #include <cstdint>
 #include <limits>
+#include <span>
 #include <string>
+#include <string_view>
+
+#include "rdmaps/status.h"
 
 namespace rdmaps {
 
@@ -31,10 +36,10 @@ inline constexpr std::uint32_t kBsp = 0;
 struct Initializer {
   enum class Kind : std::uint8_t { kZeros, kConstant, kUniform, kNormal };
   Kind kind = Kind::kZeros;
-  float value = 0.0f;   // kConstant
-  float low = -0.01f;   // kUniform: [low, high)
+  float value = 0.0f;  // kConstant
+  float low = -0.01f;  // kUniform: [low, high)
   float high = 0.01f;
-  float mean = 0.0f;    // kNormal
+  float mean = 0.0f;  // kNormal
   float stddev = 0.01f;
   std::uint64_t seed = 1;
 
@@ -62,6 +67,11 @@ struct Initializer {
     return i;
   }
 };
+
+// "zeros", "constant", "uniform", "normal" (the tables JSON's "init" kinds).
+const char* InitializerKindName(Initializer::Kind kind);
+// The inverse of InitializerKindName; InvalidArgument listing the names.
+Result<Initializer::Kind> ParseInitializerKind(std::string_view name);
 
 // How the servers apply a pushed gradient g to a parameter w. Every push is
 // one optimizer step on the rows it carries (pushes from several workers are
@@ -117,6 +127,8 @@ struct OptimizerOptions {
 
 // "sgd", "momentum", "adagrad", "adam".
 const char* OptimizerKindName(OptimizerOptions::Kind kind);
+// The inverse of OptimizerKindName; InvalidArgument listing the names.
+Result<OptimizerOptions::Kind> ParseOptimizerKind(std::string_view name);
 
 // How a server keeps a table's rows (see docs/ps.md, "Row layouts").
 enum class RowLayout : std::uint32_t {
@@ -144,15 +156,17 @@ enum class RowLayout : std::uint32_t {
 
 // "dense", "inline", "auto".
 const char* RowLayoutName(RowLayout layout);
+// The inverse of RowLayoutName; InvalidArgument listing the names.
+Result<RowLayout> ParseRowLayout(std::string_view name);
 
 // The longest table name the server directory carries.
 inline constexpr std::size_t kMaxTableNameLength = 31;
 
 struct TableOptions {
-  std::uint32_t id = 0;      // Unique per job; Client calls name tables by id.
-  std::string name;          // Unique per job, <= kMaxTableNameLength chars.
-  std::uint64_t rows = 1;    // >= 1
-  std::uint32_t dim = 1;     // floats per row, >= 1
+  std::uint32_t id = 0;    // Unique per job; Client calls name tables by id.
+  std::string name;        // Unique per job, <= kMaxTableNameLength chars.
+  std::uint64_t rows = 1;  // >= 1
+  std::uint32_t dim = 1;   // floats per row, >= 1
   Initializer init;
   OptimizerOptions optimizer;
   // Pulls of this table at worker clock c see every update pushed at clocks
@@ -161,6 +175,14 @@ struct TableOptions {
   std::uint32_t staleness = kAsp;
   RowLayout layout = RowLayout::kAuto;
 };
+
+// Fills `out` with rows [first_row, first_row + out.size() / table.dim) of
+// `table` exactly as the servers initialise them at start-up (the same code,
+// so the same bits). For a program that holds a table's rows itself, e.g. a
+// baseline trained without servers that must start from the servers'
+// weights. InvalidArgument when `out` is not a whole number of rows or the
+// rows run past table.rows.
+Status InitializeRows(const TableOptions& table, std::uint64_t first_row, std::span<float> out);
 
 // A contiguous run of rows [begin, begin + count).
 struct RowRange {

@@ -1,11 +1,13 @@
 // The job's table list as JSON (see include/rdmaps/cluster.h for the format).
+#include "rdmaps/tables_json.h"
+
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 
 #include "rdmaps/cluster.h"
-#include "rdmaps/tables_json.h"
+#include "src/ps/table_names.h"
 
 namespace rdmaps {
 
@@ -61,20 +63,14 @@ Status ParseInit(const json& j, const std::string& where, Initializer* init) {
   if (!j.is_object()) return InvalidArgumentError("tables: " + where + " must be an object");
   RDMAPS_RETURN_IF_ERROR(
       CheckKeys(j, {"kind", "value", "low", "high", "mean", "stddev", "seed"}, where));
-  std::string kind = "zeros";
+  std::string kind = InitializerKindName(init->kind);
   RDMAPS_RETURN_IF_ERROR(Get(j, "kind", where, &kind));
-  if (kind == "zeros") {
-    init->kind = Initializer::Kind::kZeros;
-  } else if (kind == "constant") {
-    init->kind = Initializer::Kind::kConstant;
-  } else if (kind == "uniform") {
-    init->kind = Initializer::Kind::kUniform;
-  } else if (kind == "normal") {
-    init->kind = Initializer::Kind::kNormal;
-  } else {
-    return InvalidArgumentError("tables: " + where + " kind '" + kind +
-                                "' is not zeros, constant, uniform or normal");
+  Result<Initializer::Kind> k = ParseInitializerKind(kind);
+  if (!k.ok()) {
+    return InvalidArgumentError("tables: " + where + " kind '" + kind + "' is not " +
+                                internal::NameList(internal::kInitializerKindNames));
   }
+  init->kind = *k;
   RDMAPS_RETURN_IF_ERROR(Get(j, "value", where, &init->value));
   RDMAPS_RETURN_IF_ERROR(Get(j, "low", where, &init->low));
   RDMAPS_RETURN_IF_ERROR(Get(j, "high", where, &init->high));
@@ -86,24 +82,17 @@ Status ParseInit(const json& j, const std::string& where, Initializer* init) {
 
 Status ParseOptimizer(const json& j, const std::string& where, OptimizerOptions* opt) {
   if (!j.is_object()) return InvalidArgumentError("tables: " + where + " must be an object");
-  RDMAPS_RETURN_IF_ERROR(CheckKeys(j,
-                                   {"kind", "learning_rate", "momentum", "initial_accumulator",
-                                    "beta1", "beta2", "epsilon"},
-                                   where));
-  std::string kind = "sgd";
+  RDMAPS_RETURN_IF_ERROR(CheckKeys(
+      j, {"kind", "learning_rate", "momentum", "initial_accumulator", "beta1", "beta2", "epsilon"},
+      where));
+  std::string kind = OptimizerKindName(opt->kind);
   RDMAPS_RETURN_IF_ERROR(Get(j, "kind", where, &kind));
-  if (kind == "sgd") {
-    opt->kind = OptimizerOptions::Kind::kSgd;
-  } else if (kind == "momentum") {
-    opt->kind = OptimizerOptions::Kind::kMomentum;
-  } else if (kind == "adagrad") {
-    opt->kind = OptimizerOptions::Kind::kAdagrad;
-  } else if (kind == "adam") {
-    opt->kind = OptimizerOptions::Kind::kAdam;
-  } else {
-    return InvalidArgumentError("tables: " + where + " kind '" + kind +
-                                "' is not sgd, momentum, adagrad or adam");
+  Result<OptimizerOptions::Kind> k = ParseOptimizerKind(kind);
+  if (!k.ok()) {
+    return InvalidArgumentError("tables: " + where + " kind '" + kind + "' is not " +
+                                internal::NameList(internal::kOptimizerKindNames));
   }
+  opt->kind = *k;
   RDMAPS_RETURN_IF_ERROR(Get(j, "learning_rate", where, &opt->learning_rate));
   RDMAPS_RETURN_IF_ERROR(Get(j, "momentum", where, &opt->momentum));
   RDMAPS_RETURN_IF_ERROR(Get(j, "initial_accumulator", where, &opt->initial_accumulator));
@@ -111,20 +100,6 @@ Status ParseOptimizer(const json& j, const std::string& where, OptimizerOptions*
   RDMAPS_RETURN_IF_ERROR(Get(j, "beta2", where, &opt->beta2));
   RDMAPS_RETURN_IF_ERROR(Get(j, "epsilon", where, &opt->epsilon));
   return Status::OK();
-}
-
-const char* InitKindName(Initializer::Kind k) {
-  switch (k) {
-    case Initializer::Kind::kZeros:
-      return "zeros";
-    case Initializer::Kind::kConstant:
-      return "constant";
-    case Initializer::Kind::kUniform:
-      return "uniform";
-    case Initializer::Kind::kNormal:
-      return "normal";
-  }
-  return "zeros";
 }
 
 }  // namespace
@@ -163,7 +138,8 @@ Result<std::vector<TableOptions>> ParseTablesJson(std::string_view text) {
     if (o.rows < 1 || o.dim < 1) {
       return InvalidArgumentError("tables: " + where + " needs rows >= 1 and dim >= 1");
     }
-    if (t.contains("init")) RDMAPS_RETURN_IF_ERROR(ParseInit(t.at("init"), where + " init", &o.init));
+    if (t.contains("init"))
+      RDMAPS_RETURN_IF_ERROR(ParseInit(t.at("init"), where + " init", &o.init));
     if (t.contains("optimizer")) {
       RDMAPS_RETURN_IF_ERROR(ParseOptimizer(t.at("optimizer"), where + " optimizer", &o.optimizer));
     }
@@ -182,16 +158,13 @@ Result<std::vector<TableOptions>> ParseTablesJson(std::string_view text) {
     }
     if (t.contains("layout")) {
       const json& l = t.at("layout");
-      if (l.is_string() && l.get<std::string>() == "dense") {
-        o.layout = RowLayout::kDense;
-      } else if (l.is_string() && l.get<std::string>() == "inline") {
-        o.layout = RowLayout::kInline;
-      } else if (l.is_string() && l.get<std::string>() == "auto") {
-        o.layout = RowLayout::kAuto;
-      } else {
-        return InvalidArgumentError("tables: " + where + " layout " + Quote(l) +
-                                    " is not \"dense\", \"inline\" or \"auto\"");
+      const Result<RowLayout> layout =
+          ParseRowLayout(l.is_string() ? l.get<std::string>() : std::string());
+      if (!layout.ok()) {
+        return InvalidArgumentError("tables: " + where + " layout " + Quote(l) + " is not " +
+                                    internal::NameList(internal::kRowLayoutNames, "\""));
       }
+      o.layout = *layout;
     }
     if (!ids.insert(o.id).second) {
       return InvalidArgumentError("tables: " + where + " repeats id " + std::to_string(o.id));
@@ -207,7 +180,7 @@ Result<std::vector<TableOptions>> ParseTablesJson(std::string_view text) {
 std::string TablesToJson(const std::vector<TableOptions>& tables) {
   json list = json::array();
   for (const auto& t : tables) {
-    json init = {{"kind", InitKindName(t.init.kind)}, {"seed", t.init.seed}};
+    json init = {{"kind", InitializerKindName(t.init.kind)}, {"seed", t.init.seed}};
     switch (t.init.kind) {
       case Initializer::Kind::kZeros:
         break;

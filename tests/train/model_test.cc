@@ -1,6 +1,5 @@
 // The models: parameter table shapes, gradients against central finite
-// differences (in double), and training that lowers the loss on a tiny
-// problem with each local optimizer.
+// differences (in double), and the pixel standardisation.
 #include "tools/train/model.h"
 
 #include <gtest/gtest.h>
@@ -9,7 +8,7 @@
 #include <random>
 #include <vector>
 
-#include "tools/train/optimizer.h"
+#include "tools/train/tables.h"
 
 namespace rdmaps::train {
 namespace {
@@ -38,12 +37,6 @@ TEST(ParameterTablesTest, OneWeightAndOneBiasTablePerLayer) {
   EXPECT_EQ(s[0].init_stddev, 0.0);
 }
 
-TEST(InitParamsTest, SameSeedSameParameters) {
-  ModelSpec spec{6, {5}, 3};
-  EXPECT_EQ(InitParams<float>(spec, 7), InitParams<float>(spec, 7));
-  EXPECT_NE(InitParams<float>(spec, 7), InitParams<float>(spec, 8));
-}
-
 struct Problem {
   std::vector<double> x;
   std::vector<std::uint8_t> y;
@@ -67,7 +60,11 @@ TEST_P(GradientCheckTest, MatchesFiniteDifferences) {
   const ModelSpec spec{7, GetParam(), 4};
   constexpr std::size_t kBatch = 5;
   Problem prob = RandomProblem(spec, kBatch, 3);
-  Params<double> params = InitParams<double>(spec, 11);
+  // The servers' initial values (as a float run starts), in double.
+  Result<Params<float>> initial = InitialParams(ModelTables(spec, OptimizerOptions{}, 11, kBsp));
+  ASSERT_TRUE(initial.ok()) << initial.status();
+  Params<double> params;
+  for (const auto& t : *initial) params.emplace_back(t.begin(), t.end());
   // Non-zero biases and weights everywhere, so every path is exercised.
   std::mt19937_64 rng(5);
   std::normal_distribution<double> small(0.0, 0.3);
@@ -112,81 +109,6 @@ INSTANTIATE_TEST_SUITE_P(Models, GradientCheckTest,
                                       ? std::string("softmax")
                                       : "mlp" + std::to_string(param_info.param.size());
                          });
-
-// A tiny problem every model can fit: the class is the index of the largest
-// of the first `classes` inputs.
-struct FloatProblem {
-  std::vector<float> x;
-  std::vector<std::uint8_t> y;
-};
-
-FloatProblem Separable(const ModelSpec& spec, std::size_t n) {
-  std::mt19937_64 rng(9);
-  std::normal_distribution<float> normal;
-  FloatProblem p;
-  const auto in = static_cast<std::size_t>(spec.inputs);
-  p.x.resize(n * in);
-  for (float& v : p.x) v = normal(rng);
-  for (std::size_t i = 0; i < n; ++i) {
-    std::size_t best = 0;
-    for (std::size_t c = 1; c < static_cast<std::size_t>(spec.classes); ++c) {
-      if (p.x[i * in + c] > p.x[i * in + best]) best = c;
-    }
-    p.y.push_back(static_cast<std::uint8_t>(best));
-  }
-  return p;
-}
-
-class OptimizerTest : public ::testing::TestWithParam<OptimizerKind> {};
-
-TEST_P(OptimizerTest, TrainingLowersLossAndLearnsTheRule) {
-  const ModelSpec spec{8, {16}, 3};
-  constexpr std::size_t kN = 256;
-  FloatProblem prob = Separable(spec, kN);
-  Mlp<float> model(spec);
-  Params<float> params = InitParams<float>(spec, 1);
-  Params<float> grads;
-  OptimizerOptions o;
-  o.kind = GetParam();
-  o.learning_rate = GetParam() == OptimizerKind::kAdam       ? 0.01f
-                    : GetParam() == OptimizerKind::kMomentum ? 0.05f
-                                                             : 0.3f;
-  Optimizer opt(o);
-  const float before = model.Loss(params, prob.x.data(), prob.y.data(), kN);
-  for (int step = 0; step < 300; ++step) {
-    model.ForwardBackward(params, prob.x.data(), prob.y.data(), kN, grads);
-    opt.Step(params, grads);
-  }
-  const float after = model.Loss(params, prob.x.data(), prob.y.data(), kN);
-  EXPECT_LT(after, 0.5f * before) << "before " << before << " after " << after;
-  // Chance is 1/3; the rule is easy.
-  EXPECT_GT(model.CountCorrect(params, prob.x.data(), prob.y.data(), kN), kN * 9 / 10);
-}
-
-INSTANTIATE_TEST_SUITE_P(All, OptimizerTest,
-                         ::testing::Values(OptimizerKind::kSgd, OptimizerKind::kMomentum,
-                                           OptimizerKind::kAdam),
-                         [](const auto& param_info) {
-                           return std::string(OptimizerName(param_info.param));
-                         });
-
-TEST(OptimizerTest, ParsesNamesAndRejectsUnknownOnes) {
-  EXPECT_EQ(*ParseOptimizer("adam"), OptimizerKind::kAdam);
-  EXPECT_EQ(*ParseOptimizer("sgd"), OptimizerKind::kSgd);
-  EXPECT_EQ(*ParseOptimizer("momentum"), OptimizerKind::kMomentum);
-  EXPECT_EQ(ParseOptimizer("adagrad").status().code(), StatusCode::kInvalidArgument);
-}
-
-TEST(OptimizerTest, SgdStepIsLearningRateTimesGradient) {
-  OptimizerOptions o;
-  o.kind = OptimizerKind::kSgd;
-  o.learning_rate = 0.5f;
-  Optimizer opt(o);
-  Params<float> p = {{1.0f, 2.0f}};
-  opt.Step(p, {{2.0f, -4.0f}});
-  EXPECT_FLOAT_EQ(p[0][0], 0.0f);
-  EXPECT_FLOAT_EQ(p[0][1], 4.0f);
-}
 
 TEST(PixelsToFeaturesTest, StandardisesWithFashionMnistStatistics) {
   const std::uint8_t px[2] = {0, 255};

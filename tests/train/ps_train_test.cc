@@ -10,39 +10,14 @@
 #include "tools/train/idx.h"
 #include "tools/train/inproc_job.h"
 #include "tools/train/ps_store.h"
+#include "tools/train/tables.h"
 
 namespace rdmaps::train {
 namespace {
 
-TEST(ParseStalenessTest, AcceptsBspAspAndNumbers) {
-  EXPECT_EQ(*ParseStaleness("bsp"), kBsp);
-  EXPECT_EQ(*ParseStaleness("asp"), kAsp);
-  EXPECT_EQ(*ParseStaleness("3"), 3u);
-  EXPECT_EQ(ParseStaleness("-1").status().code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(ParseStaleness("3x").status().code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(ParseStaleness("").status().code(), StatusCode::kInvalidArgument);
-}
-
-TEST(PsTablesTest, OneTablePerParameterTensorWithTheOptimizer) {
-  train::OptimizerOptions adam;
-  adam.learning_rate = 0.002f;
-  std::vector<TableOptions> t = PsTables(ModelSpec{784, {32}, 10}, adam, 5, 2);
-  ASSERT_EQ(t.size(), 4u);
-  EXPECT_EQ(t[0].id, 1u);
-  EXPECT_EQ(t[0].name, "w0");
-  EXPECT_EQ(t[0].rows, 784u);
-  EXPECT_EQ(t[0].dim, 32u);
-  EXPECT_EQ(t[0].init.kind, Initializer::Kind::kNormal);
-  EXPECT_EQ(t[1].init.kind, Initializer::Kind::kZeros);
-  EXPECT_EQ(t[3].name, "b1");
-  EXPECT_EQ(t[3].staleness, 2u);
-  EXPECT_EQ(t[2].optimizer.kind, rdmaps::OptimizerOptions::Kind::kAdam);
-  EXPECT_FLOAT_EQ(t[2].optimizer.learning_rate, 0.002f);
-}
-
 TEST(PsStoreTest, RefusesServersHoldingAnotherModel) {
   ServerOptions so;
-  so.tables = PsTables(ModelSpec{784, {}, 10}, train::OptimizerOptions{}, 1, kBsp);
+  so.tables = ModelTables(ModelSpec{784, {}, 10}, OptimizerOptions::Adam(1e-3f), 1, kBsp);
   so.num_workers = 1;
   Result<std::unique_ptr<Server>> server = Server::Start(so);
   ASSERT_TRUE(server.ok()) << server.status();
@@ -77,7 +52,7 @@ class PsTrainTest : public ::testing::Test {
     job.train.model = ModelSpec{784, std::move(hidden), 10};
     job.train.epochs = 2;
     job.train.batch_size = 32;
-    job.optimizer.learning_rate = 1e-3f;
+    job.optimizer = OptimizerOptions::Adam(1e-3f);
     job.staleness = staleness;
     job.evaluate_on_every_worker = true;
     job.wait_timeout = std::chrono::seconds(60);

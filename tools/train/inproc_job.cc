@@ -9,6 +9,7 @@
 #include "rdmaps/client.h"
 #include "rdmaps/server.h"
 #include "tools/train/ps_store.h"
+#include "tools/train/tables.h"
 
 namespace rdmaps::train {
 
@@ -19,7 +20,7 @@ Result<std::vector<TrainReport>> RunInProcessJob(
     return InvalidArgumentError("an in-process job needs at least one server and one worker");
   }
   const std::vector<TableOptions> tables =
-      PsTables(job.train.model, job.optimizer, job.train.seed, job.staleness);
+      ModelTables(job.train.model, job.optimizer, job.train.seed, job.staleness);
   const std::string token = "rdmaps-train-inproc";
 
   std::vector<std::unique_ptr<Server>> servers;

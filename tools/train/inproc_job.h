@@ -16,8 +16,8 @@
 #include <vector>
 
 #include "rdmaps/status.h"
+#include "rdmaps/table.h"
 #include "tools/train/idx.h"
-#include "tools/train/optimizer.h"
 #include "tools/train/trainer.h"
 
 namespace rdmaps::train {
@@ -29,7 +29,7 @@ struct InProcessJob {
   // Applied to every worker; worker_index/num_workers/slow_factor are set
   // per worker from the fields below.
   TrainOptions train;
-  OptimizerOptions optimizer;
+  OptimizerOptions optimizer = OptimizerOptions::Adam(1e-3f);
   std::uint32_t staleness = 0;  // kBsp, s, or kAsp
   int slow_worker = -1;
   int slow_factor = 1;

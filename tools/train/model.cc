@@ -38,21 +38,6 @@ std::vector<TableShape> ParameterTables(const ModelSpec& spec) {
 }
 
 template <typename T>
-Params<T> InitParams(const ModelSpec& spec, std::uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  Params<T> out;
-  for (const TableShape& t : ParameterTables(spec)) {
-    std::vector<T> v(t.size(), T(0));
-    if (t.init_stddev > 0) {
-      std::normal_distribution<double> normal(0.0, t.init_stddev);
-      for (T& x : v) x = static_cast<T>(normal(rng));
-    }
-    out.push_back(std::move(v));
-  }
-  return out;
-}
-
-template <typename T>
 Params<T> ZeroParams(const ModelSpec& spec) {
   Params<T> out;
   for (const TableShape& t : ParameterTables(spec)) out.emplace_back(t.size(), T(0));
@@ -184,8 +169,6 @@ void PixelsToFeatures(const std::uint8_t* pixels, std::size_t count, T* out) {
 
 template class Mlp<float>;
 template class Mlp<double>;
-template Params<float> InitParams<float>(const ModelSpec&, std::uint64_t);
-template Params<double> InitParams<double>(const ModelSpec&, std::uint64_t);
 template Params<float> ZeroParams<float>(const ModelSpec&);
 template Params<double> ZeroParams<double>(const ModelSpec&);
 template void PixelsToFeatures<float>(const std::uint8_t*, std::size_t, float*);

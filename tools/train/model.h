@@ -17,7 +17,6 @@
 #include <Eigen/Core>
 #include <cstddef>
 #include <cstdint>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -29,7 +28,8 @@ struct ModelSpec {
   int classes = 10;
 };
 
-// The shape of one parameter table and how to initialise it.
+// The shape of one parameter table and how to initialise it (the servers
+// do: see ModelTables in tools/train/tables.h).
 struct TableShape {
   std::string name;  // "w0", "b0", "w1", ...
   std::size_t rows = 0;
@@ -46,11 +46,6 @@ std::vector<TableShape> ParameterTables(const ModelSpec& spec);
 // One flat vector per table, in ParameterTables order.
 template <typename T>
 using Params = std::vector<std::vector<T>>;
-
-// Tables of the right sizes, initialised from their TableShape with a
-// generator seeded by `seed` (same seed, same parameters).
-template <typename T>
-Params<T> InitParams(const ModelSpec& spec, std::uint64_t seed);
 
 // Tables of the right sizes, all zero (gradient buffers).
 template <typename T>

@@ -1,55 +1,8 @@
 #include "tools/train/ps_store.h"
 
-#include <charconv>
 #include <string>
 
 namespace rdmaps::train {
-
-std::vector<TableOptions> PsTables(const ModelSpec& spec, const train::OptimizerOptions& optimizer,
-                                   std::uint64_t seed, std::uint32_t staleness) {
-  rdmaps::OptimizerOptions opt;
-  switch (optimizer.kind) {
-    case OptimizerKind::kSgd:
-      opt = rdmaps::OptimizerOptions::Sgd(optimizer.learning_rate);
-      break;
-    case OptimizerKind::kMomentum:
-      opt = rdmaps::OptimizerOptions::Momentum(optimizer.learning_rate, optimizer.momentum);
-      break;
-    case OptimizerKind::kAdam:
-      opt = rdmaps::OptimizerOptions::Adam(optimizer.learning_rate, optimizer.beta1,
-                                           optimizer.beta2, optimizer.epsilon);
-      break;
-  }
-  std::vector<TableOptions> out;
-  std::uint32_t id = 1;
-  for (const TableShape& shape : ParameterTables(spec)) {
-    TableOptions t;
-    t.id = id;
-    t.name = shape.name;
-    t.rows = shape.rows;
-    t.dim = static_cast<std::uint32_t>(shape.dim);
-    t.init = shape.init_stddev > 0
-                 ? Initializer::Normal(0.0f, static_cast<float>(shape.init_stddev), seed + id)
-                 : Initializer::Zeros();
-    t.optimizer = opt;
-    t.staleness = staleness;
-    out.push_back(std::move(t));
-    ++id;
-  }
-  return out;
-}
-
-Result<std::uint32_t> ParseStaleness(std::string_view text) {
-  if (text == "bsp") return kBsp;
-  if (text == "asp") return kAsp;
-  std::uint32_t s = 0;
-  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), s);
-  if (ec != std::errc() || end != text.data() + text.size() || s == kAsp) {
-    return InvalidArgumentError("--staleness=" + std::string(text) +
-                                " is not bsp, asp or a staleness bound like 3");
-  }
-  return s;
-}
 
 Result<std::unique_ptr<PsStore>> PsStore::Connect(const ClientOptions& options,
                                                   const ModelSpec& spec) {

@@ -1,11 +1,11 @@
-// Training through the parameter server: the model's tables as rdmaps
-// tables, and a ParameterStore that pulls and pushes them with a Client.
+// Training through the parameter server: a ParameterStore that pulls and
+// pushes the model's tables (ModelTables, tools/train/tables.h) with a
+// Client.
 //
 // Every weight matrix and bias is one table (ParameterTables: rows x dim,
 // row-major), so a step pulls each table with one range Pull and pushes its
 // gradient with one range Push; the servers apply the gradient with the
-// table's optimizer (the worker runs no optimizer). Table ids are 1, 2, ...
-// in ParameterTables order; names are "w0", "b0", ...
+// table's optimizer (the worker runs no optimizer).
 // The parameter and gradient buffers are registered with the Client the
 // first time they are seen (Client::RegisterBuffer), so steady-state pulls
 // and pushes are zero-copy.
@@ -22,24 +22,13 @@
 #include "rdmaps/options.h"
 #include "rdmaps/table.h"
 #include "tools/train/model.h"
-#include "tools/train/optimizer.h"
 #include "tools/train/trainer.h"
 
 namespace rdmaps::train {
 
-// The rdmaps tables of `spec`: initialised on the servers like
-// InitParams (Normal(0, stddev) or zeros; row values are a function of the
-// seed, the table and the row, so not bit-identical to InitParams), updated
-// with `optimizer`, with staleness bound `staleness` (kBsp, s, or kAsp).
-std::vector<TableOptions> PsTables(const ModelSpec& spec, const train::OptimizerOptions& optimizer,
-                                   std::uint64_t seed, std::uint32_t staleness);
-
-// "bsp" -> kBsp, "asp" -> kAsp, "3" -> 3; InvalidArgument otherwise.
-Result<std::uint32_t> ParseStaleness(std::string_view text);
-
 class PsStore : public ParameterStore {
  public:
-  // Connects with `options` (whose tables should be PsTables(spec, ...)) and
+  // Connects with `options` (whose tables should be ModelTables(spec, ...)) and
   // checks that the servers publish every table of `spec` with its shape.
   static Result<std::unique_ptr<PsStore>> Connect(const ClientOptions& options,
                                                   const ModelSpec& spec);
@@ -65,7 +54,7 @@ class PsStore : public ParameterStore {
   Status EnsureRegistered(std::span<const float> buffer, std::span<float>* slot);
 
   std::unique_ptr<Client> client_;
-  const std::vector<TableInfo> tables_;  // In ParameterTables order.
+  const std::vector<TableInfo> tables_;                        // In ParameterTables order.
   std::vector<std::span<float>> pull_buffers_, push_buffers_;  // Registered, per table.
 };
 

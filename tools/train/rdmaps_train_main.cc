@@ -11,8 +11,9 @@
 // role is "ps" serves the model's tables (so a launcher may start
 // rdmaps-train for every role). --inproc_* runs the servers and workers as
 // threads of this process over --transport; --local trains without any
-// server. Progress goes to stderr, the final figures to stdout (text, or
-// JSON with --output=json).
+// server, starting from the weights the servers would and updating them with
+// the servers' optimizer code (LocalStore). Progress goes to stderr, the final figures to stdout
+// (text, or JSON with --output=json).
 #include <gflags/gflags.h>
 #include <glog/logging.h>
 #include <unistd.h>
@@ -25,14 +26,15 @@
 #include <string>
 
 #include "rdmaps/cluster.h"
-#include "rdmaps/tables_json.h"
 #include "rdmaps/server.h"
+#include "rdmaps/tables_json.h"
 #include "tools/common/flags.h"
 #include "tools/train/idx.h"
 #include "tools/train/inproc_job.h"
+#include "tools/train/local_store.h"
 #include "tools/train/model.h"
-#include "tools/train/optimizer.h"
 #include "tools/train/ps_store.h"
+#include "tools/train/tables.h"
 #include "tools/train/trainer.h"
 
 DEFINE_string(model, "mlp", "softmax (regression) or mlp");
@@ -208,13 +210,8 @@ void PrintReports(const TrainOptions& o, const std::vector<TrainReport>& reports
 // until every worker has said goodbye.
 Status Serve(const ClusterOptions& lo, ClusterLayout layout, const std::string& transport,
              const std::vector<TableOptions>& tables) {
-  ServerOptions so;
+  ServerOptions so = ServerOptions::FromCluster(layout);
   so.transport.transport = transport;
-  so.transport.job_token = layout.job_token;
-  so.listen_address = layout.listen_address;
-  so.server_index = static_cast<std::uint32_t>(layout.index);
-  so.num_servers = static_cast<std::uint32_t>(layout.num_servers);
-  so.num_workers = static_cast<std::uint32_t>(layout.num_workers);
   so.tables = tables;
   RDMAPS_ASSIGN_OR_RETURN(std::unique_ptr<Server> server, Server::Start(so));
   RDMAPS_ASSIGN_OR_RETURN(layout, CompleteCluster(std::move(layout), server->address(), lo));
@@ -225,7 +222,9 @@ Status Serve(const ClusterOptions& lo, ClusterLayout layout, const std::string& 
 
 Status Run() {
   RDMAPS_ASSIGN_OR_RETURN(ModelSpec spec, ModelFromFlags());
-  RDMAPS_ASSIGN_OR_RETURN(OptimizerKind kind, ParseOptimizer(FLAGS_optimizer));
+  RDMAPS_ASSIGN_OR_RETURN(
+      const OptimizerOptions opt,
+      TrainOptimizer(FLAGS_optimizer, static_cast<float>(FLAGS_lr), spec.hidden.empty()));
   if (FLAGS_output != "text" && FLAGS_output != "json") {
     return InvalidArgumentError("--output=" + FLAGS_output + " is unknown; use text or json");
   }
@@ -235,20 +234,7 @@ Status Run() {
   }
   const bool softmax = spec.hidden.empty();
   if (FLAGS_epochs == 0) FLAGS_epochs = softmax ? 20 : 8;
-  if (FLAGS_lr == 0) {
-    switch (kind) {
-      case OptimizerKind::kAdam:
-        FLAGS_lr = softmax ? 2e-4 : 1e-3;
-        break;
-      case OptimizerKind::kMomentum:
-        FLAGS_lr = 0.01;
-        break;
-      case OptimizerKind::kSgd:
-        FLAGS_lr = 0.05;
-        break;
-    }
-  }
-  if (FLAGS_batch_size <= 0 || FLAGS_epochs <= 0 || FLAGS_slow_factor <= 0 || FLAGS_lr < 0) {
+  if (FLAGS_batch_size <= 0 || FLAGS_epochs <= 0 || FLAGS_slow_factor <= 0) {
     return InvalidArgumentError("--batch_size, --epochs and --slow_factor must be positive");
   }
   TrainOptions o;
@@ -260,12 +246,9 @@ Status Run() {
   o.eval_limit = FLAGS_eval_limit;
   o.target_accuracy = FLAGS_target_accuracy;
   o.slow_mode = FLAGS_slow_mode == "wait" ? SlowMode::kWait : SlowMode::kCompute;
-  OptimizerOptions opt;
-  opt.kind = kind;
-  opt.learning_rate = static_cast<float>(FLAGS_lr);
 
   RDMAPS_ASSIGN_OR_RETURN(const std::uint32_t staleness, ParseStaleness(FLAGS_staleness));
-  const std::vector<TableOptions> tables = PsTables(spec, opt, FLAGS_seed, staleness);
+  const std::vector<TableOptions> tables = ModelTables(spec, opt, FLAGS_seed, staleness);
   if (FLAGS_print_tables) {
     std::cout << TablesToJson(tables) << std::endl;
     return Status::OK();
@@ -281,10 +264,10 @@ Status Run() {
   std::function<void(const Progress&)> progress;
 
   if (FLAGS_local) {
-    LocalStore store(InitParams<float>(spec, FLAGS_seed), opt);
+    RDMAPS_ASSIGN_OR_RETURN(std::unique_ptr<LocalStore> store, LocalStore::Create(tables));
     if (FLAGS_slow_worker == 0) o.slow_factor = FLAGS_slow_factor;
     if (FLAGS_progress) progress = [](const Progress& p) { PrintProgress("", p); };
-    RDMAPS_ASSIGN_OR_RETURN(TrainReport report, Train(o, train, test, store, progress));
+    RDMAPS_ASSIGN_OR_RETURN(TrainReport report, Train(o, train, test, *store, progress));
     PrintReports(o, {report}, "local");
     return Status::OK();
   }
@@ -327,12 +310,8 @@ Status Run() {
   if (layout.role == Role::kScheduler) return Status::OK();  // The rendezvous is done.
   LOG(INFO) << "worker " << layout.index << " of " << layout.num_workers << ", "
             << layout.num_servers << " servers, layout from " << layout.source;
-  ClientOptions co;
+  ClientOptions co = ClientOptions::FromCluster(layout);
   co.transport.transport = transport;
-  co.transport.job_token = layout.job_token;
-  co.worker_id = static_cast<std::uint32_t>(layout.index);
-  co.num_workers = static_cast<std::uint32_t>(layout.num_workers);
-  co.servers = layout.servers;
   co.tables = tables;
   co.staleness_override = staleness;
   co.connect_timeout = std::chrono::milliseconds(FLAGS_wait_timeout_ms);

@@ -16,39 +16,7 @@ double SecondsSince(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
-std::uint64_t ParamBytes(const Params<float>& p) {
-  std::uint64_t n = 0;
-  for (const auto& t : p) n += t.size() * sizeof(float);
-  return n;
-}
-
 }  // namespace
-
-Status LocalStore::Pull(Params<float>& params) {
-  params = params_;
-  ++stats_.pulls;
-  stats_.bytes_pulled += ParamBytes(params_);
-  return Status::OK();
-}
-
-Status LocalStore::Push(const Params<float>& grads) {
-  if (grads.size() != params_.size()) {
-    return InvalidArgumentError("LocalStore::Push: " + std::to_string(grads.size()) +
-                                " gradient tables for " + std::to_string(params_.size()) +
-                                " parameter tables; build the gradients with the same model");
-  }
-  for (std::size_t t = 0; t < grads.size(); ++t) {
-    if (grads[t].size() != params_[t].size()) {
-      return InvalidArgumentError("LocalStore::Push: gradient table " + std::to_string(t) +
-                                  " has " + std::to_string(grads[t].size()) +
-                                  " values, the parameters " + std::to_string(params_[t].size()));
-    }
-  }
-  optimizer_.Step(params_, grads);
-  ++stats_.pushes;
-  stats_.bytes_pushed += ParamBytes(grads);
-  return Status::OK();
-}
 
 std::vector<std::uint32_t> PartitionIndices(std::size_t n, std::uint64_t seed, int worker,
                                             int workers) {

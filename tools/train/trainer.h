@@ -1,9 +1,9 @@
 // The data-parallel training loop of one worker, independent of where the
 // parameters live: each step pulls the parameters from a ParameterStore,
 // computes the gradient of a mini-batch of this worker's partition, pushes
-// it, and ends the iteration with Clock(). A LocalStore keeps the
-// parameters in memory and applies an Optimizer (the no-PS baseline); the
-// parameter-server store lives in ps_store.h.
+// it, and ends the iteration with Clock(). The stores: PsStore (ps_store.h)
+// through the parameter servers, LocalStore (local_store.h) in this process
+// with the servers' optimizer code (the no-PS baseline).
 //
 // Partitioning: the training set is shuffled once with the job's seed (the
 // same permutation on every worker), and worker w of W trains on samples
@@ -24,7 +24,6 @@
 #include "rdmaps/status.h"
 #include "tools/train/idx.h"
 #include "tools/train/model.h"
-#include "tools/train/optimizer.h"
 
 namespace rdmaps::train {
 
@@ -35,7 +34,7 @@ struct StoreStats {
   std::uint64_t bytes_pulled = 0;
   std::uint64_t bytes_pushed = 0;
   std::uint64_t bytes_staged = 0;  // Copied through staging (0: all zero-copy).
-  double staleness_mean = 0;  // Worker clock minus the slowest clock seen at pulls.
+  double staleness_mean = 0;       // Worker clock minus the slowest clock seen at pulls.
   std::uint64_t staleness_max = 0;
   double blocked_seconds = 0;  // Time pulls/clocks waited for other workers.
 };
@@ -53,23 +52,6 @@ class ParameterStore {
   // Waits for every worker; the default has nobody to wait for.
   virtual Status Barrier() { return Status::OK(); }
   virtual StoreStats stats() const = 0;
-};
-
-// Parameters in this process, updated by a local Optimizer on each Push.
-class LocalStore : public ParameterStore {
- public:
-  LocalStore(Params<float> initial, OptimizerOptions optimizer)
-      : params_(std::move(initial)), optimizer_(optimizer) {}
-  Status Pull(Params<float>& params) override;
-  Status Push(const Params<float>& grads) override;
-  Status Clock() override { return Status::OK(); }
-  StoreStats stats() const override { return stats_; }
-  const Params<float>& params() const { return params_; }
-
- private:
-  Params<float> params_;
-  Optimizer optimizer_;
-  StoreStats stats_;
 };
 
 // How a straggler is emulated.
