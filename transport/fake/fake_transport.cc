@@ -127,7 +127,7 @@ struct Link {
 struct Registry {
   std::mutex mu;
   std::unordered_map<std::string, std::weak_ptr<Core>> names;
-  std::uint64_t next_name = 1;
+  std::uint32_t next_port = 1;  // The next port Listen("name:0") tries.
 };
 
 Registry& GetRegistry() {
@@ -523,10 +523,10 @@ class FakeConnection final : public Connection {
         return InvalidArgumentError("unknown op type " + std::to_string(static_cast<int>(op.type)));
     }
     if (op.num_segments > 0) {
-      return ValidateSegments(op, max_segments(), [this](const void* a, const MemoryRegion* m,
-                                                         std::uint64_t n) {
-        return ValidateLocal(a, m, n);
-      });
+      return ValidateSegments(op, max_segments(),
+                              [this](const void* a, const MemoryRegion* m, std::uint64_t n) {
+                                return ValidateLocal(a, m, n);
+                              });
     }
     if (op.length == 0 && op.local_mr == nullptr) return Status::OK();
     return ValidateLocal(op.local, op.local_mr, op.length);
@@ -707,7 +707,7 @@ class FakeEndpoint final : public Endpoint {
         std::make_unique<FakeMemoryRegion>(core_, data, length, access, key));
   }
 
-  Result<std::string> Listen(std::string_view address) override {
+  Result<std::string> DoListen(std::string_view address, const HostPort& hp) override {
     Registry& reg = GetRegistry();
     std::lock_guard<std::mutex> rl(reg.mu);
     std::lock_guard<std::mutex> lk(core_->mu);
@@ -716,12 +716,11 @@ class FakeEndpoint final : public Endpoint {
                                      core_->listen_name + "'); call it at most once");
     }
     std::string name(address);
-    const bool pick = name.empty() || (name.size() >= 2 && name.ends_with(":0"));
-    if (pick) {
-      const std::string prefix =
-          name.empty() ? std::string("fake:") : name.substr(0, name.size() - 1);
+    if (hp.port == 0) {
+      // A fresh port for the host part, as the kernel picks one for port 0.
       do {
-        name = prefix + std::to_string(reg.next_name++);
+        name = JoinHostPort(hp.host, static_cast<int>(reg.next_port));
+        reg.next_port = reg.next_port == 65535 ? 1 : reg.next_port + 1;
       } while (reg.names.contains(name) && reg.names[name].lock() != nullptr);
     } else if (auto it = reg.names.find(name); it != reg.names.end() && it->second.lock()) {
       return AlreadyExistsError("fake address '" + name +
@@ -733,14 +732,9 @@ class FakeEndpoint final : public Endpoint {
     return name;
   }
 
-  Result<std::unique_ptr<Connection>> Connect(std::string_view address,
-                                              const ConnectOptions& options,
-                                              Deadline deadline) override {
-    if (options.user_data.size() > kMaxHandshakeUserData) {
-      return InvalidArgumentError("ConnectOptions::user_data has " +
-                                  std::to_string(options.user_data.size()) + " bytes; at most " +
-                                  std::to_string(kMaxHandshakeUserData) + " fit in a handshake");
-    }
+  Result<std::unique_ptr<Connection>> DoConnect(std::string_view address, const HostPort&,
+                                                const ConnectOptions& options,
+                                                Deadline deadline) override {
     if (SteadyClock::now() > deadline) {
       return TimedOutError("Connect('" + std::string(address) +
                            "'): the deadline passed before connecting");
@@ -877,12 +871,6 @@ Status NotFake(const Endpoint& endpoint) {
 }  // namespace
 
 Result<std::unique_ptr<Endpoint>> CreateEndpoint(const EndpointOptions& options) {
-  if (options.max_outstanding == 0) {
-    return InvalidArgumentError("EndpointOptions::max_outstanding is 0; allow at least 1");
-  }
-  if (options.op_timeout.count() <= 0) {
-    return InvalidArgumentError("EndpointOptions::op_timeout must be positive");
-  }
   return std::unique_ptr<Endpoint>(std::make_unique<FakeEndpoint>(options));
 }
 

@@ -3,6 +3,7 @@
 // per-op paths live in tcp_datapath.cc; the wire protocol in tcp_wire.h.
 #include "transport/tcp/tcp_transport.h"
 
+#include <glog/logging.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -11,8 +12,6 @@
 #include <cerrno>
 #include <cstring>
 #include <random>
-
-#include <glog/logging.h>
 
 #include "transport/tcp/tcp_internal.h"
 
@@ -76,8 +75,8 @@ void Inbound::Shutdown() {
 EndpointCore::EndpointCore(EndpointOptions options)
     : options_(std::move(options)),
       regions_(std::make_shared<RegionTable>()),
-      handshake_timeout_(std::min<std::chrono::milliseconds>(options_.op_timeout,
-                                                             std::chrono::seconds(10))),
+      handshake_timeout_(
+          std::min<std::chrono::milliseconds>(options_.op_timeout, std::chrono::seconds(10))),
       session_seed_(RandomU64()) {}
 
 EndpointCore::~EndpointCore() { Stop(); }
@@ -169,7 +168,7 @@ Result<std::size_t> EndpointCore::WaitNotifications(std::span<Notification> out,
   if (out.empty()) return InvalidArgumentError("WaitNotifications with an empty output span");
   std::unique_lock lock(mu_);
   notes_cv_.wait_until(lock, deadline,
-                 [&] { return !notifications_.empty() || interrupted_ || stop_; });
+                       [&] { return !notifications_.empty() || interrupted_ || stop_; });
   std::size_t n = 0;
   while (n < out.size() && !notifications_.empty()) {
     out[n++] = notifications_.front();
@@ -222,8 +221,9 @@ Result<std::unique_ptr<Connection>> EndpointCore::Accept(Deadline deadline) {
     return CancelledError("Accept was interrupted by Endpoint::Interrupt()");
   }
   if (stop_) return CancelledError("Accept: the endpoint is shutting down");
-  return TimedOutError("Accept: no peer connected by the deadline; check that peers connect to "
-                       "the address Listen returned, with the same job token");
+  return TimedOutError(
+      "Accept: no peer connected by the deadline; check that peers connect to "
+      "the address Listen returned, with the same job token");
 }
 
 void EndpointCore::Interrupt() {
@@ -238,8 +238,8 @@ void EndpointCore::Interrupt() {
 void EndpointCore::Run() {
   constexpr int kMaxEvents = 64;
   epoll_event events[kMaxEvents];
-  const int tick_ms = static_cast<int>(
-      std::clamp<std::int64_t>(handshake_timeout_.count() / 4, 1, 100));
+  const int tick_ms =
+      static_cast<int>(std::clamp<std::int64_t>(handshake_timeout_.count() / 4, 1, 100));
   for (;;) {
     int timeout = inbound_.empty() ? -1 : tick_ms;
     int n = ::epoll_wait(epoll_.get(), events, kMaxEvents, timeout);
@@ -307,22 +307,22 @@ void EndpointCore::Run() {
 void EndpointCore::AcceptNew() {
   for (Fd& l : listeners_) {
     for (;;) {
-      int fd = ::accept4(l.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-      if (fd < 0) {
+      Fd accepted(::accept4(l.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
+      if (!accepted.valid()) {
         if (errno == EINTR) continue;
         if (errno != EAGAIN && errno != EWOULDBLOCK) {
           PLOG(WARNING) << "tcp transport: accept failed";
         }
         break;
       }
+      const int fd = accepted.get();
       if (handshaking_ >= kMaxHandshaking) {
         LOG(WARNING) << "tcp transport: refusing a connection from " << PeerAddress(fd)
                      << ": already " << handshaking_ << " sockets in their handshake";
-        ::close(fd);
-        continue;
+        continue;  // closes it
       }
       auto in = std::make_shared<Inbound>();
-      in->fd = Fd(fd);
+      in->fd = std::move(accepted);
       SetNoDelay(fd);
       in->peer_address = PeerAddress(fd);
       in->phase = Inbound::Phase::kHello;
@@ -428,8 +428,8 @@ void EndpointCore::Sweep() {
         break;
       case Inbound::Phase::kServing: {
         // A paused inbound waits for our consumer, not for its peer.
-        bool busy = !in->paused &&
-                    (!in->tx.empty() || in->in_payload || in->rx_end != in->rx_begin);
+        bool busy =
+            !in->paused && (!in->tx.empty() || in->in_payload || in->rx_end != in->rx_begin);
         if (busy && now - in->last_progress >= options_.op_timeout) {
           expired.emplace_back(in, std::string(in->tx.empty() ? "peer stalled mid-frame"
                                                               : "peer stopped reading responses") +
@@ -488,9 +488,8 @@ Status EndpointCore::HandleHello(const std::shared_ptr<Inbound>& in) {
   }
   if (avail < sizeof(HelloWire)) return Status::OK();
   if (h.version.get() != protocol_version()) {
-    std::string msg = "protocol version mismatch: peer speaks " +
-                      std::to_string(h.version.get()) + ", this endpoint (peer " +
-                      std::to_string(options_.peer_id) + ") speaks " +
+    std::string msg = "protocol version mismatch: peer speaks " + std::to_string(h.version.get()) +
+                      ", this endpoint (peer " + std::to_string(options_.peer_id) + ") speaks " +
                       std::to_string(protocol_version()) +
                       "; run the same rdmaps release on every node";
     Reply(*in, StatusCode::kFailedPrecondition, msg, 0);
@@ -604,14 +603,13 @@ class TcpEndpoint final : public Endpoint {
         new TcpMemoryRegion(core_->regions(), base, length, access, key));
   }
 
-  Result<std::string> Listen(std::string_view address) override {
+  Result<std::string> DoListen(std::string_view address, const HostPort& hp) override {
     {
       std::lock_guard lock(mu_);
       if (listening_) {
         return FailedPreconditionError("Listen: this endpoint already listens; call it once");
       }
     }
-    RDMAPS_ASSIGN_OR_RETURN(HostPort hp, ParseAddress(address));
     RDMAPS_ASSIGN_OR_RETURN(ResolvedAddress ra, Resolve(hp, address));
     Fd fd(::socket(ra.storage.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
     if (!fd.valid()) return ErrnoError("socket()", errno);
@@ -637,22 +635,15 @@ class TcpEndpoint final : public Endpoint {
     return bound;
   }
 
-  Result<std::unique_ptr<Connection>> Connect(std::string_view address,
-                                              const ConnectOptions& options,
-                                              Deadline deadline) override {
-    if (options.user_data.size() > kMaxHandshakeUserData) {
-      return InvalidArgumentError("Connect: user_data has " +
-                                  std::to_string(options.user_data.size()) +
-                                  " bytes; at most " + std::to_string(kMaxHandshakeUserData) +
-                                  " fit in the handshake");
-    }
-    RDMAPS_ASSIGN_OR_RETURN(HostPort hp, ParseAddress(address));
+  Result<std::unique_ptr<Connection>> DoConnect(std::string_view address, const HostPort& hp,
+                                                const ConnectOptions& options,
+                                                Deadline deadline) override {
     RDMAPS_ASSIGN_OR_RETURN(ResolvedAddress ra, Resolve(hp, address));
     const std::string name(address);
 
     RDMAPS_ASSIGN_OR_RETURN(Fd ops, ConnectTo(ra, name, deadline));
-    RDMAPS_ASSIGN_OR_RETURN(
-        HelloReplyWire r1, Handshake(ops.get(), name, HelloRole::kOps, 0, options, deadline));
+    RDMAPS_ASSIGN_OR_RETURN(HelloReplyWire r1,
+                            Handshake(ops.get(), name, HelloRole::kOps, 0, options, deadline));
     RDMAPS_ASSIGN_OR_RETURN(Fd rev, ConnectTo(ra, name, deadline));
     RDMAPS_ASSIGN_OR_RETURN(HelloReplyWire r2, Handshake(rev.get(), name, HelloRole::kReverse,
                                                          r1.session.get(), options, deadline));
@@ -667,17 +658,16 @@ class TcpEndpoint final : public Endpoint {
     served->peer_address = peer.address;
     served->paired = true;
     core_->AdoptServed(served);
-    return std::unique_ptr<Connection>(std::make_unique<TcpConnection>(
-        std::move(ops), std::move(peer), std::move(served), this->options(),
-        core_->regions().get()));
+    return std::unique_ptr<Connection>(
+        std::make_unique<TcpConnection>(std::move(ops), std::move(peer), std::move(served),
+                                        this->options(), core_->regions().get()));
   }
 
   Result<std::unique_ptr<Connection>> Accept(Deadline deadline) override {
     return core_->Accept(deadline);
   }
 
-  Result<std::size_t> WaitNotifications(std::span<Notification> out,
-                                        Deadline deadline) override {
+  Result<std::size_t> WaitNotifications(std::span<Notification> out, Deadline deadline) override {
     return core_->WaitNotifications(out, deadline);
   }
 
@@ -711,8 +701,8 @@ class TcpEndpoint final : public Endpoint {
     std::string message(std::min<std::size_t>(r.message_len.get(), kMaxMessageBytes), '\0');
     RDMAPS_RETURN_IF_ERROR(RecvAll(fd, message.data(), message.size(), deadline, what));
     if (r.status != 0) {
-      return Status(CodeFromWire(r.status), "peer at " + name + " refused the connection: " +
-                                                 message);
+      return Status(CodeFromWire(r.status),
+                    "peer at " + name + " refused the connection: " + message);
     }
     if (r.version.get() != core_->protocol_version()) {
       return FailedPreconditionError(what + ": protocol version mismatch: peer speaks " +
@@ -745,12 +735,6 @@ Result<std::unique_ptr<Endpoint>> CreateEndpoint(const EndpointOptions& options)
     return InvalidArgumentError("job_token has " + std::to_string(options.job_token.size()) +
                                 " bytes; the tcp transport carries at most " +
                                 std::to_string(kMaxTokenBytes));
-  }
-  if (options.max_outstanding == 0) {
-    return InvalidArgumentError("max_outstanding must be at least 1");
-  }
-  if (options.op_timeout <= std::chrono::milliseconds::zero()) {
-    return InvalidArgumentError("op_timeout must be positive");
   }
   auto core = std::make_shared<EndpointCore>(options);
   RDMAPS_RETURN_IF_ERROR(core->Start());

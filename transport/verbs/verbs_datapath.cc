@@ -1,5 +1,6 @@
 // The verbs data path: posting work requests and turning completions into
-// one Completion per op. Setup lives in verbs_transport.cc.
+// one Completion per op. Setup lives in verbs_transport.cc (lifecycle),
+// verbs_cm.cc (connections) and verbs_device.cc (the device).
 //
 // Selective signaling. A signaled send WR costs a CQE and a PCIe write of it
 // per op; on RC a signaled CQE also says every earlier WR on the QP has
