@@ -40,7 +40,7 @@ StatusCode CodeFromWire(std::uint8_t code) {
 RegionTable::RegionTable() : next_rkey_(static_cast<std::uint32_t>(RandomU64()) | 1) {}
 
 std::uint32_t RegionTable::Add(std::byte* base, std::size_t size, std::uint32_t access) {
-  std::unique_lock lock(mu_);
+  WriterLock lock(mu_);
   std::uint32_t key;
   do {
     key = next_rkey_++;
@@ -50,7 +50,7 @@ std::uint32_t RegionTable::Add(std::byte* base, std::size_t size, std::uint32_t 
 }
 
 void RegionTable::Remove(std::uint32_t rkey) {
-  std::unique_lock lock(mu_);
+  WriterLock lock(mu_);
   regions_.erase(rkey);
 }
 
@@ -65,7 +65,7 @@ const RegionEntry* RegionTable::FindLocked(std::uint32_t rkey) const {
 Inbound::Inbound() : rx(new std::byte[kRxBufferBytes]) {}
 
 void Inbound::Shutdown() {
-  std::lock_guard lock(close_mu);
+  MutexLock lock(close_mu);
   if (!closed && fd.valid()) ::shutdown(fd.get(), SHUT_RDWR);
 }
 
@@ -98,7 +98,7 @@ Status EndpointCore::Start() {
 
 void EndpointCore::Stop() {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (stop_) return;
     stop_ = true;
   }
@@ -110,14 +110,14 @@ void EndpointCore::Stop() {
   notes_cv_.notify_all();
   std::deque<std::unique_ptr<Connection>> accepted;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     accepted.swap(accepted_);
     new_served_.clear();
     new_listeners_.clear();
   }
   accepted.clear();  // Their Close() touches Inbounds, which we still hold.
   for (auto& [ptr, in] : inbound_) {
-    std::lock_guard lock(in->close_mu);
+    MutexLock lock(in->close_mu);
     in->closed = true;
     in->fd.Reset();
   }
@@ -135,7 +135,7 @@ void EndpointCore::Wake() {
 
 void EndpointCore::AdoptListener(Fd fd) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     listening_ = true;
     new_listeners_.push_back(std::move(fd));
   }
@@ -144,7 +144,7 @@ void EndpointCore::AdoptListener(Fd fd) {
 
 void EndpointCore::AdoptServed(std::shared_ptr<Inbound> in) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     new_served_.push_back(std::move(in));
   }
   Wake();
@@ -155,7 +155,7 @@ void EndpointCore::PushNotification(const Notification& n) { round_notes_.push_b
 void EndpointCore::DeliverNotifications() {
   if (round_notes_.empty()) return;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     notifications_.insert(notifications_.end(), round_notes_.begin(), round_notes_.end());
     queued_notes_.store(notifications_.size());
   }
@@ -166,9 +166,10 @@ void EndpointCore::DeliverNotifications() {
 Result<std::size_t> EndpointCore::WaitNotifications(std::span<Notification> out,
                                                     Deadline deadline) {
   if (out.empty()) return InvalidArgumentError("WaitNotifications with an empty output span");
-  std::unique_lock lock(mu_);
-  notes_cv_.wait_until(lock, deadline,
-                       [&] { return !notifications_.empty() || interrupted_ || stop_; });
+  MutexLock lock(mu_);
+  while (notifications_.empty() && !interrupted_ && !stop_) {
+    if (notes_cv_.wait_until(lock.native(), deadline) == std::cv_status::timeout) break;
+  }
   std::size_t n = 0;
   while (n < out.size() && !notifications_.empty()) {
     out[n++] = notifications_.front();
@@ -179,7 +180,7 @@ Result<std::size_t> EndpointCore::WaitNotifications(std::span<Notification> out,
   // Half empty again: let the progress thread serve the paused peers.
   if (n > 0 && notifications_.size() <= options_.max_queued_notifications / 2 &&
       any_paused_.load()) {
-    lock.unlock();
+    lock.Unlock();
     Wake();
   }
   return n;
@@ -207,10 +208,11 @@ void EndpointCore::ResumePaused() {
 }
 
 Result<std::unique_ptr<Connection>> EndpointCore::Accept(Deadline deadline) {
-  std::unique_lock lock(mu_);
+  MutexLock lock(mu_);
   if (!listening_) return FailedPreconditionError("Accept before Listen; call Listen first");
-  accept_cv_.wait_until(lock, deadline,
-                        [&] { return !accepted_.empty() || interrupted_ || stop_; });
+  while (accepted_.empty() && !interrupted_ && !stop_) {
+    if (accept_cv_.wait_until(lock.native(), deadline) == std::cv_status::timeout) break;
+  }
   if (!accepted_.empty()) {
     auto conn = std::move(accepted_.front());
     accepted_.pop_front();
@@ -228,7 +230,7 @@ Result<std::unique_ptr<Connection>> EndpointCore::Accept(Deadline deadline) {
 
 void EndpointCore::Interrupt() {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     interrupted_ = true;
   }
   accept_cv_.notify_all();
@@ -256,7 +258,7 @@ void EndpointCore::Run() {
         std::vector<Fd> listeners;
         std::vector<std::shared_ptr<Inbound>> served;
         {
-          std::lock_guard lock(mu_);
+          MutexLock lock(mu_);
           if (stop_) return;
           listeners.swap(new_listeners_);
           served.swap(new_served_);
@@ -397,7 +399,7 @@ void EndpointCore::CloseInbound(const std::shared_ptr<Inbound>& in, const std::s
   }
   ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, in->fd.get(), nullptr);
   {
-    std::lock_guard lock(in->close_mu);
+    MutexLock lock(in->close_mu);
     in->closed = true;
     in->fd.Reset();
   }
@@ -560,7 +562,7 @@ Status EndpointCore::HandleHello(const std::shared_ptr<Inbound>& in) {
   --handshaking_;
   Fd fd;
   {
-    std::lock_guard lock(in->close_mu);
+    MutexLock lock(in->close_mu);
     in->closed = true;
     fd = std::move(in->fd);
   }
@@ -569,7 +571,7 @@ Status EndpointCore::HandleHello(const std::shared_ptr<Inbound>& in) {
   auto conn = std::make_unique<TcpConnection>(std::move(fd), std::move(s.peer), s.ops, options_,
                                               regions_.get());
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     accepted_.push_back(std::move(conn));
   }
   accept_cv_.notify_all();
@@ -605,7 +607,7 @@ class TcpEndpoint final : public Endpoint {
 
   Result<std::string> DoListen(std::string_view address, const HostPort& hp) override {
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       if (listening_) {
         return FailedPreconditionError("Listen: this endpoint already listens; call it once");
       }
@@ -625,7 +627,7 @@ class TcpEndpoint final : public Endpoint {
     if (::listen(fd.get(), 512) != 0) return ErrnoError("listen()", errno);
     std::string bound = LocalAddress(fd.get());
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       if (listening_) {
         return FailedPreconditionError("Listen: this endpoint already listens; call it once");
       }
@@ -714,8 +716,8 @@ class TcpEndpoint final : public Endpoint {
   }
 
   std::shared_ptr<EndpointCore> core_;
-  std::mutex mu_;
-  bool listening_ = false;  // Guarded by mu_.
+  Mutex mu_;
+  bool listening_ RDMAPS_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace
