@@ -20,6 +20,12 @@
 // Lock order: Registry::mu before Core::mu. Core::mu and Link::mu are never
 // held together; notifications caused under Link::mu are delivered after it
 // is released.
+//
+// One file (about 950 lines) on purpose: Core, Link, FakeConnection and
+// FakeEndpoint are one state machine -- a posted op moves through a Side's
+// queues, the fault state, the target Core's regions and notifications, and
+// the link's break path -- and its lock order is stated once above. Split
+// into files by class, every file would need the others' invariants.
 #include "transport/fake/fake_transport.h"
 
 #include <algorithm>

@@ -1,6 +1,9 @@
 // The tcp backend's hot path: posting ops and reaping their responses on the
 // initiator (TcpConnection, run by the caller's thread), and serving inbound
 // ops on the target (EndpointCore::Serve, run by the progress thread).
+// Both halves of the wire protocol's hot path in one file (over 700 lines) so
+// that the request and response framing each side assumes of the other can
+// be read together.
 #include <glog/logging.h>
 #include <poll.h>
 #include <sys/socket.h>

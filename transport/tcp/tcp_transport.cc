@@ -1,6 +1,9 @@
 // Setup code of the tcp backend: endpoints, registration, listening,
 // connecting and the handshake, and the progress thread's event loop. The
 // per-op paths live in tcp_datapath.cc; the wire protocol in tcp_wire.h.
+// Over 700 lines because the event loop and the handshake it drives (hello,
+// session pairing of the two sockets, accept) are one state machine per
+// inbound socket; the Endpoint class on top is short.
 #include "transport/tcp/tcp_transport.h"
 
 #include <glog/logging.h>
