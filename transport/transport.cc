@@ -1,4 +1,5 @@
-// The backend registry and the few helpers every backend shares.
+// The backend registry, the checks every backend shares (in front of them:
+// Endpoint::Create, Listen and Connect), and the few helpers they share.
 #include "transport/transport.h"
 
 #include <time.h>
@@ -25,19 +26,23 @@ SteadyClock::time_point CoarseNowCeil() {
 
 std::string_view OpTypeName(OpType type) {
   switch (type) {
-    case OpType::kRead: return "READ";
-    case OpType::kWrite: return "WRITE";
-    case OpType::kWriteWithImm: return "WRITE_WITH_IMM";
-    case OpType::kFetchAdd: return "FETCH_ADD";
-    case OpType::kCompareSwap: return "COMPARE_SWAP";
+    case OpType::kRead:
+      return "READ";
+    case OpType::kWrite:
+      return "WRITE";
+    case OpType::kWriteWithImm:
+      return "WRITE_WITH_IMM";
+    case OpType::kFetchAdd:
+      return "FETCH_ADD";
+    case OpType::kCompareSwap:
+      return "COMPARE_SWAP";
   }
   return "UNKNOWN";
 }
 
-Status ValidateSegments(
-    const Op& op, std::size_t max_segments,
-    const std::function<Status(const void* addr, const MemoryRegion* mr, std::uint64_t length)>&
-        check_local) {
+Status ValidateSegments(const Op& op, std::size_t max_segments,
+                        const std::function<Status(const void* addr, const MemoryRegion* mr,
+                                                   std::uint64_t length)>& check_local) {
   if (op.type == OpType::kFetchAdd || op.type == OpType::kCompareSwap) {
     return InvalidArgumentError("an atomic cannot scatter or gather segments");
   }
@@ -54,8 +59,8 @@ Status ValidateSegments(
 }
 
 bool IsRemoteAccessError(const Status& s) {
-  return s.code() == StatusCode::kPermissionDenied ||
-         s.code() == StatusCode::kOutOfRange || s.code() == StatusCode::kNotFound;
+  return s.code() == StatusCode::kPermissionDenied || s.code() == StatusCode::kOutOfRange ||
+         s.code() == StatusCode::kNotFound;
 }
 
 std::vector<std::string> AvailableTransports() {
@@ -76,6 +81,16 @@ bool VerbsUsable(std::string* why) {
 }
 
 Result<std::unique_ptr<Endpoint>> Endpoint::Create(const EndpointOptions& options) {
+  if (options.max_outstanding == 0) {
+    return InvalidArgumentError(
+        "EndpointOptions::max_outstanding is 0; it must be at least 1 (ops a connection may "
+        "have outstanding)");
+  }
+  if (options.op_timeout <= std::chrono::milliseconds::zero()) {
+    return InvalidArgumentError("EndpointOptions::op_timeout is " +
+                                std::to_string(options.op_timeout.count()) +
+                                " ms; it must be positive");
+  }
   const std::string& t = options.transport;
   if (t == "tcp") return tcp::CreateEndpoint(options);
   if (t == "fake") return fake::CreateEndpoint(options);
@@ -94,8 +109,24 @@ Result<std::unique_ptr<Endpoint>> Endpoint::Create(const EndpointOptions& option
     tcp_options.transport = "tcp";
     return tcp::CreateEndpoint(tcp_options);
   }
-  return InvalidArgumentError("unknown transport '" + t +
-                              "'; use one of: verbs, tcp, fake, auto");
+  return InvalidArgumentError("unknown transport '" + t + "'; use one of: verbs, tcp, fake, auto");
+}
+
+Result<std::string> Endpoint::Listen(std::string_view address) {
+  RDMAPS_ASSIGN_OR_RETURN(HostPort hp, ParseHostPort(address, "Listen address"));
+  return DoListen(address, hp);
+}
+
+Result<std::unique_ptr<Connection>> Endpoint::Connect(std::string_view address,
+                                                      const ConnectOptions& options,
+                                                      Deadline deadline) {
+  RDMAPS_ASSIGN_OR_RETURN(HostPort hp, ParseHostPort(address, "Connect address"));
+  if (options.user_data.size() > kMaxHandshakeUserData) {
+    return InvalidArgumentError("ConnectOptions::user_data has " +
+                                std::to_string(options.user_data.size()) + " bytes; at most " +
+                                std::to_string(kMaxHandshakeUserData) + " fit in a handshake");
+  }
+  return DoConnect(address, hp, options, deadline);
 }
 
 }  // namespace rdmaps::transport

@@ -55,15 +55,14 @@
 #include <vector>
 
 #include "rdmaps/status.h"
+#include "src/base/host_port.h"
 
 namespace rdmaps::transport {
 
 using SteadyClock = std::chrono::steady_clock;
 using Deadline = SteadyClock::time_point;
 
-inline Deadline DeadlineAfter(std::chrono::nanoseconds d) {
-  return SteadyClock::now() + d;
-}
+inline Deadline DeadlineAfter(std::chrono::nanoseconds d) { return SteadyClock::now() + d; }
 
 // steady_clock's time read from CLOCK_MONOTONIC_COARSE (the same epoch) plus
 // one tick, so never earlier than SteadyClock::now(): a memory read in the
@@ -110,9 +109,7 @@ class MemoryRegion {
   std::uint32_t access() const { return access_; }
   std::uint32_t lkey() const { return lkey_; }
   std::uint32_t rkey() const { return rkey_; }
-  RemoteRegion remote() const {
-    return {reinterpret_cast<std::uint64_t>(data_), size_, rkey_};
-  }
+  RemoteRegion remote() const { return {reinterpret_cast<std::uint64_t>(data_), size_, rkey_}; }
   // True when [p, p+len) lies inside this region.
   bool Contains(const void* p, std::size_t len) const {
     auto b = reinterpret_cast<std::uintptr_t>(p);
@@ -121,8 +118,8 @@ class MemoryRegion {
   }
 
  protected:
-  MemoryRegion(std::byte* data, std::size_t size, std::uint32_t access,
-               std::uint32_t lkey, std::uint32_t rkey)
+  MemoryRegion(std::byte* data, std::size_t size, std::uint32_t access, std::uint32_t lkey,
+               std::uint32_t rkey)
       : data_(data), size_(size), access_(access), lkey_(lkey), rkey_(rkey) {}
 
  private:
@@ -176,8 +173,7 @@ struct Op {
   std::uint32_t num_segments = 0;
 
   static Op Read(void* local, const MemoryRegion* mr, std::uint64_t length,
-                 std::uint64_t remote_addr, std::uint32_t rkey,
-                 std::uint64_t context = 0) {
+                 std::uint64_t remote_addr, std::uint32_t rkey, std::uint64_t context = 0) {
     Op op;
     op.type = OpType::kRead;
     op.local = local;
@@ -216,33 +212,29 @@ struct Op {
     op.imm = imm;
     return op;
   }
-  static Op Write(const void* local, const MemoryRegion* mr,
-                  std::uint64_t length, std::uint64_t remote_addr,
-                  std::uint32_t rkey, std::uint64_t context = 0) {
+  static Op Write(const void* local, const MemoryRegion* mr, std::uint64_t length,
+                  std::uint64_t remote_addr, std::uint32_t rkey, std::uint64_t context = 0) {
     Op op = Read(const_cast<void*>(local), mr, length, remote_addr, rkey, context);
     op.type = OpType::kWrite;
     return op;
   }
-  static Op WriteWithImm(const void* local, const MemoryRegion* mr,
-                         std::uint64_t length, std::uint64_t remote_addr,
-                         std::uint32_t rkey, std::uint32_t imm,
+  static Op WriteWithImm(const void* local, const MemoryRegion* mr, std::uint64_t length,
+                         std::uint64_t remote_addr, std::uint32_t rkey, std::uint32_t imm,
                          std::uint64_t context = 0) {
     Op op = Write(local, mr, length, remote_addr, rkey, context);
     op.type = OpType::kWriteWithImm;
     op.imm = imm;
     return op;
   }
-  static Op FetchAdd(std::uint64_t* result, const MemoryRegion* mr,
-                     std::uint64_t remote_addr, std::uint32_t rkey,
-                     std::uint64_t add, std::uint64_t context = 0) {
+  static Op FetchAdd(std::uint64_t* result, const MemoryRegion* mr, std::uint64_t remote_addr,
+                     std::uint32_t rkey, std::uint64_t add, std::uint64_t context = 0) {
     Op op = Read(result, mr, 8, remote_addr, rkey, context);
     op.type = OpType::kFetchAdd;
     op.compare_add = add;
     return op;
   }
-  static Op CompareSwap(std::uint64_t* result, const MemoryRegion* mr,
-                        std::uint64_t remote_addr, std::uint32_t rkey,
-                        std::uint64_t expected, std::uint64_t desired,
+  static Op CompareSwap(std::uint64_t* result, const MemoryRegion* mr, std::uint64_t remote_addr,
+                        std::uint32_t rkey, std::uint64_t expected, std::uint64_t desired,
                         std::uint64_t context = 0) {
     Op op = Read(result, mr, 8, remote_addr, rkey, context);
     op.type = OpType::kCompareSwap;
@@ -266,10 +258,9 @@ struct Completion {
 // atomic, at most `max_segments`, each accepted by `check_local`, the
 // backend's test that [addr, +length) lies in a region of its endpoint).
 // InvalidArgument naming the segment, else OK.
-Status ValidateSegments(
-    const Op& op, std::size_t max_segments,
-    const std::function<Status(const void* addr, const MemoryRegion* mr, std::uint64_t length)>&
-        check_local);
+Status ValidateSegments(const Op& op, std::size_t max_segments,
+                        const std::function<Status(const void* addr, const MemoryRegion* mr,
+                                                   std::uint64_t length)>& check_local);
 
 // PermissionDenied, OutOfRange or NotFound: the target refused the access.
 bool IsRemoteAccessError(const Status& s);
@@ -277,7 +268,7 @@ bool IsRemoteAccessError(const Status& s);
 // Who is on the other end of a Connection, from the handshake.
 struct PeerInfo {
   std::uint32_t peer_id = 0;
-  std::string address;  // "host:port" as seen locally, or a fake name.
+  std::string address;                  // "host:port" as seen locally, or a fake name.
   std::vector<std::uint8_t> user_data;  // <= kMaxHandshakeUserData bytes.
 };
 
@@ -313,8 +304,7 @@ class Connection {
   // Blocks until at least one completion is available or `deadline` passes;
   // returns how many were moved (0 only at the deadline). Returns
   // FailedPrecondition at once when nothing is outstanding.
-  virtual Result<std::size_t> Wait(std::span<Completion> out,
-                                   Deadline deadline) = 0;
+  virtual Result<std::size_t> Wait(std::span<Completion> out, Deadline deadline) = 0;
 
   // Ops posted whose completions have not been polled yet.
   virtual std::size_t outstanding() const = 0;
@@ -387,6 +377,8 @@ class Endpoint {
   Endpoint& operator=(const Endpoint&) = delete;
 
   // Creates an endpoint of options.transport ("auto" resolves here).
+  // InvalidArgument, on every backend, when max_outstanding is 0 or
+  // op_timeout is not positive.
   static Result<std::unique_ptr<Endpoint>> Create(const EndpointOptions& options);
 
   // "tcp", "fake" or "verbs".
@@ -394,22 +386,23 @@ class Endpoint {
 
   // Registers [addr, addr+length) with `access` rights (a mask of Access).
   // Zero-length regions are allowed.
-  virtual Result<std::unique_ptr<MemoryRegion>> Register(void* addr,
-                                                         std::size_t length,
+  virtual Result<std::unique_ptr<MemoryRegion>> Register(void* addr, std::size_t length,
                                                          std::uint32_t access) = 0;
 
-  // Starts accepting peers on "host:port" (port 0 picks a free one; fake
-  // accepts any name). Returns the address peers should connect to. Inbound
-  // ops are served from then on; call at most once.
-  virtual Result<std::string> Listen(std::string_view address) = 0;
+  // Starts accepting peers on "host:port" (port 0 picks a free one; a fake
+  // endpoint takes it as a name, "name:0" picking a fresh one). Returns the
+  // address peers should connect to. Inbound ops are served from then on;
+  // call at most once. InvalidArgument, on every backend, when `address` is
+  // not host:port (the rules: src/base/host_port.h).
+  Result<std::string> Listen(std::string_view address);
 
   // Connects to a listening peer, handshake included, by `deadline`.
-  // PermissionDenied on a token mismatch, FailedPrecondition on a protocol
-  // version mismatch, Unavailable when nobody listens, TimedOut at the
-  // deadline.
-  virtual Result<std::unique_ptr<Connection>> Connect(
-      std::string_view address, const ConnectOptions& options,
-      Deadline deadline) = 0;
+  // InvalidArgument when `address` is not host:port or options.user_data
+  // exceeds kMaxHandshakeUserData, PermissionDenied on a token mismatch,
+  // FailedPrecondition on a protocol version mismatch, Unavailable when
+  // nobody listens, TimedOut at the deadline.
+  Result<std::unique_ptr<Connection>> Connect(std::string_view address,
+                                              const ConnectOptions& options, Deadline deadline);
 
   // The next accepted peer's Connection (ops from the peer are served whether
   // or not Accept is called). TimedOut at the deadline.
@@ -417,8 +410,7 @@ class Endpoint {
 
   // Moves pending notifications into `out`, blocking until at least one
   // arrives or `deadline` passes (then returns 0).
-  virtual Result<std::size_t> WaitNotifications(std::span<Notification> out,
-                                                Deadline deadline) = 0;
+  virtual Result<std::size_t> WaitNotifications(std::span<Notification> out, Deadline deadline) = 0;
 
   // Wakes a thread blocked in WaitNotifications or Accept (it returns early).
   virtual void Interrupt() = 0;
@@ -427,6 +419,15 @@ class Endpoint {
 
  protected:
   explicit Endpoint(EndpointOptions options) : options_(std::move(options)) {}
+
+  // The backend's Listen and Connect, called by the public ones once the
+  // arguments passed the checks every backend shares: `address` is
+  // well-formed and split into `hp`, user data fits the handshake.
+  virtual Result<std::string> DoListen(std::string_view address, const HostPort& hp) = 0;
+  virtual Result<std::unique_ptr<Connection>> DoConnect(std::string_view address,
+                                                        const HostPort& hp,
+                                                        const ConnectOptions& options,
+                                                        Deadline deadline) = 0;
 
  private:
   const EndpointOptions options_;

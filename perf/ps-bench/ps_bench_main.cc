@@ -113,7 +113,7 @@ struct Raw {
     auto l = client->Register(local_mem.get(), n, transport::kAccessNone);
     Check(l.status(), "register");
     local_mr = std::move(l).value();
-    auto addr = server->Listen(FLAGS_transport == "fake" ? "" : FLAGS_host + ":0");
+    auto addr = server->Listen(FLAGS_transport == "fake" ? "fake:0" : FLAGS_host + ":0");
     Check(addr.status(), "listen");
     auto cn = client->Connect(*addr, {}, transport::DeadlineAfter(std::chrono::seconds(10)));
     Check(cn.status(), "connect");
@@ -173,7 +173,7 @@ int Main() {
   }
   ServerOptions so;
   so.transport.transport = FLAGS_transport;
-  so.listen_address = FLAGS_transport == "fake" ? "" : FLAGS_host + ":0";
+  so.listen_address = FLAGS_transport == "fake" ? "fake:0" : FLAGS_host + ":0";
   so.tables = tables;
   so.push_slot_bytes = 8 << 20;
   so.push_slots = static_cast<std::uint32_t>(FLAGS_push_slots);  // default as ServerOptions

@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <map>
 
+#include "src/base/host_port.h"
 #include "tools/common/flags.h"
 
 namespace rdmaps::perf {
@@ -54,38 +55,13 @@ std::vector<std::string> TranslateArgs(int argc, char** argv) {
   return out;
 }
 
-std::string Bracketed(const std::string& host) {
-  if (host.find(':') != std::string::npos && host[0] != '[') return "[" + host + "]";
-  return host;
-}
-
-bool SplitHostPort(const std::string& address, std::string* host, int* port) {
-  const std::size_t colon = address.rfind(':');
-  if (colon == std::string::npos || colon + 1 >= address.size()) return false;
-  std::string h = address.substr(0, colon);
-  if (!h.empty() && h.front() == '[') {
-    if (h.back() != ']') return false;
-    h = h.substr(1, h.size() - 2);
-  } else if (h.find(':') != std::string::npos) {
-    return false;  // An IPv6 literal without brackets has no port.
-  }
-  char* end = nullptr;
-  const long p = std::strtol(address.c_str() + colon + 1, &end, 10);
-  if (*end != '\0' || p < 0 || p > 65535) return false;
-  *host = h;
-  *port = static_cast<int>(p);
-  return true;
-}
-
 bool WithPort(const std::string& address, int port, std::string* out) {
-  std::string host;
-  int p = 0;
-  if (SplitHostPort(address, &host, &p)) {
+  if (ParseHostPort(address, "address").ok()) {
     *out = address;
     return true;
   }
   if (port <= 0) return false;
-  *out = Bracketed(address) + ":" + std::to_string(port);
+  *out = JoinHostPort(address, port);
   return true;
 }
 

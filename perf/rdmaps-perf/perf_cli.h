@@ -1,5 +1,5 @@
 // Command-line helpers shared by rdmaps-perf and socket-baseline: perftest's
-// one-letter flags on top of gflags, and HOST[:PORT] handling.
+// one-letter flags on top of gflags, and HOST[:PORT] defaults.
 //
 // Thread safety: pure functions.
 #pragma once
@@ -25,15 +25,10 @@ std::vector<std::string> TranslateArgs(int argc, char** argv);
 // positional arguments (the program name excluded).
 std::vector<std::string> ParseFlags(int argc, char** argv);
 
-// An IPv6 literal in brackets ("[::1]"), anything else as is.
-std::string Bracketed(const std::string& host);
-
-// Gives `address` a port: keeps an explicit one ("h:1", "[::1]:1"), else
-// appends `port`. False when there is none and `port` <= 0.
+// Gives `address` a port: keeps an explicit one ("h:1", "[::1]:1"; the
+// rules of src/base/host_port.h), else appends `port`. False when there is
+// none and `port` <= 0.
 bool WithPort(const std::string& address, int port, std::string* out);
-
-// Splits "host:port" / "[v6]:port"; false when malformed.
-bool SplitHostPort(const std::string& address, std::string* host, int* port);
 
 // Parses "-s": one size or a comma list, each with an optional binary
 // suffix K, M or G ("64,4K,1M"). Sizes must be 1..1 GiB.

@@ -31,18 +31,8 @@ TEST(TranslateArgsTest, ValuesAndPositionalsAfterDoubleDashStay) {
             (std::vector<std::string>{"prog", "--gid_index", "-1", "--", "-s"}));
 }
 
-TEST(HostPortTest, SplitsAndAddsPorts) {
-  std::string host;
-  int port = 0;
-  ASSERT_TRUE(SplitHostPort("10.0.0.1:4791", &host, &port));
-  EXPECT_EQ(host, "10.0.0.1");
-  EXPECT_EQ(port, 4791);
-  ASSERT_TRUE(SplitHostPort("[::1]:80", &host, &port));
-  EXPECT_EQ(host, "::1");
-  EXPECT_FALSE(SplitHostPort("::1", &host, &port));
-  EXPECT_FALSE(SplitHostPort("host", &host, &port));
-  EXPECT_FALSE(SplitHostPort("host:99999", &host, &port));
-
+// host:port parsing itself: tests/base/host_port_test.cc.
+TEST(WithPortTest, KeepsOrAddsPorts) {
   std::string out;
   EXPECT_TRUE(WithPort("node1", 18515, &out));
   EXPECT_EQ(out, "node1:18515");

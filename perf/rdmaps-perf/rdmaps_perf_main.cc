@@ -21,6 +21,7 @@
 #include "perf/rdmaps-perf/perf_cli.h"
 #include "perf/rdmaps-perf/perf_report.h"
 #include "perf/rdmaps-perf/perf_runner.h"
+#include "src/base/host_port.h"
 
 DEFINE_string(transport, "tcp", "Transport backend: tcp, fake, verbs or auto");
 DEFINE_string(op, "read", "Operation: read, write, write_imm or atomic");
@@ -49,7 +50,6 @@ DEFINE_int32(gid_index, -1, "-x: verbs GID index (-1: rdma_cm chooses)");
 
 namespace {
 
-using rdmaps::perf::Bracketed;
 using rdmaps::perf::PerfOptions;
 using rdmaps::perf::ParseFlags;
 using rdmaps::perf::WithPort;
@@ -143,7 +143,7 @@ int main(int argc, char** argv) {
   std::string bind = FLAGS_bind;
   if (bind.empty()) bind = FLAGS_loopback ? "127.0.0.1" : "0.0.0.0";
   std::string listen_address;
-  if (!WithPort(bind, FLAGS_port, &listen_address)) listen_address = Bracketed(bind) + ":0";
+  if (!WithPort(bind, FLAGS_port, &listen_address)) listen_address = rdmaps::JoinHostPort(bind, 0);
 
   rdmaps::Status status;
   if (FLAGS_loopback) {

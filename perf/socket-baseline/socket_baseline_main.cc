@@ -43,6 +43,8 @@
 
 #include "perf/rdmaps-perf/perf_cli.h"
 #include "perf/rdmaps-perf/perf_protocol.h"
+#include "src/base/fd.h"
+#include "src/base/host_port.h"
 #include "perf/rdmaps-perf/perf_report.h"
 
 DEFINE_string(mode, "both", "lat (ping-pong), bw (stream) or both");
@@ -87,30 +89,6 @@ struct Config {
   double duration = 0;
   std::uint64_t warmup = 16;
   std::chrono::milliseconds timeout{30000};
-};
-
-// An owned file descriptor.
-class Fd {
- public:
-  Fd() = default;
-  explicit Fd(int fd) : fd_(fd) {}
-  Fd(Fd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
-  Fd& operator=(Fd&& o) noexcept {
-    if (this != &o) {
-      Reset();
-      fd_ = std::exchange(o.fd_, -1);
-    }
-    return *this;
-  }
-  ~Fd() { Reset(); }
-  int get() const { return fd_; }
-  void Reset() {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = -1;
-  }
-
- private:
-  int fd_ = -1;
 };
 
 Status SetTimeouts(int fd, std::chrono::milliseconds timeout) {
@@ -168,20 +146,16 @@ Status RecvAll(int fd, void* data, std::size_t n) {
 }
 
 Result<sockaddr_storage> Resolve(const std::string& address, socklen_t* len, bool passive) {
-  std::string host;
-  int port = 0;
-  if (!SplitHostPort(address, &host, &port)) {
-    return InvalidArgumentError("'" + address + "' is not HOST:PORT");
-  }
+  RDMAPS_ASSIGN_OR_RETURN(HostPort hp, ParseHostPort(address, "socket-baseline address"));
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
   if (passive) hints.ai_flags = AI_PASSIVE;
   addrinfo* res = nullptr;
-  const std::string service = std::to_string(port);
-  const int rc = ::getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints, &res);
+  const std::string service = std::to_string(hp.port);
+  const int rc = ::getaddrinfo(hp.host.c_str(), service.c_str(), &hints, &res);
   if (rc != 0) {
-    return UnavailableError("cannot resolve '" + host + "': " + gai_strerror(rc) +
+    return UnavailableError("cannot resolve '" + hp.host + "': " + gai_strerror(rc) +
                             "; check the host name");
   }
   sockaddr_storage ss{};
@@ -488,7 +462,7 @@ int Main(int argc, char** argv) {
   std::string bind = FLAGS_bind;
   if (bind.empty()) bind = FLAGS_loopback ? "127.0.0.1" : "0.0.0.0";
   std::string listen_address;
-  if (!WithPort(bind, FLAGS_port, &listen_address)) listen_address = Bracketed(bind) + ":0";
+  if (!WithPort(bind, FLAGS_port, &listen_address)) listen_address = JoinHostPort(bind, 0);
 
   Status status;
   if (positional.empty()) {

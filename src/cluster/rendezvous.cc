@@ -19,6 +19,8 @@
 #include <sstream>
 #include <thread>
 
+#include "src/base/fd.h"
+#include "src/base/host_port.h"
 #include "src/base/log.h"
 #include "src/cluster/resolve.h"
 
@@ -32,29 +34,6 @@ using TimePoint = Clock::time_point;
 // After its own deadline a joiner waits this much longer for the root's
 // answer, so that the root's message naming the missing ranks gets through.
 constexpr std::chrono::seconds kAnswerGrace{3};
-
-class Fd {
- public:
-  Fd() = default;
-  explicit Fd(int fd) : fd_(fd) {}
-  Fd(Fd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
-  Fd& operator=(Fd&& o) noexcept {
-    if (this != &o) {
-      Reset();
-      fd_ = std::exchange(o.fd_, -1);
-    }
-    return *this;
-  }
-  ~Fd() { Reset(); }
-  int get() const { return fd_; }
-  void Reset() {
-    if (fd_ >= 0) close(fd_);
-    fd_ = -1;
-  }
-
- private:
-  int fd_ = -1;
-};
 
 int MillisUntil(TimePoint t) {
   auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(t - Clock::now()).count();

@@ -20,7 +20,6 @@ namespace rdmaps {
 
 namespace {
 
-using internal::HostPort;
 using internal::MaybeCluster;
 
 std::string Lower(std::string_view s) {
@@ -113,7 +112,7 @@ Result<ClusterLayout> FromClusterSpecJson(const nlohmann::json& cluster, Role ro
         return InvalidArgumentError(source + ": \"" + job + "\" entry " + Quote(e.dump()) +
                                     " is not a \"host:port\" string");
       }
-      RDMAPS_ASSIGN_OR_RETURN(auto hp, internal::ParseHostPort(e.get<std::string>(),
+      RDMAPS_ASSIGN_OR_RETURN(auto hp, ParseHostPort(e.get<std::string>(),
                                                                source + " \"" + job + "\""));
       out.push_back(e.get<std::string>());
     }
@@ -202,47 +201,6 @@ std::string LocalHostName() {
   char buf[256] = {};
   if (gethostname(buf, sizeof(buf) - 1) != 0 || buf[0] == '\0') return "localhost";
   return buf;
-}
-
-Result<HostPort> ParseHostPort(std::string_view text, std::string_view what) {
-  auto bad = [&](std::string_view why) {
-    return InvalidArgumentError(std::string(what) + ": " + Quote(text) + " " +
-                                std::string(why) + "; expected host:port, e.g. 10.0.0.1:7470");
-  };
-  HostPort hp;
-  std::string_view port;
-  if (text.starts_with('[')) {
-    auto close = text.find(']');
-    if (close == std::string_view::npos || close + 1 >= text.size() || text[close + 1] != ':') {
-      return bad("is not [ipv6]:port");
-    }
-    hp.host = std::string(text.substr(1, close - 1));
-    port = text.substr(close + 2);
-  } else {
-    auto colon = text.rfind(':');
-    if (colon == std::string_view::npos) return bad("has no port");
-    hp.host = std::string(text.substr(0, colon));
-    port = text.substr(colon + 1);
-    if (hp.host.find(':') != std::string::npos) return bad("has an IPv6 host without [ ]");
-  }
-  if (hp.host.empty()) return bad("has an empty host");
-  for (char c : hp.host) {
-    if (std::isspace(static_cast<unsigned char>(c)) || c == ',' || c == '/') {
-      return bad("has a malformed host");
-    }
-  }
-  auto [ptr, ec] = std::from_chars(port.data(), port.data() + port.size(), hp.port);
-  if (port.empty() || ec != std::errc() || ptr != port.data() + port.size() || hp.port < 0 ||
-      hp.port > 65535) {
-    return bad("has a port outside 0..65535");
-  }
-  return hp;
-}
-
-std::string JoinHostPort(std::string_view host, int port) {
-  std::string h(host);
-  if (h.find(':') != std::string::npos && !h.starts_with('[')) h = "[" + h + "]";
-  return h + ":" + std::to_string(port);
 }
 
 Result<std::vector<std::string>> ParseHostList(std::string_view text, std::string_view what) {

@@ -11,17 +11,9 @@
 
 #include "rdmaps/cluster.h"
 #include "rdmaps/status.h"
+#include "src/base/host_port.h"
 
 namespace rdmaps::internal {
-
-// "host:port" or "[v6addr]:port" split in two; InvalidArgument quoting
-// `text` (and naming `what`) when malformed or the port is not 0..65535.
-struct HostPort {
-  std::string host;
-  int port = 0;
-};
-Result<HostPort> ParseHostPort(std::string_view text, std::string_view what);
-std::string JoinHostPort(std::string_view host, int port);
 
 // A comma-separated "host:port" list; empty entries and bad entries are
 // InvalidArgument naming `what` and quoting the entry.

@@ -64,25 +64,8 @@ TEST(SlurmNodeListTest, MalformedListsAreRejectedQuotingThePart) {
 
 // --- host:port ----------------------------------------------------------
 
-TEST(HostPortTest, ParsesHostsAndIpv6) {
-  auto a = internal::ParseHostPort("10.0.0.1:7470", "x");
-  ASSERT_TRUE(a.ok());
-  EXPECT_EQ(a->host, "10.0.0.1");
-  EXPECT_EQ(a->port, 7470);
-  auto b = internal::ParseHostPort("[fe80::1]:80", "x");
-  ASSERT_TRUE(b.ok());
-  EXPECT_EQ(b->host, "fe80::1");
-  EXPECT_EQ(internal::JoinHostPort("fe80::1", 80), "[fe80::1]:80");
-}
-
-TEST(HostPortTest, RejectsMalformed) {
-  for (const char* bad : {"host", "host:", ":80", "host:99999", "host:-1", "host:8x",
-                          "fe80::1:80", "[fe80::1]80", "a b:1"}) {
-    auto r = internal::ParseHostPort(bad, "--ps_hosts");
-    ASSERT_FALSE(r.ok()) << bad;
-    EXPECT_THAT(r.status().message(), HasSubstr(std::string("'") + bad + "'"));
-    EXPECT_THAT(r.status().message(), HasSubstr("--ps_hosts"));
-  }
+// host:port itself (the cases that were here): tests/base/host_port_test.cc.
+TEST(HostListTest, RejectsEmptyEntries) {
   auto list = internal::ParseHostList("a:1,,b:2", "--ps_hosts");
   ASSERT_FALSE(list.ok());
   EXPECT_THAT(list.status().message(), HasSubstr("empty entry"));

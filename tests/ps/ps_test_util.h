@@ -20,9 +20,10 @@ struct Cluster {
   std::vector<std::string> addresses;
 };
 
-// fake: any name; verbs: the RDMA device's address the VM harness exports.
+// fake: a name, "fake:0" picks a fresh one; verbs: the RDMA device's
+// address the VM harness exports.
 inline std::string ListenAddress(const std::string& transport) {
-  if (transport == "fake") return "";
+  if (transport == "fake") return "fake:0";
   if (transport == "verbs") {
     const char* a = std::getenv("RDMAPS_TEST_VERBS_ADDR");
     return std::string(a ? a : "127.0.0.1") + ":0";

@@ -17,8 +17,8 @@
 //                            ::testing::Values(MyBackend()), ConformanceName);
 //   }  // namespace rdmaps::transport
 //
-// and add it to tests/transport/CMakeLists.txt with conformance.cc as a
-// source (see conformance_fake_test there).
+// and add it to tests/transport/CMakeLists.txt with conformance.cc and
+// conformance_checks.cc as sources (see conformance_fake_test there).
 //
 // Every test runs in one process: several Endpoints, threads synchronised
 // with std::latch, every wait with a deadline, no sleeps, no fixed ports.

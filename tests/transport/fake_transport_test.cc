@@ -40,7 +40,7 @@ struct Pair {
     local.assign(4096, std::byte{0});
     rmr = std::move(server->Register(remote.data(), remote.size(), kRemoteAll)).value();
     lmr = std::move(client->Register(local.data(), local.size(), kAccessNone)).value();
-    auto addr = server->Listen("");
+    auto addr = server->Listen("fake:0");
     EXPECT_TRUE(addr.ok()) << addr.status();
     address = addr.value_or("");
     auto c = client->Connect(address, {}, DeadlineAfter(seconds(5)));
@@ -87,11 +87,6 @@ class NotFakeEndpoint final : public Endpoint {
   Result<std::unique_ptr<MemoryRegion>> Register(void*, std::size_t, std::uint32_t) override {
     return NotSupportedError("test");
   }
-  Result<std::string> Listen(std::string_view) override { return NotSupportedError("test"); }
-  Result<std::unique_ptr<Connection>> Connect(std::string_view, const ConnectOptions&,
-                                              Deadline) override {
-    return NotSupportedError("test");
-  }
   Result<std::unique_ptr<Connection>> Accept(Deadline) override {
     return NotSupportedError("test");
   }
@@ -99,6 +94,15 @@ class NotFakeEndpoint final : public Endpoint {
     return NotSupportedError("test");
   }
   void Interrupt() override {}
+
+ private:
+  Result<std::string> DoListen(std::string_view, const HostPort&) override {
+    return NotSupportedError("test");
+  }
+  Result<std::unique_ptr<Connection>> DoConnect(std::string_view, const HostPort&,
+                                                const ConnectOptions&, Deadline) override {
+    return NotSupportedError("test");
+  }
 };
 
 TEST(FakeTransport, KnobsRefuseOtherBackends) {
@@ -116,17 +120,17 @@ TEST(FakeTransport, KnobsRefuseOtherBackends) {
 
 TEST(FakeTransport, ListenNamesAreUniqueAndExclusive) {
   auto a = MakeFake(1), b = MakeFake(2), c = MakeFake(3);
-  auto na = a->Listen("");
-  auto nb = b->Listen("");
+  auto na = a->Listen("fake:0");
+  auto nb = b->Listen("fake:0");
   ASSERT_TRUE(na.ok() && nb.ok());
   EXPECT_NE(*na, *nb);
-  auto again = a->Listen("x");
+  auto again = a->Listen("x:1");
   EXPECT_EQ(again.status().code(), StatusCode::kFailedPrecondition);
   auto taken = c->Listen(*na);
   EXPECT_EQ(taken.status().code(), StatusCode::kAlreadyExists) << taken.status();
-  auto named = c->Listen("ps-server-7");
+  auto named = c->Listen("ps-server:7");
   ASSERT_TRUE(named.ok());
-  EXPECT_EQ(*named, "ps-server-7");
+  EXPECT_EQ(*named, "ps-server:7");
   auto d = MakeFake(4);
   auto picked = d->Listen("ps-server:0");
   ASSERT_TRUE(picked.ok());
@@ -135,7 +139,7 @@ TEST(FakeTransport, ListenNamesAreUniqueAndExclusive) {
   // The name is free again once its endpoint is gone.
   c.reset();
   auto e = MakeFake(5);
-  EXPECT_TRUE(e->Listen("ps-server-7").ok());
+  EXPECT_TRUE(e->Listen("ps-server:7").ok());
 }
 
 TEST(FakeTransport, HoldPollsKeepsOpsInFlight) {
@@ -378,7 +382,7 @@ TEST(FakeTransport, FailedOpEndsTheConnectionForTheTargetToo) {
 
 TEST(FakeTransport, AcceptIsInterruptible) {
   auto server = MakeFake(1);
-  ASSERT_TRUE(server->Listen("").ok());
+  ASSERT_TRUE(server->Listen("fake:0").ok());
   server->Interrupt();
   auto a = server->Accept(DeadlineAfter(seconds(10)));
   EXPECT_EQ(a.status().code(), StatusCode::kCancelled) << a.status();

@@ -53,7 +53,7 @@ Status RunOne(Connection& conn, const Op& op) {
 }
 
 Fd RawConnect(const std::string& address) {
-  auto hp = ParseAddress(address);
+  auto hp = ParseHostPort(address, "RawConnect address");
   if (!hp.ok()) return Fd();
   auto ra = Resolve(*hp, address);
   if (!ra.ok()) return Fd();

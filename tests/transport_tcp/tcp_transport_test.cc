@@ -32,32 +32,7 @@ using testing::RunOne;
 
 // --- Addresses -------------------------------------------------------------
 
-TEST(TcpAddress, ParsesIpv4AndBracketedIpv6) {
-  auto a = ParseAddress("127.0.0.1:7000");
-  ASSERT_TRUE(a.ok()) << a.status();
-  EXPECT_EQ(a->host, "127.0.0.1");
-  EXPECT_EQ(a->port, 7000);
-  EXPECT_FALSE(a->bracketed);
-  auto b = ParseAddress("[::1]:0");
-  ASSERT_TRUE(b.ok()) << b.status();
-  EXPECT_EQ(b->host, "::1");
-  EXPECT_EQ(b->port, 0);
-  EXPECT_TRUE(b->bracketed);
-  auto c = ParseAddress("localhost:65535");
-  ASSERT_TRUE(c.ok()) << c.status();
-  EXPECT_EQ(c->port, 65535);
-}
-
-TEST(TcpAddress, RejectsMalformedWithInvalidArgument) {
-  for (const char* bad : {"", "127.0.0.1", "127.0.0.1:", ":80", "127.0.0.1:65536",
-                          "127.0.0.1:-1", "127.0.0.1:80x", "::1:80", "[::1]", "[::1]80",
-                          "[]:80", "[nonsense]:80", "[::1:80"}) {
-    auto r = ParseAddress(bad);
-    EXPECT_FALSE(r.ok()) << bad;
-    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << bad;
-    EXPECT_NE(r.status().message().find("host:port"), std::string::npos) << r.status();
-  }
-}
+// host:port parsing itself: tests/base/host_port_test.cc.
 
 TEST(TcpAddress, ListenAndConnectRejectMalformedAddresses) {
   auto ep = MakeEndpoint(1);
@@ -73,7 +48,7 @@ TEST(TcpAddress, ListenPortZeroReturnsTheBoundPort) {
   ASSERT_TRUE(ep);
   auto a = ep->Listen("127.0.0.1:0");
   ASSERT_TRUE(a.ok()) << a.status();
-  auto hp = ParseAddress(*a);
+  auto hp = ParseHostPort(*a, "the bound address");
   ASSERT_TRUE(hp.ok()) << *a;
   EXPECT_EQ(hp->host, "127.0.0.1");
   EXPECT_NE(hp->port, 0);

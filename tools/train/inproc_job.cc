@@ -30,7 +30,7 @@ Result<std::vector<TrainReport>> RunInProcessJob(
     so.transport.transport = job.transport;
     so.transport.job_token = token;
     so.listen_address =
-        job.transport == "fake" ? "train-inproc-ps" + std::to_string(i) : "127.0.0.1:0";
+        job.transport == "fake" ? "train-inproc-ps" + std::to_string(i) + ":0" : "127.0.0.1:0";
     so.server_index = static_cast<std::uint32_t>(i);
     so.num_servers = static_cast<std::uint32_t>(job.servers);
     so.num_workers = static_cast<std::uint32_t>(job.workers);

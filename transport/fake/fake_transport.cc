@@ -20,6 +20,12 @@
 // Lock order: Registry::mu before Core::mu. Core::mu and Link::mu are never
 // held together; notifications caused under Link::mu are delivered after it
 // is released.
+//
+// One file (about 950 lines) on purpose: Core, Link, FakeConnection and
+// FakeEndpoint are one state machine -- a posted op moves through a Side's
+// queues, the fault state, the target Core's regions and notifications, and
+// the link's break path -- and its lock order is stated once above. Split
+// into files by class, every file would need the others' invariants.
 #include "transport/fake/fake_transport.h"
 
 #include <algorithm>
@@ -27,13 +33,12 @@
 #include <condition_variable>
 #include <cstdio>
 #include <deque>
-#include <mutex>
-#include <shared_mutex>
 #include <string>
 #include <unordered_map>
 #include <utility>
 #include <vector>
 
+#include "src/base/mutex.h"
 #include "transport/racy_copy.h"
 
 namespace rdmaps::transport::fake {
@@ -78,19 +83,18 @@ struct Core {
   std::atomic<bool> alive{true};  // False once the Endpoint is destroyed.
 
   // Shared for the duration of a copy, exclusive to (de)register.
-  std::shared_mutex regions_mu;
-  std::unordered_map<std::uint32_t, RegionInfo> regions;  // By rkey.
+  SharedMutex regions_mu;
+  std::unordered_map<std::uint32_t, RegionInfo> regions RDMAPS_GUARDED_BY(regions_mu);  // By rkey.
 
-  // Protected by mu.
-  std::mutex mu;
-  std::condition_variable cv;  // Notifications, accept queue, interrupt.
-  std::string listen_name;     // Empty until Listen().
-  std::deque<Notification> notifications;
-  std::deque<std::unique_ptr<Connection>> accept_queue;
-  bool interrupted = false;
-  std::vector<std::weak_ptr<Link>> links;
-  std::shared_ptr<FaultState> faults;  // Null: none.
-  std::uint16_t protocol_version = kProtocolVersion;
+  Mutex mu;
+  std::condition_variable cv;                     // Notifications, accept queue, interrupt.
+  std::string listen_name RDMAPS_GUARDED_BY(mu);  // Empty until Listen().
+  std::deque<Notification> notifications RDMAPS_GUARDED_BY(mu);
+  std::deque<std::unique_ptr<Connection>> accept_queue RDMAPS_GUARDED_BY(mu);
+  bool interrupted RDMAPS_GUARDED_BY(mu) = false;
+  std::vector<std::weak_ptr<Link>> links RDMAPS_GUARDED_BY(mu);
+  std::shared_ptr<FaultState> faults RDMAPS_GUARDED_BY(mu);  // Null: none.
+  std::uint16_t protocol_version RDMAPS_GUARDED_BY(mu) = kProtocolVersion;
 };
 
 struct PendingOp {
@@ -107,9 +111,11 @@ struct PendingOp {
 };
 
 struct Side {
+  // Constant once the link is made.
   std::weak_ptr<Core> core;
   std::uint32_t peer_id = 0;
-  // Protected by Link::mu.
+  // Protected by the enclosing Link's mu (a comment, not an annotation: the
+  // analysis cannot name a mutex of the object a member is part of).
   std::deque<PendingOp> pending;  // Posted, not yet executed.
   std::deque<Completion> done;    // Completed, not yet polled.
   Status health;                  // The first connection-level error.
@@ -118,16 +124,17 @@ struct Side {
 };
 
 struct Link {
-  std::mutex mu;
+  Mutex mu;
   std::condition_variable cv;  // Wakes Wait() on either side.
   Side sides[2];
-  bool broken = false;
+  bool broken RDMAPS_GUARDED_BY(mu) = false;
 };
 
 struct Registry {
-  std::mutex mu;
-  std::unordered_map<std::string, std::weak_ptr<Core>> names;
-  std::uint64_t next_name = 1;
+  Mutex mu;
+  std::unordered_map<std::string, std::weak_ptr<Core>> names RDMAPS_GUARDED_BY(mu);
+  // The next port Listen("name:0") tries.
+  std::uint32_t next_port RDMAPS_GUARDED_BY(mu) = 1;
 };
 
 Registry& GetRegistry() {
@@ -139,7 +146,7 @@ std::atomic<std::uint32_t> g_next_key{0x1000};
 
 void Notify(const std::shared_ptr<Core>& core, const Notification& n) {
   if (!core || !core->alive.load()) return;
-  std::lock_guard<std::mutex> lk(core->mu);
+  MutexLock lk(core->mu);
   core->notifications.push_back(n);
   core->cv.notify_all();
 }
@@ -150,10 +157,10 @@ struct PendingNotification {
 };
 
 // Marks `link` broken; sides still healthy get `reason` (ops flushed with
-// it). Every side but `quiet_side` (-1: none) is told kDisconnected. Call
-// with link.mu held; deliver `out` after releasing it.
+// it). Every side but `quiet_side` (-1: none) is told kDisconnected.
+// Deliver `out` after releasing link.mu.
 void BreakLocked(Link& link, int quiet_side, const Status& reason,
-                 std::vector<PendingNotification>* out) {
+                 std::vector<PendingNotification>* out) RDMAPS_REQUIRES(link.mu) {
   if (link.broken) return;
   link.broken = true;
   for (int s = 0; s < 2; ++s) {
@@ -179,7 +186,7 @@ void Deliver(const std::vector<PendingNotification>& v) {
 void BreakLink(Link& link, int quiet_side, const Status& reason) {
   std::vector<PendingNotification> out;
   {
-    std::lock_guard<std::mutex> lk(link.mu);
+    MutexLock lk(link.mu);
     BreakLocked(link, quiet_side, reason, &out);
   }
   Deliver(out);
@@ -197,9 +204,8 @@ std::string_view AccessName(std::uint32_t right) {
 }
 
 // Finds the target bytes of [addr, addr+len) under rkey with `right`.
-// Precondition: core.regions_mu held.
 Status Resolve(const Core& core, std::uint32_t rkey, std::uint64_t addr, std::uint64_t len,
-               std::uint32_t right, std::byte** out) {
+               std::uint32_t right, std::byte** out) RDMAPS_REQUIRES_SHARED(core.regions_mu) {
   auto it = core.regions.find(rkey);
   if (it == core.regions.end()) {
     return PermissionDeniedError("rkey " + Hex(rkey) + " is not registered at peer " +
@@ -278,7 +284,7 @@ Status Execute(const PendingOp& p, const std::shared_ptr<Core>& target,
       for (std::size_t i = 0; i < pieces; ++i) {
         const std::uint64_t end = op.length * (i + 1) / pieces;
         {
-          std::shared_lock<std::shared_mutex> lk(target->regions_mu);
+          ReaderLock lk(target->regions_mu);
           std::byte* src = nullptr;
           RDMAPS_RETURN_IF_ERROR(Resolve(*target, op.rkey, op.remote_addr, op.length, right, &src));
           copy_out(src, copied, end);
@@ -301,7 +307,7 @@ Status Execute(const PendingOp& p, const std::shared_ptr<Core>& target,
     case OpType::kWrite:
     case OpType::kWriteWithImm: {
       {
-        std::shared_lock<std::shared_mutex> lk(target->regions_mu);
+        ReaderLock lk(target->regions_mu);
         std::byte* dst = nullptr;
         RDMAPS_RETURN_IF_ERROR(Resolve(*target, op.rkey, op.remote_addr, op.length, right, &dst));
         if (p.segments.empty()) RacyCopyTo(dst, op.local, op.length);
@@ -323,7 +329,7 @@ Status Execute(const PendingOp& p, const std::shared_ptr<Core>& target,
     }
     case OpType::kFetchAdd:
     case OpType::kCompareSwap: {
-      std::shared_lock<std::shared_mutex> lk(target->regions_mu);
+      ReaderLock lk(target->regions_mu);
       std::byte* word = nullptr;
       RDMAPS_RETURN_IF_ERROR(Resolve(*target, op.rkey, op.remote_addr, 8, right, &word));
       std::atomic_ref<std::uint64_t> ref(*reinterpret_cast<std::uint64_t*>(word));
@@ -348,7 +354,7 @@ class FakeMemoryRegion final : public MemoryRegion {
       : MemoryRegion(data, size, access, key, key), core_(std::move(core)) {}
   ~FakeMemoryRegion() override {
     // Waits for a copy in progress; ops after this see PermissionDenied.
-    std::unique_lock<std::shared_mutex> lk(core_->regions_mu);
+    WriterLock lk(core_->regions_mu);
     core_->regions.erase(rkey());
   }
   const Core* core() const { return core_.get(); }
@@ -380,7 +386,7 @@ class FakeConnection final : public Connection {
     }
     std::shared_ptr<FaultState> faults = EffectiveFaults();
     {
-      std::lock_guard<std::mutex> lk(link_->mu);
+      MutexLock lk(link_->mu);
       Side& me = link_->sides[side_];
       if (!me.health.ok()) {
         return UnavailableError("connection to peer " + std::to_string(peer_.peer_id) +
@@ -423,7 +429,7 @@ class FakeConnection final : public Connection {
 
   std::size_t Poll(std::span<Completion> out) override {
     Progress(/*count_poll=*/true);
-    std::lock_guard<std::mutex> lk(link_->mu);
+    MutexLock lk(link_->mu);
     return TakeLocked(out);
   }
 
@@ -435,7 +441,7 @@ class FakeConnection final : public Connection {
     }
     for (;;) {
       Progress(/*count_poll=*/true);
-      std::unique_lock<std::mutex> lk(link_->mu);
+      MutexLock lk(link_->mu);
       if (std::size_t n = TakeLocked(out); n > 0) return n;
       Side& me = link_->sides[side_];
       const auto now = SteadyClock::now();
@@ -447,12 +453,12 @@ class FakeConnection final : public Connection {
       auto wake = std::min(deadline, head.posted + op_timeout_);
       if (head.not_before > now) wake = std::min(wake, head.not_before);
       if (head.held) wake = std::min(wake, now + milliseconds(1));  // ReleaseHeldOps.
-      link_->cv.wait_until(lk, wake);
+      link_->cv.wait_until(lk.native(), wake);
     }
   }
 
   std::size_t outstanding() const override {
-    std::lock_guard<std::mutex> lk(link_->mu);
+    MutexLock lk(link_->mu);
     const Side& me = link_->sides[side_];
     return me.pending.size() + me.done.size();
   }
@@ -460,11 +466,11 @@ class FakeConnection final : public Connection {
   std::size_t max_segments() const override {
     std::shared_ptr<Core> mine;
     {
-      std::lock_guard<std::mutex> lk(link_->mu);
+      MutexLock lk(link_->mu);
       mine = link_->sides[side_].core.lock();
     }
     if (mine) {
-      std::lock_guard<std::mutex> lk(mine->mu);
+      MutexLock lk(mine->mu);
       if (mine->faults && mine->faults->faults.max_segments > 0) {
         return std::min(mine->faults->faults.max_segments, kMaxSegments);
       }
@@ -474,14 +480,14 @@ class FakeConnection final : public Connection {
   const PeerInfo& peer() const override { return peer_; }
 
   Status health() const override {
-    std::lock_guard<std::mutex> lk(link_->mu);
+    MutexLock lk(link_->mu);
     return link_->sides[side_].health;
   }
 
   void Close() override {
     std::vector<PendingNotification> out;
     {
-      std::lock_guard<std::mutex> lk(link_->mu);
+      MutexLock lk(link_->mu);
       Side& me = link_->sides[side_];
       if (me.closed) return;
       me.closed = true;
@@ -523,10 +529,10 @@ class FakeConnection final : public Connection {
         return InvalidArgumentError("unknown op type " + std::to_string(static_cast<int>(op.type)));
     }
     if (op.num_segments > 0) {
-      return ValidateSegments(op, max_segments(), [this](const void* a, const MemoryRegion* m,
-                                                         std::uint64_t n) {
-        return ValidateLocal(a, m, n);
-      });
+      return ValidateSegments(op, max_segments(),
+                              [this](const void* a, const MemoryRegion* m, std::uint64_t n) {
+                                return ValidateLocal(a, m, n);
+                              });
     }
     if (op.length == 0 && op.local_mr == nullptr) return Status::OK();
     return ValidateLocal(op.local, op.local_mr, op.length);
@@ -554,22 +560,22 @@ class FakeConnection final : public Connection {
   std::shared_ptr<FaultState> EffectiveFaults() const {
     std::shared_ptr<Core> mine, theirs;
     {
-      std::lock_guard<std::mutex> lk(link_->mu);
+      MutexLock lk(link_->mu);
       mine = link_->sides[side_].core.lock();
       theirs = link_->sides[1 - side_].core.lock();
     }
     if (mine) {
-      std::lock_guard<std::mutex> lk(mine->mu);
+      MutexLock lk(mine->mu);
       if (mine->faults && !mine->faults->faults.inbound) return mine->faults;
     }
     if (theirs) {
-      std::lock_guard<std::mutex> lk(theirs->mu);
+      MutexLock lk(theirs->mu);
       if (theirs->faults && theirs->faults->faults.inbound) return theirs->faults;
     }
     return nullptr;
   }
 
-  std::size_t TakeLocked(std::span<Completion> out) {
+  std::size_t TakeLocked(std::span<Completion> out) RDMAPS_REQUIRES(link_->mu) {
     Side& me = link_->sides[side_];
     std::size_t n = 0;
     while (n < out.size() && !me.done.empty()) {
@@ -589,7 +595,7 @@ class FakeConnection final : public Connection {
   // thread only.
   void Progress(bool count_poll) {
     std::vector<PendingNotification> out;
-    std::unique_lock<std::mutex> lk(link_->mu);
+    MutexLock lk(link_->mu);
     Side& me = link_->sides[side_];
     if (count_poll) {
       for (PendingOp& p : me.pending) {
@@ -619,10 +625,10 @@ class FakeConnection final : public Connection {
       } else {
         std::shared_ptr<Core> target = link_->sides[1 - side_].core.lock();
         const std::uint32_t my_id = me.peer_id;
-        lk.unlock();
+        lk.Unlock();
         // `head` stays valid: only this thread pushes or pops `pending`.
         status = Execute(head, target, my_id);
-        lk.lock();
+        lk.Lock();
       }
       const Op& op = head.op;
       me.done.push_back({op.context, op.type, status});
@@ -639,7 +645,7 @@ class FakeConnection final : public Connection {
                     &out);
       }
     }
-    lk.unlock();
+    lk.Unlock();
     Deliver(out);
   }
 
@@ -661,8 +667,8 @@ class FakeEndpoint final : public Endpoint {
     core_->alive.store(false);
     {
       Registry& reg = GetRegistry();
-      std::lock_guard<std::mutex> rl(reg.mu);
-      std::lock_guard<std::mutex> lk(core_->mu);
+      MutexLock rl(reg.mu);
+      MutexLock lk(core_->mu);
       if (!core_->listen_name.empty()) {
         auto it = reg.names.find(core_->listen_name);
         if (it != reg.names.end() && it->second.lock() == core_) reg.names.erase(it);
@@ -671,7 +677,7 @@ class FakeEndpoint final : public Endpoint {
     std::vector<std::weak_ptr<Link>> links;
     std::deque<std::unique_ptr<Connection>> queued;
     {
-      std::lock_guard<std::mutex> lk(core_->mu);
+      MutexLock lk(core_->mu);
       links.swap(core_->links);
       queued.swap(core_->accept_queue);
     }
@@ -700,28 +706,27 @@ class FakeEndpoint final : public Endpoint {
     const std::uint32_t key = g_next_key.fetch_add(1);
     auto* data = static_cast<std::byte*>(addr);
     {
-      std::unique_lock<std::shared_mutex> lk(core_->regions_mu);
+      WriterLock lk(core_->regions_mu);
       core_->regions[key] = RegionInfo{data, length, access};
     }
     return std::unique_ptr<MemoryRegion>(
         std::make_unique<FakeMemoryRegion>(core_, data, length, access, key));
   }
 
-  Result<std::string> Listen(std::string_view address) override {
+  Result<std::string> DoListen(std::string_view address, const HostPort& hp) override {
     Registry& reg = GetRegistry();
-    std::lock_guard<std::mutex> rl(reg.mu);
-    std::lock_guard<std::mutex> lk(core_->mu);
+    MutexLock rl(reg.mu);
+    MutexLock lk(core_->mu);
     if (!core_->listen_name.empty()) {
       return FailedPreconditionError("Listen was already called on this endpoint (it listens on '" +
                                      core_->listen_name + "'); call it at most once");
     }
     std::string name(address);
-    const bool pick = name.empty() || (name.size() >= 2 && name.ends_with(":0"));
-    if (pick) {
-      const std::string prefix =
-          name.empty() ? std::string("fake:") : name.substr(0, name.size() - 1);
+    if (hp.port == 0) {
+      // A fresh port for the host part, as the kernel picks one for port 0.
       do {
-        name = prefix + std::to_string(reg.next_name++);
+        name = JoinHostPort(hp.host, static_cast<int>(reg.next_port));
+        reg.next_port = reg.next_port == 65535 ? 1 : reg.next_port + 1;
       } while (reg.names.contains(name) && reg.names[name].lock() != nullptr);
     } else if (auto it = reg.names.find(name); it != reg.names.end() && it->second.lock()) {
       return AlreadyExistsError("fake address '" + name +
@@ -733,14 +738,9 @@ class FakeEndpoint final : public Endpoint {
     return name;
   }
 
-  Result<std::unique_ptr<Connection>> Connect(std::string_view address,
-                                              const ConnectOptions& options,
-                                              Deadline deadline) override {
-    if (options.user_data.size() > kMaxHandshakeUserData) {
-      return InvalidArgumentError("ConnectOptions::user_data has " +
-                                  std::to_string(options.user_data.size()) + " bytes; at most " +
-                                  std::to_string(kMaxHandshakeUserData) + " fit in a handshake");
-    }
+  Result<std::unique_ptr<Connection>> DoConnect(std::string_view address, const HostPort&,
+                                                const ConnectOptions& options,
+                                                Deadline deadline) override {
     if (SteadyClock::now() > deadline) {
       return TimedOutError("Connect('" + std::string(address) +
                            "'): the deadline passed before connecting");
@@ -748,7 +748,7 @@ class FakeEndpoint final : public Endpoint {
     std::shared_ptr<Core> target;
     {
       Registry& reg = GetRegistry();
-      std::lock_guard<std::mutex> rl(reg.mu);
+      MutexLock rl(reg.mu);
       auto it = reg.names.find(std::string(address));
       if (it != reg.names.end()) target = it->second.lock();
     }
@@ -767,12 +767,12 @@ class FakeEndpoint final : public Endpoint {
     std::uint16_t mine, theirs;
     std::string my_name;
     {
-      std::lock_guard<std::mutex> lk(core_->mu);
+      MutexLock lk(core_->mu);
       mine = core_->protocol_version;
       my_name = core_->listen_name;
     }
     {
-      std::lock_guard<std::mutex> lk(target->mu);
+      MutexLock lk(target->mu);
       theirs = target->protocol_version;
     }
     if (mine != theirs) {
@@ -799,7 +799,7 @@ class FakeEndpoint final : public Endpoint {
                                                    target->options.max_outstanding,
                                                    target->options.op_timeout);
     {
-      std::lock_guard<std::mutex> lk(target->mu);
+      MutexLock lk(target->mu);
       if (!target->alive.load()) {
         return UnavailableError("the endpoint on '" + std::string(address) +
                                 "' was destroyed while connecting");
@@ -810,7 +810,7 @@ class FakeEndpoint final : public Endpoint {
       target->cv.notify_all();
     }
     {
-      std::lock_guard<std::mutex> lk(core_->mu);
+      MutexLock lk(core_->mu);
       std::erase_if(core_->links, [](const std::weak_ptr<Link>& l) { return l.expired(); });
       core_->links.push_back(link);
     }
@@ -818,12 +818,13 @@ class FakeEndpoint final : public Endpoint {
   }
 
   Result<std::unique_ptr<Connection>> Accept(Deadline deadline) override {
-    std::unique_lock<std::mutex> lk(core_->mu);
+    MutexLock lk(core_->mu);
     if (core_->listen_name.empty()) {
       return FailedPreconditionError("Accept before Listen; call Listen first");
     }
-    core_->cv.wait_until(lk, deadline,
-                         [&] { return !core_->accept_queue.empty() || core_->interrupted; });
+    while (core_->accept_queue.empty() && !core_->interrupted) {
+      if (core_->cv.wait_until(lk.native(), deadline) == std::cv_status::timeout) break;
+    }
     if (!core_->accept_queue.empty()) {
       std::unique_ptr<Connection> c = std::move(core_->accept_queue.front());
       core_->accept_queue.pop_front();
@@ -842,9 +843,10 @@ class FakeEndpoint final : public Endpoint {
     if (out.empty()) {
       return InvalidArgumentError("WaitNotifications with an empty output span");
     }
-    std::unique_lock<std::mutex> lk(core_->mu);
-    core_->cv.wait_until(lk, deadline,
-                         [&] { return !core_->notifications.empty() || core_->interrupted; });
+    MutexLock lk(core_->mu);
+    while (core_->notifications.empty() && !core_->interrupted) {
+      if (core_->cv.wait_until(lk.native(), deadline) == std::cv_status::timeout) break;
+    }
     std::size_t n = 0;
     while (n < out.size() && !core_->notifications.empty()) {
       out[n++] = core_->notifications.front();
@@ -855,7 +857,7 @@ class FakeEndpoint final : public Endpoint {
   }
 
   void Interrupt() override {
-    std::lock_guard<std::mutex> lk(core_->mu);
+    MutexLock lk(core_->mu);
     core_->interrupted = true;
     core_->cv.notify_all();
   }
@@ -877,12 +879,6 @@ Status NotFake(const Endpoint& endpoint) {
 }  // namespace
 
 Result<std::unique_ptr<Endpoint>> CreateEndpoint(const EndpointOptions& options) {
-  if (options.max_outstanding == 0) {
-    return InvalidArgumentError("EndpointOptions::max_outstanding is 0; allow at least 1");
-  }
-  if (options.op_timeout.count() <= 0) {
-    return InvalidArgumentError("EndpointOptions::op_timeout must be positive");
-  }
   return std::unique_ptr<Endpoint>(std::make_unique<FakeEndpoint>(options));
 }
 
@@ -903,7 +899,7 @@ Status SetFaults(Endpoint& endpoint, const Faults& faults) {
     return InvalidArgumentError("Faults::latency is negative");
   }
   auto state = std::make_shared<FaultState>(faults);
-  std::lock_guard<std::mutex> lk(fake->core()->mu);
+  MutexLock lk(fake->core()->mu);
   fake->core()->faults = std::move(state);
   fake->core()->protocol_version = faults.protocol_version;
   return Status::OK();
@@ -914,7 +910,7 @@ Status ReleaseHeldOps(Endpoint& endpoint, std::size_t n) {
   if (fake == nullptr) return NotFake(endpoint);
   std::shared_ptr<FaultState> state;
   {
-    std::lock_guard<std::mutex> lk(fake->core()->mu);
+    MutexLock lk(fake->core()->mu);
     state = fake->core()->faults;
   }
   if (!state) return Status::OK();
@@ -938,7 +934,7 @@ Status DropConnection(Endpoint& endpoint, std::uint32_t peer_id) {
   const std::shared_ptr<Core>& core = fake->core();
   std::vector<std::shared_ptr<Link>> links;
   {
-    std::lock_guard<std::mutex> lk(core->mu);
+    MutexLock lk(core->mu);
     for (const auto& weak : core->links) {
       if (auto l = weak.lock()) links.push_back(std::move(l));
     }
@@ -947,7 +943,7 @@ Status DropConnection(Endpoint& endpoint, std::uint32_t peer_id) {
   for (const auto& link : links) {
     std::vector<PendingNotification> out;
     {
-      std::lock_guard<std::mutex> lk(link->mu);
+      MutexLock lk(link->mu);
       if (link->broken) continue;
       bool match = false;
       for (int s = 0; s < 2; ++s) {

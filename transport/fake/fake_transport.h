@@ -2,9 +2,11 @@
 // knobs for tests.
 //
 // Endpoints created with EndpointOptions::transport = "fake" reach each other
-// by name inside one process: Listen("any-name") registers the name,
-// Listen("") or Listen("name:0") picks a unique one and returns it, and
-// Connect(name) finds the listener. Everything in transport/transport.h holds
+// by name inside one process. A name is written host:port like every other
+// backend's address (the same rules, src/base/host_port.h), but names no
+// machine: Listen("ps:7") registers "ps:7", Listen("ps:0") picks a fresh
+// port ("ps:1", "ps:2", ...) and returns the name, and Connect(name) finds
+// the listener. Everything in transport/transport.h holds
 // with exactly the documented semantics (ordering, per-op error codes, the
 // connection error state, handshake with job token and protocol version,
 // deadlines). The target's CPU runs nothing: an op is executed -- its bytes

@@ -1,6 +1,9 @@
 // The tcp backend's hot path: posting ops and reaping their responses on the
 // initiator (TcpConnection, run by the caller's thread), and serving inbound
 // ops on the target (EndpointCore::Serve, run by the progress thread).
+// Both halves of the wire protocol's hot path in one file (over 700 lines) so
+// that the request and response framing each side assumes of the other can
+// be read together.
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
@@ -20,17 +23,20 @@ namespace {
 
 constexpr int kMaxIov = 256;
 
-bool IsMutation(std::uint8_t opcode) {
-  return opcode != static_cast<std::uint8_t>(WireOp::kRead);
-}
+bool IsMutation(std::uint8_t opcode) { return opcode != static_cast<std::uint8_t>(WireOp::kRead); }
 
 WireOp ToWire(OpType t) {
   switch (t) {
-    case OpType::kRead: return WireOp::kRead;
-    case OpType::kWrite: return WireOp::kWrite;
-    case OpType::kWriteWithImm: return WireOp::kWriteWithImm;
-    case OpType::kFetchAdd: return WireOp::kFetchAdd;
-    case OpType::kCompareSwap: return WireOp::kCompareSwap;
+    case OpType::kRead:
+      return WireOp::kRead;
+    case OpType::kWrite:
+      return WireOp::kWrite;
+    case OpType::kWriteWithImm:
+      return WireOp::kWriteWithImm;
+    case OpType::kFetchAdd:
+      return WireOp::kFetchAdd;
+    case OpType::kCompareSwap:
+      return WireOp::kCompareSwap;
   }
   return WireOp::kRead;
 }
@@ -210,10 +216,10 @@ Status EndpointCore::Execute(Inbound& in, const RequestWire& req) {
                                    std::to_string(options_.peer_id) + " lacks " + right +
                                    "; register it with that access right");
   } else if (addr < base || len > e->size || addr - base > e->size - len) {
-    refuse = OutOfRangeError("[" + Hex(addr) + ", +" + std::to_string(len) +
-                             ") is outside region rkey " + Hex(rkey) + " [" + Hex(base) + ", +" +
-                             std::to_string(e->size) + ") at peer " +
-                             std::to_string(options_.peer_id));
+    refuse =
+        OutOfRangeError("[" + Hex(addr) + ", +" + std::to_string(len) +
+                        ") is outside region rkey " + Hex(rkey) + " [" + Hex(base) + ", +" +
+                        std::to_string(e->size) + ") at peer " + std::to_string(options_.peer_id));
   } else if (need == kRemoteAtomic && (addr % 8 != 0)) {
     refuse = InvalidArgumentError("atomic at " + Hex(addr) + " is not 8-byte aligned");
   }
@@ -300,10 +306,11 @@ Status EndpointCore::ContinuePayload(Inbound& in, bool* blocked) {
 }
 
 Status EndpointCore::Serve(Inbound& in) {
-  std::shared_lock lock(regions_->mu());
+  ReaderLock lock(regions_->mu());
   if (!in.tx.RegionRangesValid(*regions_)) {
-    return UnavailableError("a region was deregistered while a READ response from it was "
-                            "still being sent; the peer's op cannot complete");
+    return UnavailableError(
+        "a region was deregistered while a READ response from it was "
+        "still being sent; the peer's op cannot complete");
   }
   bool drained = false;  // The last recv left the socket empty.
   for (int round = 0; round < 16; ++round) {
@@ -354,8 +361,7 @@ Status EndpointCore::Serve(Inbound& in) {
         RDMAPS_ASSIGN_OR_RETURN(bool sent, in.tx.Flush(in.fd.get()));
         if (!sent) return Status::OK();
       }
-      if (req.opcode == static_cast<std::uint8_t>(WireOp::kWriteWithImm) &&
-          NotificationsFull()) {
+      if (req.opcode == static_cast<std::uint8_t>(WireOp::kWriteWithImm) && NotificationsFull()) {
         // Like a receiver that is not ready: leave the request unread until
         // WaitNotifications has drained the queue (ResumePaused).
         in.paused = true;
@@ -451,10 +457,10 @@ Status TcpConnection::Validate(const Op& op) const {
     if (op.remote_addr % 8 != 0) return bad("remote address is not 8-byte aligned");
   }
   if (op.num_segments > 0) {
-    Status s = ValidateSegments(op, kMaxSegments, [this](const void* a, const MemoryRegion* m,
-                                                         std::uint64_t n) {
-      return ValidateLocal(a, m, n);
-    });
+    Status s = ValidateSegments(op, kMaxSegments,
+                                [this](const void* a, const MemoryRegion* m, std::uint64_t n) {
+                                  return ValidateLocal(a, m, n);
+                                });
     return s.ok() ? s : bad(s.message());
   }
   if (op.length > 0 || IsAtomic(op.type)) {
@@ -480,8 +486,8 @@ Status TcpConnection::ValidateLocal(const void* addr, const MemoryRegion* local_
 Status TcpConnection::Post(std::span<const Op> ops) {
   if (closed_) return UnavailableError("Post on a closed connection to " + Describe());
   if (!health_.ok()) {
-    return UnavailableError("connection to " + Describe() + " is in error (" +
-                            health_.ToString() + "); open a new connection");
+    return UnavailableError("connection to " + Describe() + " is in error (" + health_.ToString() +
+                            "); open a new connection");
   }
   for (const Op& op : ops) RDMAPS_RETURN_IF_ERROR(Validate(op));
   if (outstanding() + ops.size() > max_outstanding_) {
@@ -519,8 +525,7 @@ Status TcpConnection::Post(std::span<const Op> ops) {
   }
   auto sent = tx_.Flush(fd_.get());
   if (!sent.ok()) {
-    Fail(UnavailableError("lost the connection to " + Describe() + ": " +
-                          sent.status().message()),
+    Fail(UnavailableError("lost the connection to " + Describe() + ": " + sent.status().message()),
          StatusCode::kUnavailable, "lost the connection to " + Describe());
   }
   return Status::OK();
@@ -612,9 +617,9 @@ void TcpConnection::ReadResponses() {
         if (IsAtomic(p.type)) RacyCopyTo(p.local, &value, sizeof(value));
         CompleteHead(Status::OK());
       } else {
-        Status s(static_cast<StatusCode>(header_.status),
-                 std::string(OpTypeName(p.type)) + " refused by " + Describe() + ": " +
-                     error_payload_);
+        Status s(
+            static_cast<StatusCode>(header_.status),
+            std::string(OpTypeName(p.type)) + " refused by " + Describe() + ": " + error_payload_);
         Fail(std::move(s), StatusCode::kCancelled,
              "flushed: an earlier op on the connection to " + Describe() + " failed");
         return;
@@ -705,9 +710,9 @@ void TcpConnection::Progress() {
   if (!tx_.empty()) {
     auto sent = tx_.Flush(fd_.get());
     if (!sent.ok()) {
-      Fail(UnavailableError("lost the connection to " + Describe() + ": " +
-                            sent.status().message()),
-           StatusCode::kUnavailable, "lost the connection to " + Describe());
+      Fail(
+          UnavailableError("lost the connection to " + Describe() + ": " + sent.status().message()),
+          StatusCode::kUnavailable, "lost the connection to " + Describe());
       return;
     }
   }
@@ -715,8 +720,7 @@ void TcpConnection::Progress() {
   if (!pending_.empty() && fd_.valid() &&
       SteadyClock::now() - pending_.front().posted >= op_timeout_) {
     Fail(TimedOutError(std::string(OpTypeName(pending_.front().type)) + " to " + Describe() +
-                       " got no answer within op_timeout (" +
-                       std::to_string(op_timeout_.count()) +
+                       " got no answer within op_timeout (" + std::to_string(op_timeout_.count()) +
                        " ms); the peer is overloaded or gone"),
          StatusCode::kCancelled, "flushed: an earlier op to " + Describe() + " timed out");
   }

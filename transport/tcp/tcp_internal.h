@@ -18,13 +18,12 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
-#include <mutex>
-#include <shared_mutex>
 #include <string>
 #include <thread>
 #include <unordered_map>
 #include <vector>
 
+#include "src/base/mutex.h"
 #include "transport/tcp/tcp_socket.h"
 #include "transport/tcp/tcp_wire.h"
 #include "transport/transport.h"
@@ -59,14 +58,14 @@ class RegionTable {
   RegionTable();
   std::uint32_t Add(std::byte* base, std::size_t size, std::uint32_t access);
   void Remove(std::uint32_t rkey);
-  std::shared_mutex& mu() { return mu_; }
-  // Requires mu() held (shared or exclusive). Null when absent.
-  const RegionEntry* FindLocked(std::uint32_t rkey) const;
+  SharedMutex& mu() const RDMAPS_RETURN_CAPABILITY(mu_) { return mu_; }
+  // Null when absent.
+  const RegionEntry* FindLocked(std::uint32_t rkey) const RDMAPS_REQUIRES_SHARED(mu_);
 
  private:
-  mutable std::shared_mutex mu_;
-  std::unordered_map<std::uint32_t, RegionEntry> regions_;  // Guarded by mu_.
-  std::uint32_t next_rkey_;                                 // Guarded by mu_.
+  mutable SharedMutex mu_;
+  std::unordered_map<std::uint32_t, RegionEntry> regions_ RDMAPS_GUARDED_BY(mu_);
+  std::uint32_t next_rkey_ RDMAPS_GUARDED_BY(mu_);
 };
 
 class TcpMemoryRegion final : public MemoryRegion {
@@ -95,9 +94,8 @@ class TxQueue {
   bool empty() const { return head_ == segs_.size(); }
   bool HasRegionRanges() const { return region_ranges_ > 0; }
   std::size_t owned_bytes() const { return own_.size(); }
-  // True when every pending range into registered memory is still registered
-  // (requires the table's mutex held).
-  bool RegionRangesValid(const RegionTable& table) const;
+  // True when every pending range into registered memory is still registered.
+  bool RegionRangesValid(const RegionTable& table) const RDMAPS_REQUIRES_SHARED(table.mu());
   // Sends what the socket takes. True when the queue is now empty, false when
   // the socket is full; Unavailable when the socket failed.
   Result<bool> Flush(int fd);
@@ -127,9 +125,11 @@ struct Inbound {
   // thread notices and closes it.
   void Shutdown();
 
-  // Guarded by close_mu; fd is closed only by the progress thread.
-  std::mutex close_mu;
-  bool closed = false;
+  Mutex close_mu;
+  bool closed RDMAPS_GUARDED_BY(close_mu) = false;
+  // Written (closed, moved out) under close_mu and by the progress thread
+  // only, which alone reads it without close_mu; Shutdown reads it under
+  // close_mu from any thread.
   Fd fd;
 
   // Progress thread only.
@@ -138,7 +138,7 @@ struct Inbound {
   SteadyClock::time_point last_progress{};
   std::uint32_t peer_id = 0;
   std::string peer_address;
-  bool paired = false;  // Part of an established Connection: report kDisconnected.
+  bool paired = false;   // Part of an established Connection: report kDisconnected.
   bool refused = false;  // Its handshake was answered with a refusal.
   std::uint64_t session = 0;
   std::uint32_t epoll_events = EPOLLIN;  // What epoll watches for now.
@@ -295,8 +295,9 @@ class EndpointCore {
   void CloseInbound(const std::shared_ptr<Inbound>& in, const std::string& reason, bool warn);
   void Sweep();
   // Executes one request whose header was consumed (tcp_datapath.cc).
-  Status Execute(Inbound& in, const RequestWire& req);
-  Status ContinuePayload(Inbound& in, bool* blocked);
+  // Both run inside Serve, which holds the region table shared.
+  Status Execute(Inbound& in, const RequestWire& req) RDMAPS_REQUIRES_SHARED(regions_->mu());
+  Status ContinuePayload(Inbound& in, bool* blocked) RDMAPS_REQUIRES_SHARED(regions_->mu());
   void FinishWrite(Inbound& in);
   void ErrorResponse(Inbound& in, std::uint8_t opcode, const Status& status);
   void Enqueue(Inbound& in, std::uint8_t opcode, std::uint8_t status, std::uint32_t length,
@@ -312,16 +313,15 @@ class EndpointCore {
   Fd wake_fd_;
   std::thread thread_;
 
-  // Guarded by mu_.
-  std::mutex mu_;
+  Mutex mu_;
   // Two condition variables, so that a notification wakes only the thread
   // waiting for notifications, not an Accept waiter too (and vice versa).
   std::condition_variable accept_cv_;
   std::condition_variable notes_cv_;
-  bool stop_ = false;
-  std::vector<Fd> new_listeners_;
-  std::vector<std::shared_ptr<Inbound>> new_served_;
-  std::deque<Notification> notifications_;
+  bool stop_ RDMAPS_GUARDED_BY(mu_) = false;
+  std::vector<Fd> new_listeners_ RDMAPS_GUARDED_BY(mu_);
+  std::vector<std::shared_ptr<Inbound>> new_served_ RDMAPS_GUARDED_BY(mu_);
+  std::deque<Notification> notifications_ RDMAPS_GUARDED_BY(mu_);
   // Progress thread only: notifications of the current round, in order.
   std::vector<Notification> round_notes_;
   // Progress thread only: inbounds paused because the queue was full.
@@ -330,15 +330,16 @@ class EndpointCore {
   // paused (WaitNotifications wakes the progress thread when it drains).
   std::atomic<std::size_t> queued_notes_{0};
   std::atomic<bool> any_paused_{false};
-  std::deque<std::unique_ptr<Connection>> accepted_;
-  bool interrupted_ = false;  // Sticky until a waiter returns because of it.
-  bool listening_ = false;
+  std::deque<std::unique_ptr<Connection>> accepted_ RDMAPS_GUARDED_BY(mu_);
+  // Sticky until a waiter returns because of it.
+  bool interrupted_ RDMAPS_GUARDED_BY(mu_) = false;
+  bool listening_ RDMAPS_GUARDED_BY(mu_) = false;
 
   // Progress thread only.
   std::vector<Fd> listeners_;
   std::unordered_map<Inbound*, std::shared_ptr<Inbound>> inbound_;
   std::unordered_map<std::uint64_t, Session> sessions_;
-  std::size_t handshaking_ = 0;  // Inbounds in Phase::kHello.
+  std::size_t handshaking_ = 0;                      // Inbounds in Phase::kHello.
   std::vector<std::shared_ptr<Inbound>> graveyard_;  // Closed this round.
   std::uint64_t session_seed_;
   SteadyClock::time_point next_sweep_{};

@@ -8,54 +8,10 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <charconv>
 #include <climits>
 #include <cstring>
 
 namespace rdmaps::transport::tcp {
-
-void Fd::Reset() {
-  if (fd_ >= 0) ::close(fd_);
-  fd_ = -1;
-}
-
-Result<HostPort> ParseAddress(std::string_view address) {
-  auto bad = [&](std::string_view why) {
-    return InvalidArgumentError("tcp address '" + std::string(address) + "' is malformed (" +
-                                std::string(why) +
-                                "); write host:port, e.g. 127.0.0.1:7000, or [::1]:7000 for IPv6 "
-                                "(port 0 picks a free port when listening)");
-  };
-  HostPort hp;
-  std::string_view port;
-  if (!address.empty() && address.front() == '[') {
-    std::size_t close = address.find(']');
-    if (close == std::string_view::npos) return bad("missing ']'");
-    hp.host = std::string(address.substr(1, close - 1));
-    hp.bracketed = true;
-    std::string_view rest = address.substr(close + 1);
-    if (rest.empty() || rest.front() != ':') return bad("missing ':port' after ']'");
-    port = rest.substr(1);
-    if (hp.host.empty()) return bad("empty IPv6 address");
-    in6_addr a6;
-    if (::inet_pton(AF_INET6, hp.host.c_str(), &a6) != 1) return bad("not an IPv6 address");
-  } else {
-    std::size_t colon = address.rfind(':');
-    if (colon == std::string_view::npos) return bad("missing ':port'");
-    hp.host = std::string(address.substr(0, colon));
-    port = address.substr(colon + 1);
-    if (hp.host.find(':') != std::string::npos) return bad("IPv6 addresses need brackets");
-    if (hp.host.empty()) return bad("empty host; use 0.0.0.0 to listen on every interface");
-  }
-  if (port.empty()) return bad("empty port");
-  unsigned value = 0;
-  auto [end, ec] = std::from_chars(port.data(), port.data() + port.size(), value);
-  if (ec != std::errc() || end != port.data() + port.size() || value > 65535) {
-    return bad("port must be a number in 0..65535");
-  }
-  hp.port = static_cast<std::uint16_t>(value);
-  return hp;
-}
 
 Result<ResolvedAddress> Resolve(const HostPort& hp, std::string_view original) {
   ResolvedAddress out;
@@ -83,9 +39,8 @@ Result<ResolvedAddress> Resolve(const HostPort& hp, std::string_view original) {
   addrinfo* res = nullptr;
   int rc = ::getaddrinfo(hp.host.c_str(), nullptr, &hints, &res);
   if (rc != 0 || res == nullptr) {
-    return UnavailableError("cannot resolve host of tcp address '" + std::string(original) +
-                            "': " + ::gai_strerror(rc) +
-                            "; check the name or use a numeric address");
+    return UnavailableError("cannot resolve host of tcp address '" + std::string(original) + "': " +
+                            ::gai_strerror(rc) + "; check the name or use a numeric address");
   }
   std::memcpy(&out.storage, res->ai_addr, res->ai_addrlen);
   out.length = res->ai_addrlen;
@@ -180,8 +135,8 @@ Result<Fd> ConnectTo(const ResolvedAddress& address, std::string_view name, Dead
     socklen_t len = sizeof(err);
     ::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &len);
     if (err != 0) {
-      return UnavailableError("connect to " + std::string(name) + " failed: " +
-                              std::strerror(err) + "; is an rdmaps endpoint listening there?");
+      return UnavailableError("connect to " + std::string(name) + " failed: " + std::strerror(err) +
+                              "; is an rdmaps endpoint listening there?");
     }
   }
   return fd;

@@ -1,8 +1,8 @@
-// Socket plumbing for the tcp backend: "host:port" parsing and resolution,
-// an owning file descriptor, and small helpers. Used by setup code only.
+// Socket plumbing for the tcp backend: address resolution and small helpers
+// over sockets (rdmaps::Fd owns them; rdmaps::ParseHostPort parses the
+// addresses, src/base/). Used by setup code only.
 //
-// Thread safety: free functions are thread-safe; a Fd is a value owned by one
-// thread at a time.
+// Thread safety: free functions are thread-safe.
 #pragma once
 
 #include <netinet/in.h>
@@ -13,47 +13,11 @@
 #include <string_view>
 
 #include "rdmaps/status.h"
+#include "src/base/fd.h"
+#include "src/base/host_port.h"
 #include "transport/transport.h"
 
 namespace rdmaps::transport::tcp {
-
-// An owned file descriptor, closed on destruction.
-class Fd {
- public:
-  Fd() = default;
-  explicit Fd(int fd) : fd_(fd) {}
-  ~Fd() { Reset(); }
-  Fd(Fd&& o) noexcept : fd_(o.Release()) {}
-  Fd& operator=(Fd&& o) noexcept {
-    if (this != &o) {
-      Reset();
-      fd_ = o.Release();
-    }
-    return *this;
-  }
-  int get() const { return fd_; }
-  bool valid() const { return fd_ >= 0; }
-  int Release() {
-    int fd = fd_;
-    fd_ = -1;
-    return fd;
-  }
-  void Reset();
-
- private:
-  int fd_ = -1;
-};
-
-// "host:port" split; host is an IPv4 literal, a name, or an IPv6 literal
-// written "[v6]:port".
-struct HostPort {
-  std::string host;  // Without brackets.
-  std::uint16_t port = 0;
-  bool bracketed = false;
-};
-
-// InvalidArgument, naming the expected form, when `address` is malformed.
-Result<HostPort> ParseAddress(std::string_view address);
 
 // Resolves a parsed address (numeric first, then by name) to one sockaddr.
 struct ResolvedAddress {

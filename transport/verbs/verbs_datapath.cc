@@ -1,5 +1,6 @@
 // The verbs data path: posting work requests and turning completions into
-// one Completion per op. Setup lives in verbs_transport.cc.
+// one Completion per op. Setup lives in verbs_transport.cc (lifecycle),
+// verbs_cm.cc (connections) and verbs_device.cc (the device).
 //
 // Selective signaling. A signaled send WR costs a CQE and a PCIe write of it
 // per op; on RC a signaled CQE also says every earlier WR on the QP has
@@ -40,56 +41,63 @@ constexpr std::uint32_t kPollsPerClockRead = 64;
 
 ibv_wr_opcode ToOpcode(OpType t) {
   switch (t) {
-    case OpType::kRead: return IBV_WR_RDMA_READ;
-    case OpType::kWrite: return IBV_WR_RDMA_WRITE;
-    case OpType::kWriteWithImm: return IBV_WR_RDMA_WRITE_WITH_IMM;
-    case OpType::kFetchAdd: return IBV_WR_ATOMIC_FETCH_AND_ADD;
-    case OpType::kCompareSwap: return IBV_WR_ATOMIC_CMP_AND_SWP;
+    case OpType::kRead:
+      return IBV_WR_RDMA_READ;
+    case OpType::kWrite:
+      return IBV_WR_RDMA_WRITE;
+    case OpType::kWriteWithImm:
+      return IBV_WR_RDMA_WRITE_WITH_IMM;
+    case OpType::kFetchAdd:
+      return IBV_WR_ATOMIC_FETCH_AND_ADD;
+    case OpType::kCompareSwap:
+      return IBV_WR_ATOMIC_CMP_AND_SWP;
   }
   return IBV_WR_RDMA_READ;
 }
 
-bool IsAtomic(OpType t) {
-  return t == OpType::kFetchAdd || t == OpType::kCompareSwap;
-}
+bool IsAtomic(OpType t) { return t == OpType::kFetchAdd || t == OpType::kCompareSwap; }
 
 }  // namespace
 
 Status WcStatusToStatus(const ibv_wc& wc, OpType type) {
-  std::string what = std::string(OpTypeName(type)) + " failed: " +
-                     ibv_wc_status_str(wc.status) + " (vendor error " +
-                     std::to_string(wc.vendor_err) + ")";
+  std::string what = std::string(OpTypeName(type)) + " failed: " + ibv_wc_status_str(wc.status) +
+                     " (vendor error " + std::to_string(wc.vendor_err) + ")";
   switch (wc.status) {
     case IBV_WC_SUCCESS:
       return Status::OK();
     case IBV_WC_REM_ACCESS_ERR:
       return PermissionDeniedError(
-          what + ": the target refused the access - the rkey is unknown or was "
-                 "deregistered, the region lacks the access right, or the address "
-                 "range lies outside it; re-fetch the RemoteRegion from the peer");
+          what +
+          ": the target refused the access - the rkey is unknown or was "
+          "deregistered, the region lacks the access right, or the address "
+          "range lies outside it; re-fetch the RemoteRegion from the peer");
     case IBV_WC_REM_INV_REQ_ERR:
-      return InvalidArgumentError(
-          what + ": the target found the request invalid (length beyond its "
-                 "limits, or an atomic on an unaligned address)");
+      return InvalidArgumentError(what +
+                                  ": the target found the request invalid (length beyond its "
+                                  "limits, or an atomic on an unaligned address)");
     case IBV_WC_WR_FLUSH_ERR:
-      return CancelledError(what + ": flushed because the connection closed or an "
-                                   "earlier op on it failed");
+      return CancelledError(what +
+                            ": flushed because the connection closed or an "
+                            "earlier op on it failed");
     case IBV_WC_RETRY_EXC_ERR:
-      return UnavailableError(
-          what + ": transport retry counter exceeded - the peer stopped answering "
-                 "(process gone, link down, or wrong GID/route); check the peer is "
-                 "alive and reachable (`rdmaps-doctor --peer ADDR`)");
+      return UnavailableError(what +
+                              ": transport retry counter exceeded - the peer stopped answering "
+                              "(process gone, link down, or wrong GID/route); check the peer is "
+                              "alive and reachable (`rdmaps-doctor --peer ADDR`)");
     case IBV_WC_RNR_RETRY_EXC_ERR:
-      return UnavailableError(what + ": receiver-not-ready retries exceeded - the "
-                                     "peer posted no receive for a WRITE_WITH_IMM");
+      return UnavailableError(what +
+                              ": receiver-not-ready retries exceeded - the "
+                              "peer posted no receive for a WRITE_WITH_IMM");
     case IBV_WC_REM_OP_ERR:
     case IBV_WC_REM_ABORT_ERR:
-      return UnavailableError(what + ": the target could not complete the op "
-                                     "(its queue pair failed); reconnect");
+      return UnavailableError(what +
+                              ": the target could not complete the op "
+                              "(its queue pair failed); reconnect");
     case IBV_WC_LOC_PROT_ERR:
     case IBV_WC_LOC_ACCESS_ERR:
-      return InvalidArgumentError(what + ": the local buffer is not covered by a "
-                                         "live registration on this endpoint");
+      return InvalidArgumentError(what +
+                                  ": the local buffer is not covered by a "
+                                  "live registration on this endpoint");
     default:
       return IOError(what);
   }
@@ -125,18 +133,14 @@ Status VerbsConnection::Validate(const Op& op) const {
   }
   if (IsAtomic(op.type)) {
     if (op.length != 8) {
-      return InvalidArgumentError("atomic op needs length 8, got " +
-                                  std::to_string(op.length));
+      return InvalidArgumentError("atomic op needs length 8, got " + std::to_string(op.length));
     }
     if (op.remote_addr % 8 != 0) {
-      return InvalidArgumentError("atomic op on misaligned remote address 0x" +
-                                  [&] {
-                                    char b[32];
-                                    std::snprintf(b, sizeof b, "%llx",
-                                                  static_cast<unsigned long long>(
-                                                      op.remote_addr));
-                                    return std::string(b);
-                                  }() + "; atomics need 8-byte alignment");
+      return InvalidArgumentError("atomic op on misaligned remote address 0x" + [&] {
+        char b[32];
+        std::snprintf(b, sizeof b, "%llx", static_cast<unsigned long long>(op.remote_addr));
+        return std::string(b);
+      }() + "; atomics need 8-byte alignment");
     }
   }
   return Status::OK();
@@ -199,8 +203,8 @@ Status VerbsConnection::Post(std::span<const Op> ops) {
       flags |= IBV_SEND_SIGNALED;
     }
     if (op.flags & kFence) flags |= IBV_SEND_FENCE;
-    if ((op.type == OpType::kWrite || op.type == OpType::kWriteWithImm) &&
-        op.length > 0 && op.length <= max_inline_) {
+    if ((op.type == OpType::kWrite || op.type == OpType::kWriteWithImm) && op.length > 0 &&
+        op.length <= max_inline_) {
       flags |= IBV_SEND_INLINE;  // the CPU copies now; no DMA read of `local`
     }
     wr.send_flags = flags;
@@ -266,8 +270,8 @@ void VerbsConnection::OnWc(const ibv_wc& wc) {
         Status h = health();
         s = h.ok() || h.code() == StatusCode::kCancelled
                 ? s
-                : Status(h.code(), std::string(OpTypeName(p.type)) +
-                                       " not executed: " + h.message());
+                : Status(h.code(),
+                         std::string(OpTypeName(p.type)) + " not executed: " + h.message());
       }
       SetHealth(s);
       ready_.push_back({p.context, p.type, std::move(s)});
@@ -319,8 +323,8 @@ void VerbsConnection::FailOldestForTimeout() {
   const PendingOp p = pending_.front();
   pending_.pop_front();
   Status s = TimedOutError(
-      std::string(OpTypeName(p.type)) + " to " + peer_.address + " got no answer within op_timeout " +
-      std::to_string(shared_->options.op_timeout.count()) +
+      std::string(OpTypeName(p.type)) + " to " + peer_.address +
+      " got no answer within op_timeout " + std::to_string(shared_->options.op_timeout.count()) +
       " ms; the peer or the fabric is stuck - check it with `rdmaps-doctor --peer`");
   SetHealth(s);
   ready_.push_back({p.context, p.type, std::move(s)});
@@ -328,8 +332,7 @@ void VerbsConnection::FailOldestForTimeout() {
   MoveQpToError();  // the rest flush and complete as Cancelled
 }
 
-Result<std::size_t> VerbsConnection::Wait(std::span<Completion> out,
-                                          Deadline deadline) {
+Result<std::size_t> VerbsConnection::Wait(std::span<Completion> out, Deadline deadline) {
   if (outstanding() == 0) {
     return FailedPreconditionError("Wait with no outstanding ops: post first");
   }
@@ -349,8 +352,7 @@ Result<std::size_t> VerbsConnection::Wait(std::span<Completion> out,
       spin_until = now + shared_->options.busy_poll;
       clock_read = true;
     }
-    if (!pending_.empty() &&
-        now >= pending_.front().posted + shared_->options.op_timeout) {
+    if (!pending_.empty() && now >= pending_.front().posted + shared_->options.op_timeout) {
       FailOldestForTimeout();
       continue;
     }

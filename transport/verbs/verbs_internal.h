@@ -1,7 +1,16 @@
-// Internals of the verbs backend, shared by its setup (verbs_transport.cc)
-// and data path (verbs_datapath.cc) files. Nothing outside transport/verbs/
-// includes this header: it pulls in <infiniband/verbs.h> and
-// <rdma/rdma_cma.h>.
+// Internals of the verbs backend, shared by its files:
+//   verbs_device.cc     which device, port and GID; opening the device's
+//                       resources (PD, notification CQ and SRQ);
+//                       DeviceUsable
+//   verbs_cm.cc         rdma_cm: Listen, Connect, the handshake
+//                       (verbs_wire.h), connect requests and disconnects,
+//                       the QP state moves rdma_cm computes
+//   verbs_transport.cc  endpoint and connection lifecycle: creation,
+//                       registration, Accept, notifications, the progress
+//                       thread, Close
+//   verbs_datapath.cc   post and poll
+// Nothing outside transport/verbs/ includes this header: it pulls in
+// <infiniband/verbs.h> and <rdma/rdma_cma.h>.
 //
 // Object graph. A VerbsEndpoint owns the progress thread and a shared_ptr to
 // Shared, which holds every per-device resource (the rdma_cm event channel,
@@ -28,6 +37,7 @@
 #pragma once
 
 #include <infiniband/verbs.h>
+#include <netdb.h>
 #include <rdma/rdma_cma.h>
 #include <sys/socket.h>
 
@@ -38,11 +48,16 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
+#include <span>
 #include <string>
+#include <string_view>
+#include <thread>
 #include <vector>
 
+#include "src/base/fd.h"
+#include "src/base/mutex.h"
 #include "transport/transport.h"
+#include "transport/verbs/verbs_wire.h"
 
 namespace rdmaps::transport::verbs::internal {
 
@@ -79,13 +94,8 @@ struct CmIdDeleter {
 struct QpDeleter {
   void operator()(ibv_qp* q) const { ibv_destroy_qp(q); }
 };
-struct FdCloser {
-  int fd = -1;
-  FdCloser() = default;
-  explicit FdCloser(int f) : fd(f) {}
-  FdCloser(const FdCloser&) = delete;
-  FdCloser& operator=(const FdCloser&) = delete;
-  ~FdCloser();
+struct AddrInfoDeleter {
+  void operator()(addrinfo* a) const { freeaddrinfo(a); }
 };
 
 using DeviceListPtr = std::unique_ptr<ibv_context*, DeviceListDeleter>;
@@ -97,55 +107,7 @@ using SrqPtr = std::unique_ptr<ibv_srq, SrqDeleter>;
 using MrPtr = std::unique_ptr<ibv_mr, MrDeleter>;
 using CmIdPtr = std::unique_ptr<rdma_cm_id, CmIdDeleter>;
 using QpPtr = std::unique_ptr<ibv_qp, QpDeleter>;
-
-// --- Handshake wire format (rdma_cm private data, <= 56 bytes) ------------
-// Connector -> acceptor in the CM REQ; all integers big-endian.
-struct ConnectWire {
-  std::uint32_t magic;       // kConnectMagic
-  std::uint16_t version;     // kProtocolVersion
-  std::uint8_t user_len;     // bytes of user_data used
-  std::uint8_t reserved0;
-  std::uint32_t peer_id;     // the connector's EndpointOptions::peer_id
-  std::uint32_t reserved1;
-  std::uint64_t token_hash;  // TokenHash(job_token)
-  std::uint8_t user_data[kMaxHandshakeUserData];
-};
-static_assert(sizeof(ConnectWire) == 48);
-static_assert(std::is_trivially_copyable_v<ConnectWire>);
-
-// Acceptor -> connector in the CM REP.
-struct AcceptWire {
-  std::uint32_t magic;  // kAcceptMagic
-  std::uint16_t version;
-  std::uint16_t reserved0;
-  std::uint32_t peer_id;  // the acceptor's EndpointOptions::peer_id
-  std::uint32_t reserved1;
-};
-static_assert(sizeof(AcceptWire) == 16);
-static_assert(std::is_trivially_copyable_v<AcceptWire>);
-
-// Acceptor -> connector in the CM REJ.
-struct RejectWire {
-  std::uint32_t magic;  // kRejectMagic
-  std::uint16_t version;
-  std::uint8_t reason;  // RejectReason
-  std::uint8_t reserved0;
-};
-static_assert(sizeof(RejectWire) == 8);
-static_assert(std::is_trivially_copyable_v<RejectWire>);
-
-inline constexpr std::uint32_t kConnectMagic = 0x52504331;  // "RPC1"
-inline constexpr std::uint32_t kAcceptMagic = 0x52504341;   // "RPCA"
-inline constexpr std::uint32_t kRejectMagic = 0x52504352;   // "RPCR"
-enum RejectReason : std::uint8_t {
-  kRejectBadToken = 1,
-  kRejectBadVersion = 2,
-  kRejectMalformed = 3,
-  kRejectNoResources = 4,
-};
-
-// FNV-1a: peers compare hashes, the token itself never travels.
-std::uint64_t TokenHash(const std::string& token);
+using AddrInfoPtr = std::unique_ptr<addrinfo, AddrInfoDeleter>;
 
 // --- Shared per-endpoint state -------------------------------------------
 class VerbsConnection;
@@ -173,29 +135,60 @@ struct Shared {
   SrqPtr srq;
   int srq_depth = 0;
 
-  std::mutex mu;
+  Mutex mu;
   // Accept waiters and notification waiters wait apart, so a notification
   // wakes only the thread that waits for notifications.
   std::condition_variable accept_cv;
   std::condition_variable notes_cv;
-  // Protected by mu.
-  std::map<std::uint32_t, VerbsConnection*> by_qp;  // qp_num -> live conn
-  std::map<rdma_cm_id*, VerbsConnection*> by_id;    // established conns
-  std::deque<Notification> notifications;
-  std::deque<std::unique_ptr<VerbsConnection>> accepted;
-  bool interrupted = false;  // set by Interrupt, cleared by the waiter it wakes
-  bool stopping = false;
+  std::map<std::uint32_t, VerbsConnection*> by_qp RDMAPS_GUARDED_BY(mu);  // qp_num -> live
+  std::map<rdma_cm_id*, VerbsConnection*> by_id RDMAPS_GUARDED_BY(mu);    // established
+  std::deque<Notification> notifications RDMAPS_GUARDED_BY(mu);
+  std::deque<std::unique_ptr<VerbsConnection>> accepted RDMAPS_GUARDED_BY(mu);
+  // Set by Interrupt, cleared by the waiter it wakes.
+  bool interrupted RDMAPS_GUARDED_BY(mu) = false;
+  bool stopping RDMAPS_GUARDED_BY(mu) = false;
 };
 
-// Maps a work completion's status to the Status the interface promises.
+// --- Helpers shared by the files (verbs_device.cc) ------------------------
+Status SetNonBlocking(int fd, std::string_view what);
+// RoCE GIDs are IP addresses: an IPv4 one is ::ffff:a.b.c.d.
+std::string GidToString(const ibv_gid& g);
+// The GID an IP address stands for: IPv4 as ::ffff:a.b.c.d, IPv6 as is.
+bool SockaddrToGid(const sockaddr* sa, ibv_gid* out);
+bool IsWildcard(const sockaddr* sa);
+const char* FamilyName(int family);
+
+// Opens the device `options` choose (see the opening comment) and the
+// resources every connection shares: everything in Shared but the maps.
+Result<std::shared_ptr<Shared>> OpenDevice(const EndpointOptions& options);
+
+// --- rdma_cm events (verbs_cm.cc) -----------------------------------------
+// One rdma_cm event, copied so the event can be acked at once (acking late
+// would block rdma_destroy_id on another thread).
+struct CmEvent {
+  rdma_cm_event_type type{};
+  rdma_cm_id* id = nullptr;
+  rdma_cm_id* listen_id = nullptr;
+  int status = 0;
+  std::vector<std::uint8_t> private_data;
+  std::uint8_t initiator_depth = 0;
+  std::uint8_t responder_resources = 0;
+};
+
+// Non-blocking: false when the channel has no event.
+bool GetCmEvent(rdma_event_channel* ch, CmEvent* out);
+// Waits on a private channel for the next event, by `deadline`.
+Result<CmEvent> WaitCmEvent(rdma_event_channel* ch, Deadline deadline, std::string_view step);
+
+// Maps a work completion's status to the Status the interface promises
+// (verbs_datapath.cc).
 Status WcStatusToStatus(const ibv_wc& wc, OpType type);
 
 // --- MemoryRegion --------------------------------------------------------
 class VerbsMemoryRegion final : public MemoryRegion {
  public:
-  VerbsMemoryRegion(std::shared_ptr<Shared> shared, MrPtr mr, std::byte* data,
-                    std::size_t size, std::uint32_t access, std::uint32_t lkey,
-                    std::uint32_t rkey)
+  VerbsMemoryRegion(std::shared_ptr<Shared> shared, MrPtr mr, std::byte* data, std::size_t size,
+                    std::uint32_t access, std::uint32_t lkey, std::uint32_t rkey)
       : MemoryRegion(data, size, access, lkey, rkey),
         shared_(std::move(shared)),
         mr_(std::move(mr)) {}
@@ -207,7 +200,8 @@ class VerbsMemoryRegion final : public MemoryRegion {
 };
 
 // --- Connection ----------------------------------------------------------
-// Setup in verbs_transport.cc, data path in verbs_datapath.cc.
+// Lifecycle in verbs_transport.cc, QP state moves in verbs_cm.cc, data path
+// in verbs_datapath.cc.
 class VerbsConnection final : public Connection {
  public:
   VerbsConnection(std::shared_ptr<Shared> shared, PeerInfo peer);
@@ -287,11 +281,11 @@ class VerbsConnection final : public Connection {
   std::uint32_t signal_every_ = 1;
 
   // Health: written by the progress thread and the owner.
-  mutable std::mutex health_mu_;
-  Status health_;  // Protected by health_mu_.
+  mutable Mutex health_mu_;
+  Status health_ RDMAPS_GUARDED_BY(health_mu_);
   std::atomic<bool> broken_{false};
   std::atomic<bool> closed_{false};
-  bool registered_ = false;  // in Shared maps; Shared::mu
+  bool registered_ RDMAPS_GUARDED_BY(shared_->mu) = false;  // in Shared's maps
 
   // Owner thread only.
   std::uint64_t next_seq_ = 0;
@@ -300,6 +294,56 @@ class VerbsConnection final : public Connection {
   bool errored_ = false;  // a failed CQE was seen; the rest are Cancelled
   std::vector<ibv_send_wr> wrs_;
   std::vector<ibv_sge> sges_;
+};
+
+// --- Endpoint ------------------------------------------------------------
+class VerbsEndpoint final : public Endpoint {
+ public:
+  explicit VerbsEndpoint(EndpointOptions options) : Endpoint(std::move(options)) {}
+  ~VerbsEndpoint() override;
+
+  // Opens the device, fills the SRQ and starts the progress thread.
+  Status Init();
+
+  std::string_view kind() const override { return "verbs"; }
+  Result<std::unique_ptr<MemoryRegion>> Register(void* addr, std::size_t length,
+                                                 std::uint32_t access) override;
+  Result<std::unique_ptr<Connection>> Accept(Deadline deadline) override;
+  Result<std::size_t> WaitNotifications(std::span<Notification> out, Deadline deadline) override;
+  void Interrupt() override;
+
+  void TEST_SetProtocolVersion(std::uint16_t v) { version_.store(v); }
+  std::string TEST_DeviceName() const { return shared_->dev_name; }
+
+ private:
+  // verbs_cm.cc.
+  Result<std::string> DoListen(std::string_view address, const HostPort& hp) override;
+  Result<std::unique_ptr<Connection>> DoConnect(std::string_view address, const HostPort& hp,
+                                                const ConnectOptions& options,
+                                                Deadline deadline) override;
+  // Progress thread only (verbs_cm.cc).
+  void HandleCmEvent(CmEvent& ev);
+  void HandleConnectRequest(CmEvent& ev);
+  void Reject(rdma_cm_id* id, RejectReason reason);
+
+  // verbs_transport.cc.
+  Status PostReceives(int n);
+  // Progress thread only.
+  void ProgressLoop();
+  void HandleRecvCq();
+  void DrainRecvCq();
+  void HandleAsyncEvent();
+
+  // Constant after Init. shared_ is declared first so it dies last.
+  std::shared_ptr<Shared> shared_;
+  Fd wake_fd_;
+  CmIdPtr listen_id_;  // set once by Listen, before the progress thread sees it
+  std::thread progress_;
+
+  std::atomic<std::uint16_t> version_{kProtocolVersion};  // a test hook may change it
+
+  // Progress thread only: accepted ids waiting for ESTABLISHED.
+  std::map<rdma_cm_id*, std::unique_ptr<VerbsConnection>> pending_accept_;
 };
 
 }  // namespace rdmaps::transport::verbs::internal
