@@ -112,7 +112,9 @@ class ServerImpl final : public Server {
   // thread only.
   bool ApplySlot(std::uint32_t w, const SlotHeader& h, const std::byte* payload)
       RDMAPS_REQUIRES(apply_mu_);
-  void ApplyRow(TableState& t, std::uint64_t local, const float* grad) RDMAPS_REQUIRES(apply_mu_);
+  // Under apply_mu_, which the apply thread holds while TBB tasks of
+  // ApplySlot call it (the analysis does not follow it into them).
+  void ApplyRow(TableState& t, std::uint64_t local, const float* grad);
   // Rewrites the control block from workers_. Apply thread only (and Init,
   // before it starts).
   void PublishControl() RDMAPS_EXCLUDES(mu_);
@@ -140,7 +142,7 @@ class ServerImpl final : public Server {
 
   // Apply thread only. apply_mu_ guards the shards' contents (behind
   // tables_[].memory, which the analysis does not see) against ReadLocal
-  // and TEST_SetRow: ApplySlot and ApplyRow require it.
+  // and TEST_SetRow: ApplySlot requires it.
   std::vector<WorkerState> workers_;
   std::uint64_t control_version_ = 0;
   std::vector<ControlWorker> control_scratch_;  // PublishControl's
