@@ -1,15 +1,16 @@
 // The worker side: Client::Connect (connect to every server, read and check
 // their directories), the entry points (argument checks, then the pull
-// reader or the push writer), the clock waits of SSP, Clock, Barrier and
+// reader or the push writer), the SSP checks of pulls, Clock, Barrier and
 // Close, caller buffer registration, and the executor of the asynchronous
 // calls. Every call holds mu_ for its whole network use: one Connection per
-// server (ServerLinks), ops posted per server (servers are served in
-// parallel) and drained before the call returns. Protocol: src/ps/wire.h.
+// server, ops posted per server (servers are served in parallel) and
+// drained before the call returns. Protocol: src/ps/wire.h.
 //
-//   src/ps/directory.h     the directories, decoded and checked
-//   src/ps/server_links.h  the connections and the op plumbing on them
-//   src/ps/pull_reader.h   Pull: plan, post, verify and re-read
-//   src/ps/push_writer.h   Push: slots, credits
+//   src/ps/directory.h     the servers' directories, decoded and checked
+//   src/ps/server_links.h  the connections, the op plumbing on them, the
+//                          control block reads and clock waits
+//   src/ps/pull_reader.h   pulls: plan, post, verify and re-read
+//   src/ps/push_writer.h   pushes: slots and credits
 #include "rdmaps/client.h"
 
 #include <glog/logging.h>
@@ -190,12 +191,6 @@ class ClientImpl final : public Client {
   Status PullRuns(const RemoteTable& t, const std::vector<Run>& runs,
                   const std::vector<std::uint32_t>& involved, std::uint64_t rows,
                   std::span<float> out) RDMAPS_REQUIRES(mu_);
-  // Polls the control blocks of `servers` until every worker's clock there
-  // is >= required and each has applied this worker's pushes. TimedOut
-  // naming the laggards (`why` says what waits) at the deadline.
-  Status WaitForClocks(std::uint64_t required, const std::vector<std::uint32_t>& servers,
-                       const std::function<std::string()>& why, Deadline deadline)
-      RDMAPS_REQUIRES(mu_);
   Status WaitReadable(const RemoteTable& t, const std::vector<std::uint32_t>& servers,
                       Deadline deadline) RDMAPS_REQUIRES(mu_);
 
@@ -276,59 +271,7 @@ Status ClientImpl::ConnectAll(Deadline deadline) {
   transport::ConnectOptions copts;
   copts.user_data.resize(sizeof(hello));
   std::memcpy(copts.user_data.data(), &hello, sizeof(hello));
-
-  links_.servers().resize(S);
-  for (std::uint32_t i = 0; i < S; ++i) {
-    ServerLink& s = links_[i];
-    s.index = i;
-    s.address = options_.servers[i];
-    while (true) {
-      auto r = endpoint_->Connect(s.address, copts, deadline);
-      if (r.ok()) {
-        s.conn = std::move(r).value();
-        break;
-      }
-      // A server may not listen yet when the launcher starts everyone at
-      // once: try again every 20 ms (each try costs the server an accept).
-      if (r.status().code() != StatusCode::kUnavailable || SteadyClock::now() >= deadline) {
-        std::string missing;
-        for (std::uint32_t j = i; j < S; ++j) missing += " " + options_.servers[j];
-        return r.status().WithContext(
-            "worker " + std::to_string(options_.worker_id) + " connecting to " + ServerName(s) +
-            " (not yet connected:" + missing + "); is the server running and the address right?");
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-  }
-  // Each server WRITE_WITH_IMMs where its directory is.
-  std::vector<bool> got(S, false);
-  std::size_t n_got = 0;
-  std::vector<transport::Notification> notes(16);
-  while (n_got < S) {
-    auto r = endpoint_->WaitNotifications(notes, deadline);
-    if (!r.ok()) return r.status().WithContext("waiting for the servers' bootstrap messages");
-    if (*r == 0) {
-      std::string missing;
-      for (std::uint32_t j = 0; j < S; ++j) {
-        if (!got[j]) missing += " " + std::to_string(j) + " (" + options_.servers[j] + ")";
-      }
-      return TimedOutError("worker " + std::to_string(options_.worker_id) +
-                           ": no bootstrap message from servers" + missing +
-                           " before connect_timeout; they accepted the connection but did not "
-                           "answer (check the server logs: worker id vs --num_workers?)");
-    }
-    for (std::size_t k = 0; k < *r; ++k) {
-      const auto& n = notes[k];
-      if (n.kind != transport::Notification::Kind::kImmediate) continue;
-      if ((n.imm & internal::kBootstrapImm) == 0) continue;
-      const std::uint32_t idx = n.imm & ~internal::kBootstrapImm;
-      if (idx < S && !got[idx]) {
-        got[idx] = true;
-        ++n_got;
-      }
-    }
-  }
-  return Status::OK();
+  return links_.Connect(*endpoint_, options_.servers, copts, deadline);
 }
 
 Status ClientImpl::ReadDirectories(Deadline deadline) {
@@ -460,62 +403,12 @@ Result<const RemoteTable*> ClientImpl::CheckCall(std::string_view call, std::str
 
 // ---- clocks ------------------------------------------------------------------
 
-Status ClientImpl::WaitForClocks(std::uint64_t required, const std::vector<std::uint32_t>& servers,
-                                 const std::function<std::string()>& why, Deadline deadline) {
-  auto pending = [&]() RDMAPS_REQUIRES(mu_) {
-    std::vector<std::uint32_t> p;
-    for (std::uint32_t i : servers) {
-      const ServerLink& s = links_[i];
-      if (s.min_clock < required || s.applied_seq < s.pushed_seq) p.push_back(i);
-    }
-    return p;
-  };
-  std::vector<std::uint32_t> p = pending();
-  if (p.empty()) return Status::OK();
-  const auto start = SteadyClock::now();
-  bool waited = false;
-  internal::Backoff backoff;
-  while (true) {
-    RDMAPS_RETURN_IF_ERROR(links_.ReadControl(p, deadline));
-    p = pending();
-    if (p.empty()) break;
-    if (!waited) {
-      waited = true;
-      stats_.Update([](ClientStats& st) { ++st.pull_waits; });
-    }
-    if (SteadyClock::now() >= deadline) {
-      stats_.AddBlocked(SteadyClock::now() - start);
-      const ServerLink& s = links_[p[0]];
-      std::string lagging;
-      for (std::uint32_t w = 0; w < s.clocks.size(); ++w) {
-        if (s.clocks[w].clock < required) {
-          lagging +=
-              " worker " + std::to_string(w) + " (clock " + std::to_string(s.clocks[w].clock) + ")";
-        }
-      }
-      if (lagging.empty()) {
-        return TimedOutError(ServerName(s) + " has applied push " + std::to_string(s.applied_seq) +
-                             " of this worker's " + std::to_string(s.pushed_seq) +
-                             " within wait_timeout: the server is overloaded or stuck");
-      }
-      return TimedOutError("worker " + std::to_string(options_.worker_id) + " at clock " +
-                           std::to_string(clock_) + " " + why() +
-                           " needs every worker at clock >= " + std::to_string(required) + " on " +
-                           ServerName(s) + "; lagging:" + lagging +
-                           ". Are those workers alive and calling Clock()?");
-    }
-    backoff.Pause();
-  }
-  stats_.AddBlocked(SteadyClock::now() - start);
-  return Status::OK();
-}
-
 Status ClientImpl::WaitReadable(const RemoteTable& t, const std::vector<std::uint32_t>& servers,
                                 Deadline deadline) {
   const std::uint32_t st = t.info.staleness;
   const std::uint64_t required = (st == kAsp || clock_ < st) ? 0 : clock_ - st;
-  RDMAPS_RETURN_IF_ERROR(WaitForClocks(
-      required, servers,
+  RDMAPS_RETURN_IF_ERROR(links_.WaitForClocks(
+      required, servers, clock_,
       [&] { return "pulling table '" + t.info.name + "' (staleness " + std::to_string(st) + ")"; },
       deadline));
   std::uint64_t min_seen = internal::kClockDone;
@@ -677,8 +570,8 @@ Result<std::uint64_t> ClientImpl::Clock() {
   if (options_.clock_waits && clock_bound_ != kAsp && clock_ > clock_bound_) {
     std::vector<std::uint32_t> all(links_.size());
     for (std::uint32_t i = 0; i < all.size(); ++i) all[i] = i;
-    RDMAPS_RETURN_IF_ERROR(WaitForClocks(
-        clock_ - clock_bound_, all,
+    RDMAPS_RETURN_IF_ERROR(links_.WaitForClocks(
+        clock_ - clock_bound_, all, clock_,
         [&] {
           return "ending its iteration (staleness bound " + std::to_string(clock_bound_) + ")";
         },

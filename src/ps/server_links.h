@@ -2,8 +2,9 @@
 // directory header, the worker's registered staging, push and control
 // buffers, and the flow-control and clock state last read; the plumbing that
 // posts ops on them and drains their completions; and the READ of a server's
-// control block (src/ps/wire.h, "Control block"). The pull reader, the push
-// writer and the client's clock waits all work through a ServerLinks.
+// control block (src/ps/wire.h, "Control block") and the waits for clocks
+// on it; connecting them all at bootstrap. The pull reader, the push writer
+// and the client's Clock and Barrier all work through a ServerLinks.
 //
 // Thread safety: none. The client owns one and uses it under its mutex
 // (ClientImpl::mu_); ClientStatsRecorder has a mutex of its own.
@@ -12,6 +13,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -109,6 +111,12 @@ class ServerLinks {
   std::uint32_t size() const { return static_cast<std::uint32_t>(servers_.size()); }
   std::uint32_t worker_id() const { return worker_id_; }
 
+  // Connects to every server of `addresses` (a link per server, in order;
+  // retrying while one does not listen yet), then waits until each has
+  // sent its bootstrap message (src/ps/wire.h, "Bootstrap").
+  Status Connect(transport::Endpoint& endpoint, const std::vector<std::string>& addresses,
+                 const transport::ConnectOptions& options, transport::Deadline deadline);
+
   // OK, or the first transport error (as Unavailable): it broke every link,
   // since the connections may be out of step.
   const Status& broken() const { return broken_; }
@@ -129,6 +137,13 @@ class ServerLinks {
   Status ReadControl(const std::vector<std::uint32_t>& servers, transport::Deadline deadline);
   // Takes the control block in s.ctrl; false when it is torn.
   bool ParseControl(ServerLink& s);
+  // Polls the control blocks of `servers` until every worker's clock there
+  // is >= required and each has applied this worker's pushes. TimedOut
+  // naming the laggards (`why` says what waits, this worker being at
+  // `clock`) at the deadline.
+  Status WaitForClocks(std::uint64_t required, const std::vector<std::uint32_t>& servers,
+                       std::uint64_t clock, const std::function<std::string()>& why,
+                       transport::Deadline deadline);
 
  private:
   const std::uint32_t worker_id_;
