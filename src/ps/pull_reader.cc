@@ -137,6 +137,11 @@ void RunsOfRows(const RemoteTable& t, std::uint32_t num_servers,
   }
 }
 
+// Plan, Post, Verify and Accept are steps of Read, apart to be read one at
+// a time; inlined into it, so that the split costs the hot path no calls
+// (measured: ~60 instructions per small pull on fake otherwise).
+#define RDMAPS_STEP_INLINE [[gnu::always_inline]] inline
+
 // The constants of one Read.
 struct PullReader::Pull {
   const RemoteTable& t;
@@ -235,7 +240,7 @@ Status PullReader::Read(const RemoteTable& t, const std::vector<Run>& runs, std:
 
 // Blocks wholly wanted land in the caller's buffer (zero-copy); a partly
 // wanted block at either end of a run is staged.
-bool PullReader::Plan(const Pull& p, const std::vector<Run>& runs) {
+RDMAPS_STEP_INLINE bool PullReader::Plan(const Pull& p, const std::vector<Run>& runs) {
   queues_.resize(links_->size());
   pieces_.resize(links_->size());
   for (auto& q : queues_) q.clear();
@@ -263,7 +268,7 @@ bool PullReader::Plan(const Pull& p, const std::vector<Run>& runs) {
   return any_user;
 }
 
-Status PullReader::Post(const Pull& p, std::uint32_t si, std::uint64_t* bytes) {
+RDMAPS_STEP_INLINE Status PullReader::Post(const Pull& p, std::uint32_t si, std::uint64_t* bytes) {
   ServerLink& s = (*links_)[si];
   auto& q = queues_[si];
   const ShardRemote& shard = p.t.shards[si];
@@ -304,8 +309,8 @@ Status PullReader::Post(const Pull& p, std::uint32_t si, std::uint64_t* bytes) {
 
 // Accepts a piece of one block (BlockOf) when the block matches its header,
 // copying its wanted rows out when it is staged.
-bool PullReader::Accept(const Pull& p, const ShardGeometry& g, const Piece& one,
-                        std::uint64_t* copied) {
+RDMAPS_STEP_INLINE bool PullReader::Accept(const Pull& p, const ShardGeometry& g, const Piece& one,
+                                           std::uint64_t* copied) {
   const std::uint64_t first = g.first_row(one.block);
   const auto* header = reinterpret_cast<const BlockHeader*>(one.headers);
   if (!VerifyRow(*header, one.rows, g.block_rows(one.block) * p.row_bytes)) return false;
@@ -320,8 +325,9 @@ bool PullReader::Accept(const Pull& p, const ShardGeometry& g, const Piece& one,
 // Verifies the blocks of each piece as its READs complete (overlapping the
 // check with the later READs' transfer); re-READs torn blocks, rows and
 // header, until they verify.
-Status PullReader::Verify(const Pull& p, std::uint32_t si, Deadline deadline,
-                          std::uint64_t* retries, std::uint64_t* bytes, std::uint64_t* copied) {
+RDMAPS_STEP_INLINE Status PullReader::Verify(const Pull& p, std::uint32_t si, Deadline deadline,
+                                             std::uint64_t* retries, std::uint64_t* bytes,
+                                             std::uint64_t* copied) {
   ServerLink& s = (*links_)[si];
   const ShardRemote& shard = p.t.shards[si];
   const ShardGeometry& g = shard.geo;
