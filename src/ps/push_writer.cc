@@ -105,6 +105,23 @@ Status PushWriter::FinishSlot(ServerLink& s, Deadline deadline) {
   return Status::OK();
 }
 
+template <typename HasMore, typename PostNext>
+Status PushWriter::SendInRounds(HasMore&& has_more, PostNext&& post_next, Deadline deadline) {
+  const std::uint32_t S = links_->size();
+  while (true) {
+    std::vector<std::uint32_t> posted;
+    for (std::uint32_t si = 0; si < S; ++si) {
+      if (!has_more(si)) continue;
+      ServerLink& s = (*links_)[si];
+      RDMAPS_RETURN_IF_ERROR(DrainOnError(posted, EnsureCredit(s, deadline), deadline));
+      RDMAPS_RETURN_IF_ERROR(DrainOnError(posted, post_next(s), deadline));
+      posted.push_back(si);
+    }
+    if (posted.empty()) return Status::OK();
+    for (std::uint32_t si : posted) RDMAPS_RETURN_IF_ERROR(FinishSlot((*links_)[si], deadline));
+  }
+}
+
 Status PushWriter::PushRange(const RemoteTable& t, RowRange range, std::span<const float> grads,
                              const transport::MemoryRegion* user_mr, std::uint64_t clock,
                              Deadline deadline) {
@@ -119,40 +136,36 @@ Status PushWriter::PushRange(const RemoteTable& t, RowRange range, std::span<con
     const std::uint64_t e = std::min(sh.begin + sh.count, range.begin + range.count);
     if (b < e) todo[si] = {b, e - b};
   }
-  while (true) {
-    std::vector<std::uint32_t> posted;
-    for (std::uint32_t si = 0; si < S; ++si) {
-      if (todo[si].count == 0) continue;
-      ServerLink& s = (*links_)[si];
-      RDMAPS_RETURN_IF_ERROR(DrainOnError(posted, EnsureCredit(s, deadline), deadline));
-      const std::uint64_t cap = SlotRowCapacity(s.dir.slot_bytes, dim, false);
-      const std::uint64_t n = std::min(cap, todo[si].count);
-      SlotHeader h{};
-      h.clock = clock;
-      h.table = t.info.id;
-      h.kind = static_cast<std::uint32_t>(SlotKind::kRange);
-      h.num_rows = static_cast<std::uint32_t>(n);
-      h.first_row = todo[si].begin;
-      const std::size_t bytes = n * dim * sizeof(float);
-      const float* src = grads.data() + (todo[si].begin - range.begin) * dim;
-      Status st;
-      if (user_mr) {
-        const transport::Segment data{const_cast<float*>(src), user_mr,
-                                      static_cast<std::uint32_t>(bytes)};
-        st = PostSlot(s, h, sizeof(SlotHeader), {&data, 1});
-      } else {
-        std::memcpy(s.push.get() + sizeof(SlotHeader), src, bytes);
-        copied += bytes;
-        st = PostSlot(s, h, sizeof(SlotHeader) + bytes);
-      }
-      RDMAPS_RETURN_IF_ERROR(DrainOnError(posted, st, deadline));
+  auto has_more = [&](std::uint32_t si) { return todo[si].count > 0; };
+  auto post_next = [&](ServerLink& s) {
+    const std::uint32_t si = s.index;
+    const std::uint64_t cap = SlotRowCapacity(s.dir.slot_bytes, dim, false);
+    const std::uint64_t n = std::min(cap, todo[si].count);
+    SlotHeader h{};
+    h.clock = clock;
+    h.table = t.info.id;
+    h.kind = static_cast<std::uint32_t>(SlotKind::kRange);
+    h.num_rows = static_cast<std::uint32_t>(n);
+    h.first_row = todo[si].begin;
+    const std::size_t bytes = n * dim * sizeof(float);
+    const float* src = grads.data() + (todo[si].begin - range.begin) * dim;
+    Status st;
+    if (user_mr) {
+      const transport::Segment data{const_cast<float*>(src), user_mr,
+                                    static_cast<std::uint32_t>(bytes)};
+      st = PostSlot(s, h, sizeof(SlotHeader), {&data, 1});
+    } else {
+      std::memcpy(s.push.get() + sizeof(SlotHeader), src, bytes);
+      copied += bytes;
+      st = PostSlot(s, h, sizeof(SlotHeader) + bytes);
+    }
+    if (st.ok()) {
       todo[si].begin += n;
       todo[si].count -= n;
-      posted.push_back(si);
     }
-    if (posted.empty()) break;
-    for (std::uint32_t si : posted) RDMAPS_RETURN_IF_ERROR(FinishSlot((*links_)[si], deadline));
-  }
+    return st;
+  };
+  RDMAPS_RETURN_IF_ERROR(SendInRounds(has_more, post_next, deadline));
   stats_->Update([&](ClientStats& st) {
     st.bytes_staged += copied;
     if (user_mr) ++st.zero_copy_calls;
@@ -174,56 +187,50 @@ Status PushWriter::PushRows(const RemoteTable& t, std::span<const std::uint64_t>
   }
   std::vector<std::size_t> next(S, 0);
   transport::Segment data[kMaxGatherRuns];
-  while (true) {
-    std::vector<std::uint32_t> posted;
-    for (std::uint32_t si = 0; si < S; ++si) {
-      const auto& idx = by_server[si];
-      if (next[si] == idx.size()) continue;
-      ServerLink& s = (*links_)[si];
-      RDMAPS_RETURN_IF_ERROR(DrainOnError(posted, EnsureCredit(s, deadline), deadline));
-      const std::uint64_t cap = SlotRowCapacity(s.dir.slot_bytes, dim, true);
-      const std::size_t n = std::min<std::size_t>(cap, idx.size() - next[si]);
-      const std::uint32_t* slot_idx = idx.data() + next[si];
-      SlotHeader h{};
-      h.clock = clock;
-      h.table = t.info.id;
-      h.kind = static_cast<std::uint32_t>(SlotKind::kRows);
-      h.num_rows = static_cast<std::uint32_t>(n);
-      std::byte* ids = s.push.get() + sizeof(SlotHeader);
-      for (std::size_t k = 0; k < n; ++k) std::memcpy(ids + k * 8, &rows[slot_idx[k]], 8);
-      // Gradients of consecutive indices are one piece of the caller's
-      // buffer: WRITE them from there when there are few pieces.
-      std::size_t pieces = 0;
-      if (user_mr) {
-        for (std::size_t k = 0; k < n && pieces <= kMaxGatherRuns; ++pieces) {
-          std::size_t e = k + 1;
-          while (e < n && slot_idx[e] == slot_idx[e - 1] + 1) ++e;
-          if (pieces < kMaxGatherRuns) {
-            data[pieces] = {const_cast<float*>(grads.data()) + std::size_t{slot_idx[k]} * dim,
-                            user_mr, static_cast<std::uint32_t>((e - k) * row_bytes)};
-          }
-          k = e;
+  auto has_more = [&](std::uint32_t si) { return next[si] < by_server[si].size(); };
+  auto post_next = [&](ServerLink& s) {
+    const std::uint32_t si = s.index;
+    const auto& idx = by_server[si];
+    const std::uint64_t cap = SlotRowCapacity(s.dir.slot_bytes, dim, true);
+    const std::size_t n = std::min<std::size_t>(cap, idx.size() - next[si]);
+    const std::uint32_t* slot_idx = idx.data() + next[si];
+    SlotHeader h{};
+    h.clock = clock;
+    h.table = t.info.id;
+    h.kind = static_cast<std::uint32_t>(SlotKind::kRows);
+    h.num_rows = static_cast<std::uint32_t>(n);
+    std::byte* ids = s.push.get() + sizeof(SlotHeader);
+    for (std::size_t k = 0; k < n; ++k) std::memcpy(ids + k * 8, &rows[slot_idx[k]], 8);
+    // Gradients of consecutive indices are one piece of the caller's
+    // buffer: WRITE them from there when there are few pieces.
+    std::size_t pieces = 0;
+    if (user_mr) {
+      for (std::size_t k = 0; k < n && pieces <= kMaxGatherRuns; ++pieces) {
+        std::size_t e = k + 1;
+        while (e < n && slot_idx[e] == slot_idx[e - 1] + 1) ++e;
+        if (pieces < kMaxGatherRuns) {
+          data[pieces] = {const_cast<float*>(grads.data()) + std::size_t{slot_idx[k]} * dim,
+                          user_mr, static_cast<std::uint32_t>((e - k) * row_bytes)};
         }
+        k = e;
       }
-      Status st;
-      if (user_mr && pieces <= kMaxGatherRuns) {
-        zero_copy = true;
-        st = PostSlot(s, h, sizeof(SlotHeader) + n * 8, {data, pieces});
-      } else {
-        std::byte* g = ids + n * 8;
-        for (std::size_t k = 0; k < n; ++k) {
-          std::memcpy(g + k * row_bytes, grads.data() + std::size_t{slot_idx[k]} * dim, row_bytes);
-        }
-        copied += n * row_bytes;
-        st = PostSlot(s, h, sizeof(SlotHeader) + n * (8 + row_bytes));
-      }
-      RDMAPS_RETURN_IF_ERROR(DrainOnError(posted, st, deadline));
-      next[si] += n;
-      posted.push_back(si);
     }
-    if (posted.empty()) break;
-    for (std::uint32_t si : posted) RDMAPS_RETURN_IF_ERROR(FinishSlot((*links_)[si], deadline));
-  }
+    Status st;
+    if (user_mr && pieces <= kMaxGatherRuns) {
+      zero_copy = true;
+      st = PostSlot(s, h, sizeof(SlotHeader) + n * 8, {data, pieces});
+    } else {
+      std::byte* g = ids + n * 8;
+      for (std::size_t k = 0; k < n; ++k) {
+        std::memcpy(g + k * row_bytes, grads.data() + std::size_t{slot_idx[k]} * dim, row_bytes);
+      }
+      copied += n * row_bytes;
+      st = PostSlot(s, h, sizeof(SlotHeader) + n * (8 + row_bytes));
+    }
+    if (st.ok()) next[si] += n;
+    return st;
+  };
+  RDMAPS_RETURN_IF_ERROR(SendInRounds(has_more, post_next, deadline));
   stats_->Update([&](ClientStats& st) {
     st.bytes_staged += copied;
     if (zero_copy) ++st.zero_copy_calls;

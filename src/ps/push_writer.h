@@ -61,6 +61,12 @@ class PushWriter {
                   std::span<const transport::Segment> data = {});
   // Completes the slot PostSlot posted (and its piggybacked control READ).
   Status FinishSlot(ServerLink& s, transport::Deadline deadline);
+  // Sends slots in rounds of one per server (servers in parallel) until
+  // has_more(server index) is false for all: waits for a credit, then
+  // post_next(link) builds and posts the server's next slot; the round's
+  // slots complete before the next round.
+  template <typename HasMore, typename PostNext>
+  Status SendInRounds(HasMore&& has_more, PostNext&& post_next, transport::Deadline deadline);
   // On error, completes the slots already posted to `posted` (one each) so
   // the connections stay in step, and returns `st`.
   Status DrainOnError(const std::vector<std::uint32_t>& posted, Status st,
