@@ -15,13 +15,14 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
-#include <mutex>
 #include <optional>
 #include <thread>
 #include <unordered_map>
 
 #include "src/base/log.h"
+#include "src/base/mutex.h"
 #include "src/ps/common.h"
+#include "src/ps/directory.h"
 #include "src/ps/initializer.h"
 #include "src/ps/memory.h"
 #include "src/ps/optimizer.h"
@@ -41,7 +42,8 @@ using internal::SlotKind;
 using transport::Deadline;
 using transport::DeadlineAfter;
 
-// Rows per TBB task when a push is large enough to spread over cores.
+// A range push of at least this many floats spreads its blocks over cores
+// (TBB); smaller ones are applied on the apply thread alone.
 constexpr std::size_t kParallelFloats = 1 << 16;
 
 internal::WireRegion Wire(const transport::MemoryRegion& mr) {
@@ -94,7 +96,7 @@ class ServerImpl final : public Server {
   Status RunUntil(Deadline deadline) override;
   void Stop() override;
   ServerStats stats() const override {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     return stats_;
   }
   Status ReadLocal(std::uint32_t table, RowRange range, std::vector<float>* out) const override;
@@ -106,10 +108,18 @@ class ServerImpl final : public Server {
   Status RegisterAll();
   void AcceptLoop();
   void ApplyLoop();
-  // Applies one slot of worker w; false (and counts) when malformed.
-  bool ApplySlot(std::uint32_t w, const SlotHeader& h, const std::byte* payload);
+  // Applies one slot of worker w; false (and counts) when malformed. Apply
+  // thread only.
+  bool ApplySlot(std::uint32_t w, const SlotHeader& h, const std::byte* payload)
+      RDMAPS_REQUIRES(apply_mu_);
+  // Under apply_mu_, which the apply thread holds while TBB tasks of
+  // ApplySlot call it (the analysis does not follow it into them).
   void ApplyRow(TableState& t, std::uint64_t local, const float* grad);
-  void PublishControl();
+  // Rewrites the control block from workers_. Apply thread only (and Init,
+  // before it starts).
+  void PublishControl() RDMAPS_EXCLUDES(mu_);
+  // Every worker has come and gone (exit_when_workers_done), or Stop().
+  bool Finished() const RDMAPS_REQUIRES(mu_);
   std::string WorkerList(const std::vector<std::uint32_t>& ids) const;
 
   // Constant after Init().
@@ -130,29 +140,31 @@ class ServerImpl final : public Server {
   std::unique_ptr<transport::MemoryRegion> boot_msg_mr_;
   std::unique_ptr<tbb::global_control> tbb_limit_;
 
-  // Apply thread only (apply_mu_ guards the shard contents against ReadLocal).
+  // Apply thread only. apply_mu_ guards the shards' contents (behind
+  // tables_[].memory, which the analysis does not see) against ReadLocal
+  // and TEST_SetRow: ApplySlot requires it.
   std::vector<WorkerState> workers_;
   std::uint64_t control_version_ = 0;
   std::vector<ControlWorker> control_scratch_;  // PublishControl's
   std::vector<std::uint64_t> dirty_blocks_;     // ApplySlot's
-  mutable std::mutex apply_mu_;
+  mutable Mutex apply_mu_;
 
   // Accept thread only.
   std::vector<std::unique_ptr<transport::Connection>> connections_;
 
-  // Protected by mu_.
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  ServerStats stats_;
-  std::vector<bool> seen_;  // worker connected at least once
-  std::vector<bool> gone_;  // worker disconnected
-  bool stopped_ = false;
+  mutable Mutex mu_;
+  std::condition_variable cv_;  // RunUntil waits on it: membership changed, or Stop()
+  ServerStats stats_ RDMAPS_GUARDED_BY(mu_);
+  std::vector<bool> seen_ RDMAPS_GUARDED_BY(mu_);  // worker connected at least once
+  std::vector<bool> gone_ RDMAPS_GUARDED_BY(mu_);  // worker disconnected
+  bool stopped_ RDMAPS_GUARDED_BY(mu_) = false;
 
   std::atomic<bool> stop_{false};
   std::atomic<int> running_{0};  // background threads still in their loops
   // Serialises Stop(): a signal thread and the owner may both call it, and
   // joining one std::thread from two threads at once is undefined.
-  std::mutex stop_mu_;
+  Mutex stop_mu_;
+  // Started by Init, joined by Stop() under stop_mu_.
   std::thread accept_thread_;
   std::thread apply_thread_;
 };
@@ -177,11 +189,11 @@ Status ValidateServerOptions(const ServerOptions& o) {
   for (const TableOptions& t : o.tables) {
     if (internal::SlotRowCapacity(o.push_slot_bytes, t.dim, true) == 0 ||
         o.push_slot_bytes < sizeof(SlotHeader)) {
-      return InvalidArgumentError(
-          "ServerOptions.push_slot_bytes " + std::to_string(o.push_slot_bytes) +
-          " cannot hold one row of table '" + t.name + "' (dim " + std::to_string(t.dim) +
-          "); raise it to at least " +
-          std::to_string(sizeof(SlotHeader) + 8 + std::size_t{t.dim} * 4));
+      return InvalidArgumentError("ServerOptions.push_slot_bytes " +
+                                  std::to_string(o.push_slot_bytes) +
+                                  " cannot hold one row of table '" + t.name + "' (dim " +
+                                  std::to_string(t.dim) + "); raise it to at least " +
+                                  std::to_string(sizeof(SlotHeader) + 8 + std::size_t{t.dim} * 4));
     }
   }
   return Status::OK();
@@ -190,16 +202,19 @@ Status ValidateServerOptions(const ServerOptions& o) {
 Status ServerImpl::Init() {
   RDMAPS_RETURN_IF_ERROR(ValidateServerOptions(options_));
   if (options_.apply_threads > 0) {
-    tbb_limit_ = std::make_unique<tbb::global_control>(
-        tbb::global_control::max_allowed_parallelism, options_.apply_threads);
+    tbb_limit_ = std::make_unique<tbb::global_control>(tbb::global_control::max_allowed_parallelism,
+                                                       options_.apply_threads);
   }
-  RDMAPS_ASSIGN_OR_RETURN(
-      endpoint_, transport::Endpoint::Create(internal::ToEndpointOptions(
-                     options_.transport, internal::kServerPeerBase + options_.server_index,
-                     options_.listen_address)));
-  seen_.assign(options_.num_workers, false);
-  gone_.assign(options_.num_workers, false);
-  stats_.worker_clocks.assign(options_.num_workers, 0);
+  RDMAPS_ASSIGN_OR_RETURN(endpoint_,
+                          transport::Endpoint::Create(internal::ToEndpointOptions(
+                              options_.transport, internal::kServerPeerBase + options_.server_index,
+                              options_.listen_address)));
+  {
+    MutexLock lock(mu_);  // no other thread yet; for the analysis
+    seen_.assign(options_.num_workers, false);
+    gone_.assign(options_.num_workers, false);
+    stats_.worker_clocks.assign(options_.num_workers, 0);
+  }
   RDMAPS_RETURN_IF_ERROR(RegisterAll());
   PublishControl();
   RDMAPS_ASSIGN_OR_RETURN(address_, endpoint_->Listen(options_.listen_address));
@@ -215,11 +230,12 @@ Status ServerImpl::Init() {
   RDMAPS_LOG(INFO) << "ps server " << options_.server_index << "/" << options_.num_servers
                    << " listening on " << address_ << " (" << endpoint_->kind() << "), "
                    << options_.tables.size() << " tables, " << options_.num_workers << " workers, "
-                   << stats_.registered_bytes << " bytes registered";
+                   << stats().registered_bytes << " bytes registered";
   return Status::OK();
 }
 
 Status ServerImpl::RegisterAll() {
+  std::size_t registered = 0;
   auto alloc_register = [&](std::size_t bytes, std::uint32_t access, const std::string& what,
                             AlignedBuffer* buf,
                             std::unique_ptr<transport::MemoryRegion>* mr) -> Status {
@@ -232,7 +248,7 @@ Status ServerImpl::RegisterAll() {
     auto r = endpoint_->Register(buf->get(), bytes, access);
     if (!r.ok()) return r.status().WithContext("registering " + what);
     *mr = std::move(r).value();
-    stats_.registered_bytes += bytes;
+    registered += bytes;
     return Status::OK();
   };
 
@@ -245,12 +261,10 @@ Status ServerImpl::RegisterAll() {
     const std::uint32_t layout = internal::ResolveRowLayout(
         static_cast<std::uint32_t>(t.options.layout), t.options.rows, t.options.dim, S);
     t.geometry =
-        internal::GeometryOf(layout, t.shard.count, t.options.dim,
-                             internal::RowsPerBlock(layout, t.options.rows, t.options.dim, S));
+        internal::ShardGeometryOf(layout, t.options.rows, t.options.dim, S, options_.server_index);
     t.optimizer.emplace(t.options.optimizer, t.options.dim);
     table_index_[t.options.id] = i;
-    RDMAPS_RETURN_IF_ERROR(alloc_register(t.geometry.bytes,
-                                          transport::kRemoteRead,
+    RDMAPS_RETURN_IF_ERROR(alloc_register(t.geometry.bytes, transport::kRemoteRead,
                                           "shard of table '" + t.options.name + "'", &t.memory,
                                           &t.mr));
     const std::size_t sf = t.optimizer->state_floats();
@@ -275,47 +289,24 @@ Status ServerImpl::RegisterAll() {
                                           &ring_mrs_[w]));
   }
   // Directory.
-  const std::size_t dir_bytes = internal::DirectoryBytes(
-      static_cast<std::uint32_t>(tables_.size()), W);
-  RDMAPS_RETURN_IF_ERROR(alloc_register(dir_bytes, transport::kRemoteRead, "directory",
-                                        &directory_, &directory_mr_));
-  internal::DirectoryHeader h{};
+  internal::Directory dir;
+  internal::DirectoryHeader& h = dir.header;
   h.magic = internal::kDirectoryMagic;
   h.layout_version = internal::kLayoutVersion;
   h.server_index = options_.server_index;
   h.num_servers = S;
   h.num_workers = W;
-  h.num_tables = static_cast<std::uint32_t>(tables_.size());
   h.ring_slots = options_.push_slots;
   h.slot_bytes = options_.push_slot_bytes;
   h.control = Wire(*control_mr_);
   h.atomics = Wire(*atomics_mr_);
-  std::byte* p = directory_.get();
-  std::memcpy(p, &h, sizeof(h));
-  p += sizeof(h);
   for (const TableState& t : tables_) {
-    internal::DirectoryTable d{};
-    d.id = t.options.id;
-    d.dim = t.options.dim;
-    d.rows = t.options.rows;
-    d.shard_begin = t.shard.begin;
-    d.shard_rows = t.shard.count;
-    d.staleness = t.options.staleness;
-    d.row_bytes = static_cast<std::uint32_t>(t.row_bytes());
-    d.shard = Wire(*t.mr);
-    d.headers_offset = t.geometry.headers_offset;
-    d.layout = t.geometry.layout;
-    d.block_stride = static_cast<std::uint32_t>(t.geometry.block_stride);
-    d.rows_per_block = t.geometry.rows_per_block;
-    std::memcpy(d.name, t.options.name.data(), t.options.name.size());
-    std::memcpy(p, &d, sizeof(d));
-    p += sizeof(d);
+    dir.tables.push_back(internal::DirectoryEntry(t.options, t.shard, t.geometry, Wire(*t.mr)));
   }
-  for (std::uint32_t w = 0; w < W; ++w) {
-    internal::DirectoryWorker d{Wire(*ring_mrs_[w])};
-    std::memcpy(p, &d, sizeof(d));
-    p += sizeof(d);
-  }
+  for (std::uint32_t w = 0; w < W; ++w) dir.rings.push_back(Wire(*ring_mrs_[w]));
+  RDMAPS_RETURN_IF_ERROR(alloc_register(internal::EncodedBytes(dir), transport::kRemoteRead,
+                                        "directory", &directory_, &directory_mr_));
+  internal::EncodeDirectory(dir, directory_.get());
   // Bootstrap message, sent from registered memory.
   RDMAPS_RETURN_IF_ERROR(alloc_register(sizeof(internal::BootstrapMsg), transport::kAccessNone,
                                         "bootstrap message", &boot_msg_, &boot_msg_mr_));
@@ -324,6 +315,8 @@ Status ServerImpl::RegisterAll() {
   b.server_index = options_.server_index;
   b.directory = Wire(*directory_mr_);
   std::memcpy(boot_msg_.get(), &b, sizeof(b));
+  MutexLock lock(mu_);
+  stats_.registered_bytes += registered;
   return Status::OK();
 }
 
@@ -346,8 +339,8 @@ void ServerImpl::AcceptLoop() {
       continue;
     }
     std::memcpy(&hello, peer.user_data.data(), sizeof(hello));
-    const std::uint64_t need = (std::uint64_t{options_.server_index} + 1) *
-                               internal::kBootstrapSlotBytes;
+    const std::uint64_t need =
+        (std::uint64_t{options_.server_index} + 1) * internal::kBootstrapSlotBytes;
     if (hello.magic != internal::kHelloMagic || hello.worker_id >= options_.num_workers ||
         hello.boot_length < need || peer.peer_id != hello.worker_id) {
       RDMAPS_LOG(WARNING) << "ps server " << options_.server_index << ": rejecting " << peer.address
@@ -377,7 +370,7 @@ void ServerImpl::AcceptLoop() {
       continue;
     }
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       if (seen_[hello.worker_id]) {
         RDMAPS_LOG(WARNING) << "ps server: worker " << hello.worker_id << " connected again";
       }
@@ -402,7 +395,7 @@ bool ServerImpl::ApplySlot(std::uint32_t w, const SlotHeader& h, const std::byte
   if (kind == SlotKind::kClock) {
     if (h.clock != ws.clock + 1) return false;
     ws.clock = h.clock;
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     ++stats_.clocks_applied;
     return true;
   }
@@ -462,7 +455,7 @@ bool ServerImpl::ApplySlot(std::uint32_t w, const SlotHeader& h, const std::byte
     blocks.erase(std::unique(blocks.begin(), blocks.end()), blocks.end());
     for (std::uint64_t b : blocks) t.Seal(b);
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   ++stats_.pushes_applied;
   stats_.rows_applied += h.num_rows;
   return true;
@@ -483,7 +476,7 @@ void ServerImpl::PublishControl() {
   {
     // Stats first: once a worker can read the new block, stats() shows at
     // least as much.
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     stats_.min_clock = head.min_clock;
     for (std::uint32_t w = 0; w < W; ++w) stats_.worker_clocks[w] = control_scratch_[w].clock;
   }
@@ -504,19 +497,19 @@ void ServerImpl::ApplyLoop() {
     if (*r == 0) continue;
     bool membership_changed = false;
     {
-      std::lock_guard<std::mutex> apply_lock(apply_mu_);
+      MutexLock apply_lock(apply_mu_);
       for (std::size_t i = 0; i < *r; ++i) {
         const transport::Notification& n = batch[i];
         const std::uint32_t w = n.peer_id;
         if (w >= options_.num_workers) {
           RDMAPS_LOG_EVERY_N(WARNING, 100)
               << "ps server: notification from unknown peer " << n.peer_id;
-          std::lock_guard<std::mutex> lock(mu_);
+          MutexLock lock(mu_);
           ++stats_.protocol_errors;
           continue;
         }
         if (n.kind == transport::Notification::Kind::kDisconnected) {
-          std::lock_guard<std::mutex> lock(mu_);
+          MutexLock lock(mu_);
           if (!gone_[w]) {
             gone_[w] = true;
             if (workers_[w].done) {
@@ -543,7 +536,7 @@ void ServerImpl::ApplyLoop() {
               << "ps server " << options_.server_index
               << ": dropping malformed or out-of-sequence push from worker " << w
               << " (expected seq " << seq << ", slot says " << h.seq << ", imm " << n.imm << ")";
-          std::lock_guard<std::mutex> lock(mu_);
+          MutexLock lock(mu_);
           ++stats_.protocol_errors;
           continue;
         }
@@ -552,7 +545,7 @@ void ServerImpl::ApplyLoop() {
       PublishControl();
     }
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       ++stats_.apply_batches;
     }
     if (membership_changed) cv_.notify_all();
@@ -565,21 +558,30 @@ std::string ServerImpl::WorkerList(const std::vector<std::uint32_t>& ids) const 
   return s;
 }
 
+bool ServerImpl::Finished() const {
+  if (stopped_) return true;
+  if (!options_.exit_when_workers_done) return false;
+  for (std::uint32_t w = 0; w < options_.num_workers; ++w) {
+    if (!seen_[w] || !gone_[w]) return false;
+  }
+  return true;
+}
+
 Status ServerImpl::RunUntil(Deadline deadline) {
-  std::unique_lock<std::mutex> lock(mu_);
-  auto finished = [&] {
-    if (stopped_) return true;
-    if (!options_.exit_when_workers_done) return false;
-    for (std::uint32_t w = 0; w < options_.num_workers; ++w) {
-      if (!seen_[w] || !gone_[w]) return false;
-    }
-    return true;
-  };
-  if (!cv_.wait_until(lock, deadline, finished)) {
+  MutexLock lock(mu_);
+  bool finished = Finished();
+  while (!finished) {
+    const bool timed_out = cv_.wait_until(lock.native(), deadline) == std::cv_status::timeout;
+    finished = Finished();
+    if (timed_out) break;
+  }
+  if (!finished) {
     std::vector<std::uint32_t> missing, running;
     for (std::uint32_t w = 0; w < options_.num_workers; ++w) {
-      if (!seen_[w]) missing.push_back(w);
-      else if (!gone_[w]) running.push_back(w);
+      if (!seen_[w])
+        missing.push_back(w);
+      else if (!gone_[w])
+        running.push_back(w);
     }
     return TimedOutError("ps server " + std::to_string(options_.server_index) +
                          ": deadline passed; workers never connected: [" + WorkerList(missing) +
@@ -594,9 +596,9 @@ Status ServerImpl::RunUntil(Deadline deadline) {
 }
 
 void ServerImpl::Stop() {
-  std::lock_guard<std::mutex> stop_lock(stop_mu_);
+  MutexLock stop_lock(stop_mu_);
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     stopped_ = true;
   }
   cv_.notify_all();
@@ -618,15 +620,14 @@ Status ServerImpl::ReadLocal(std::uint32_t table, RowRange range, std::vector<fl
   }
   const TableState& t = tables_[it->second];
   if (range.begin < t.shard.begin || range.begin + range.count > t.shard.end()) {
-    return InvalidArgumentError("ReadLocal: rows [" + std::to_string(range.begin) + ", " +
-                                std::to_string(range.begin + range.count) +
-                                ") are not all on this server, which holds [" +
-                                std::to_string(t.shard.begin) + ", " +
-                                std::to_string(t.shard.end()) + ")");
+    return InvalidArgumentError(
+        "ReadLocal: rows [" + std::to_string(range.begin) + ", " +
+        std::to_string(range.begin + range.count) + ") are not all on this server, which holds [" +
+        std::to_string(t.shard.begin) + ", " + std::to_string(t.shard.end()) + ")");
   }
   const std::uint32_t dim = t.options.dim;
   out->resize(range.count * dim);
-  std::lock_guard<std::mutex> lock(apply_mu_);
+  MutexLock lock(apply_mu_);
   for (std::uint64_t i = 0; i < range.count; ++i) {
     std::memcpy(out->data() + i * dim, t.data(range.begin - t.shard.begin + i),
                 std::size_t{dim} * sizeof(float));
@@ -639,7 +640,7 @@ Status ServerImpl::TEST_SetRow(std::uint32_t table, std::uint64_t row, float val
   if (it == table_index_.end()) return InvalidArgumentError("unknown table");
   TableState& t = tables_[it->second];
   if (row < t.shard.begin || row >= t.shard.end()) return InvalidArgumentError("row not here");
-  std::lock_guard<std::mutex> lock(apply_mu_);
+  MutexLock lock(apply_mu_);
   const std::uint64_t local = row - t.shard.begin;
   float* d = t.data(local);
   for (std::uint32_t i = 0; i < t.options.dim; ++i) d[i] = value;

@@ -1,0 +1,255 @@
+#include "src/ps/push_writer.h"
+
+#include <glog/logging.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <string>
+
+namespace rdmaps::internal {
+
+using transport::Deadline;
+using transport::Op;
+using SteadyClock = std::chrono::steady_clock;
+
+namespace {
+
+// Remote address of the ring slot of push `seq` on `s`.
+std::uint64_t SlotAddress(const ServerLink& s, std::uint64_t seq) {
+  return s.ring.addr + (seq - 1) % s.dir.ring_slots * s.dir.slot_bytes;
+}
+
+}  // namespace
+
+Status PushWriter::DrainOnError(const std::vector<std::uint32_t>& posted, Status st,
+                                Deadline deadline) {
+  if (st.ok()) return st;
+  for (std::uint32_t si : posted) (void)FinishSlot((*links_)[si], deadline);
+  return st;
+}
+
+Status PushWriter::EnsureCredit(ServerLink& s, Deadline deadline) {
+  if (s.pushed_seq - s.applied_seq < s.dir.ring_slots) return Status::OK();
+  const auto start = SteadyClock::now();
+  stats_->Update([](ClientStats& st) { ++st.credit_waits; });
+  Backoff backoff;
+  while (true) {
+    RDMAPS_RETURN_IF_ERROR(links_->ReadControl({s.index}, deadline));
+    if (s.pushed_seq - s.applied_seq < s.dir.ring_slots) break;
+    if (SteadyClock::now() >= deadline) {
+      stats_->AddBlocked(SteadyClock::now() - start);
+      return TimedOutError(ServerName(s) + " has consumed only " + std::to_string(s.applied_seq) +
+                           " of worker " + std::to_string(links_->worker_id()) + "'s " +
+                           std::to_string(s.pushed_seq) +
+                           " pushes within wait_timeout: its apply thread is stuck or overloaded");
+    }
+    backoff.Pause();
+  }
+  stats_->AddBlocked(SteadyClock::now() - start);
+  return Status::OK();
+}
+
+Status PushWriter::PostSlot(ServerLink& s, SlotHeader h, std::size_t bytes,
+                            std::span<const transport::Segment> data) {
+  h.seq = s.pushed_seq + 1;
+  std::memcpy(s.push.get(), &h, sizeof(h));
+  CHECK_LE(data.size(), kMaxGatherRuns);
+  Op ops[kMaxGatherRuns + 2];
+  transport::Segment gather[kMaxGatherRuns + 1];
+  std::size_t n = 0;
+  std::uint64_t total = bytes;
+  const std::uint64_t slot = SlotAddress(s, h.seq);
+  const std::uint32_t imm = ImmOfSeq(h.seq);
+  if (data.empty()) {
+    ops[n++] = Op::WriteWithImm(s.push.get(), s.push_mr.get(), bytes, slot, s.ring.rkey, imm);
+  } else if (data.size() + 1 <= s.conn->max_segments()) {
+    gather[0] = {s.push.get(), s.push_mr.get(), static_cast<std::uint32_t>(bytes)};
+    std::copy(data.begin(), data.end(), gather + 1);
+    for (const transport::Segment& seg : data) total += seg.length;
+    ops[n++] = Op::WriteWithImmGather({gather, data.size() + 1}, slot, s.ring.rkey, imm);
+  } else {
+    std::uint64_t at = slot + bytes;
+    for (const transport::Segment& seg : data) {
+      ops[n++] = Op::Write(seg.addr, seg.mr, seg.length, at, s.ring.rkey);
+      at += seg.length;
+      total += seg.length;
+    }
+    ops[n++] = Op::WriteWithImm(s.push.get(), s.push_mr.get(), bytes, slot, s.ring.rkey, imm);
+  }
+  // Half the credits used: refresh them with a READ behind the write, in the
+  // same doorbell, so a steady pusher rarely stops to poll.
+  const bool refresh = (h.seq - s.applied_seq) * 2 >= s.dir.ring_slots;
+  if (refresh) {
+    ops[n++] = Op::Read(s.ctrl.get(), s.ctrl_mr.get(), s.ctrl_bytes, s.dir.control.addr,
+                        s.dir.control.rkey);
+  }
+  RDMAPS_RETURN_IF_ERROR(links_->PostOps(s, {ops, n}));
+  s.ctrl_inflight = refresh;
+  s.slot_ops = n;
+  s.pushed_seq = h.seq;
+  stats_->Update([&](ClientStats& st) { st.bytes_written += total; });
+  return Status::OK();
+}
+
+Status PushWriter::FinishSlot(ServerLink& s, Deadline deadline) {
+  const bool ctrl = s.ctrl_inflight;
+  const std::size_t n = s.slot_ops;
+  s.ctrl_inflight = false;
+  s.slot_ops = 0;
+  RDMAPS_RETURN_IF_ERROR(links_->Drain(s, n, deadline));
+  if (ctrl) {
+    (void)links_->ParseControl(s);  // torn: ignore, a later poll will tell
+    stats_->Update([](ClientStats& st) { ++st.clock_reads; });
+  }
+  return Status::OK();
+}
+
+template <typename HasMore, typename PostNext>
+Status PushWriter::SendInRounds(HasMore&& has_more, PostNext&& post_next, Deadline deadline) {
+  const std::uint32_t S = links_->size();
+  while (true) {
+    std::vector<std::uint32_t> posted;
+    for (std::uint32_t si = 0; si < S; ++si) {
+      if (!has_more(si)) continue;
+      ServerLink& s = (*links_)[si];
+      RDMAPS_RETURN_IF_ERROR(DrainOnError(posted, EnsureCredit(s, deadline), deadline));
+      RDMAPS_RETURN_IF_ERROR(DrainOnError(posted, post_next(s), deadline));
+      posted.push_back(si);
+    }
+    if (posted.empty()) return Status::OK();
+    for (std::uint32_t si : posted) RDMAPS_RETURN_IF_ERROR(FinishSlot((*links_)[si], deadline));
+  }
+}
+
+Status PushWriter::PushRange(const RemoteTable& t, RowRange range, std::span<const float> grads,
+                             const transport::MemoryRegion* user_mr, std::uint64_t clock,
+                             Deadline deadline) {
+  const std::uint32_t S = links_->size();
+  const std::uint32_t dim = t.info.dim;
+  std::uint64_t copied = 0;
+  // Per server the remaining sub-range; each round sends one slot per server.
+  std::vector<RowRange> todo(S);
+  for (std::uint32_t si = 0; si < S; ++si) {
+    const ShardRemote& sh = t.shards[si];
+    const std::uint64_t b = std::max(sh.begin, range.begin);
+    const std::uint64_t e = std::min(sh.begin + sh.count, range.begin + range.count);
+    if (b < e) todo[si] = {b, e - b};
+  }
+  auto has_more = [&](std::uint32_t si) { return todo[si].count > 0; };
+  auto post_next = [&](ServerLink& s) {
+    const std::uint32_t si = s.index;
+    const std::uint64_t cap = SlotRowCapacity(s.dir.slot_bytes, dim, false);
+    const std::uint64_t n = std::min(cap, todo[si].count);
+    SlotHeader h{};
+    h.clock = clock;
+    h.table = t.info.id;
+    h.kind = static_cast<std::uint32_t>(SlotKind::kRange);
+    h.num_rows = static_cast<std::uint32_t>(n);
+    h.first_row = todo[si].begin;
+    const std::size_t bytes = n * dim * sizeof(float);
+    const float* src = grads.data() + (todo[si].begin - range.begin) * dim;
+    Status st;
+    if (user_mr) {
+      const transport::Segment data{const_cast<float*>(src), user_mr,
+                                    static_cast<std::uint32_t>(bytes)};
+      st = PostSlot(s, h, sizeof(SlotHeader), {&data, 1});
+    } else {
+      std::memcpy(s.push.get() + sizeof(SlotHeader), src, bytes);
+      copied += bytes;
+      st = PostSlot(s, h, sizeof(SlotHeader) + bytes);
+    }
+    if (st.ok()) {
+      todo[si].begin += n;
+      todo[si].count -= n;
+    }
+    return st;
+  };
+  RDMAPS_RETURN_IF_ERROR(SendInRounds(has_more, post_next, deadline));
+  stats_->Update([&](ClientStats& st) {
+    st.bytes_staged += copied;
+    if (user_mr) ++st.zero_copy_calls;
+  });
+  return Status::OK();
+}
+
+Status PushWriter::PushRows(const RemoteTable& t, std::span<const std::uint64_t> rows,
+                            std::span<const float> grads, const transport::MemoryRegion* user_mr,
+                            std::uint64_t clock, Deadline deadline) {
+  const std::uint32_t S = links_->size();
+  const std::uint32_t dim = t.info.dim;
+  const std::size_t row_bytes = RowBytes(dim);
+  std::uint64_t copied = 0;
+  bool zero_copy = false;
+  std::vector<std::vector<std::uint32_t>> by_server(S);  // indices into rows
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    by_server[ServerOfRow(t.info.rows, S, rows[i])].push_back(static_cast<std::uint32_t>(i));
+  }
+  std::vector<std::size_t> next(S, 0);
+  transport::Segment data[kMaxGatherRuns];
+  auto has_more = [&](std::uint32_t si) { return next[si] < by_server[si].size(); };
+  auto post_next = [&](ServerLink& s) {
+    const std::uint32_t si = s.index;
+    const auto& idx = by_server[si];
+    const std::uint64_t cap = SlotRowCapacity(s.dir.slot_bytes, dim, true);
+    const std::size_t n = std::min<std::size_t>(cap, idx.size() - next[si]);
+    const std::uint32_t* slot_idx = idx.data() + next[si];
+    SlotHeader h{};
+    h.clock = clock;
+    h.table = t.info.id;
+    h.kind = static_cast<std::uint32_t>(SlotKind::kRows);
+    h.num_rows = static_cast<std::uint32_t>(n);
+    std::byte* ids = s.push.get() + sizeof(SlotHeader);
+    for (std::size_t k = 0; k < n; ++k) std::memcpy(ids + k * 8, &rows[slot_idx[k]], 8);
+    // Gradients of consecutive indices are one piece of the caller's
+    // buffer: WRITE them from there when there are few pieces.
+    std::size_t pieces = 0;
+    if (user_mr) {
+      for (std::size_t k = 0; k < n && pieces <= kMaxGatherRuns; ++pieces) {
+        std::size_t e = k + 1;
+        while (e < n && slot_idx[e] == slot_idx[e - 1] + 1) ++e;
+        if (pieces < kMaxGatherRuns) {
+          data[pieces] = {const_cast<float*>(grads.data()) + std::size_t{slot_idx[k]} * dim,
+                          user_mr, static_cast<std::uint32_t>((e - k) * row_bytes)};
+        }
+        k = e;
+      }
+    }
+    Status st;
+    if (user_mr && pieces <= kMaxGatherRuns) {
+      zero_copy = true;
+      st = PostSlot(s, h, sizeof(SlotHeader) + n * 8, {data, pieces});
+    } else {
+      std::byte* g = ids + n * 8;
+      for (std::size_t k = 0; k < n; ++k) {
+        std::memcpy(g + k * row_bytes, grads.data() + std::size_t{slot_idx[k]} * dim, row_bytes);
+      }
+      copied += n * row_bytes;
+      st = PostSlot(s, h, sizeof(SlotHeader) + n * (8 + row_bytes));
+    }
+    if (st.ok()) next[si] += n;
+    return st;
+  };
+  RDMAPS_RETURN_IF_ERROR(SendInRounds(has_more, post_next, deadline));
+  stats_->Update([&](ClientStats& st) {
+    st.bytes_staged += copied;
+    if (zero_copy) ++st.zero_copy_calls;
+  });
+  return Status::OK();
+}
+
+Status PushWriter::SendControlSlot(SlotKind kind, std::uint64_t clock, Deadline deadline) {
+  std::vector<std::uint32_t> posted;
+  for (ServerLink& s : links_->servers()) {
+    RDMAPS_RETURN_IF_ERROR(DrainOnError(posted, EnsureCredit(s, deadline), deadline));
+    SlotHeader h{};
+    h.clock = clock;
+    h.kind = static_cast<std::uint32_t>(kind);
+    RDMAPS_RETURN_IF_ERROR(PostSlot(s, h, sizeof(SlotHeader)));
+    posted.push_back(s.index);
+  }
+  for (ServerLink& s : links_->servers()) RDMAPS_RETURN_IF_ERROR(FinishSlot(s, deadline));
+  return Status::OK();
+}
+
+}  // namespace rdmaps::internal

@@ -1,0 +1,213 @@
+#include "src/ps/server_links.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+namespace rdmaps::internal {
+
+using transport::Completion;
+using transport::Deadline;
+using transport::Op;
+using SteadyClock = std::chrono::steady_clock;
+
+std::string ServerName(const ServerLink& s) {
+  return "server " + std::to_string(s.index) + " (" + s.address + ")";
+}
+
+Status ServerLinks::Fail(ServerLink& s, const Status& st) {
+  Status err = st.WithContext("worker " + std::to_string(worker_id_) + ", " + ServerName(s));
+  if (broken_.ok()) {
+    broken_ = Status(StatusCode::kUnavailable,
+                     "an earlier transport error broke this Client: " + err.ToString());
+  }
+  return err;
+}
+
+Status ServerLinks::PostOps(ServerLink& s, std::span<const Op> ops) {
+  Status st = s.conn->Post(ops);
+  if (!st.ok()) return Fail(s, st);
+  return Status::OK();
+}
+
+Status ServerLinks::Drain(ServerLink& s, std::size_t n, Deadline deadline) {
+  std::size_t completed = 0;
+  return DrainSome(s, n, n, &completed, deadline);
+}
+
+Status ServerLinks::DrainSome(ServerLink& s, std::size_t at_least, std::size_t at_most,
+                              std::size_t* completed, Deadline deadline) {
+  Completion c[64];
+  std::size_t got = 0;
+  Status first;
+  while (got < at_least) {
+    auto r = s.conn->Wait({c, std::min<std::size_t>(at_most - got, 64)}, deadline);
+    if (!r.ok()) return Fail(s, r.status());
+    if (*r == 0) return Fail(s, TimedOutError("no completion by the deadline"));
+    for (std::size_t i = 0; i < *r; ++i) {
+      if (!c[i].status.ok() && first.ok()) first = c[i].status;
+    }
+    got += *r;
+  }
+  *completed += got;
+  if (!first.ok()) return Fail(s, first);
+  return Status::OK();
+}
+
+Status ServerLinks::Exec(ServerLink& s, std::span<const Op> ops, Deadline deadline) {
+  RDMAPS_RETURN_IF_ERROR(PostOps(s, ops));
+  return Drain(s, ops.size(), deadline);
+}
+
+bool ServerLinks::ParseControl(ServerLink& s) {
+  const std::uint32_t W = s.dir.num_workers;
+  if (!VerifyBlock(s.ctrl.get(), ControlPayloadBytes(W))) return false;
+  const std::byte* p = s.ctrl.get() + sizeof(BlockHeader);
+  ControlHead head;
+  std::memcpy(&head, p, sizeof(head));
+  std::memcpy(s.clocks.data(), p + sizeof(head), W * sizeof(ControlWorker));
+  // The newest knowledge wins (a piggybacked read may be older than a poll).
+  s.min_clock = std::max(s.min_clock, head.min_clock);
+  s.applied_seq = std::max(s.applied_seq, s.clocks[worker_id_].applied_seq);
+  return true;
+}
+
+Status ServerLinks::ReadControl(const std::vector<std::uint32_t>& servers, Deadline deadline) {
+  std::vector<std::uint32_t> todo = servers;
+  while (!todo.empty()) {
+    for (std::uint32_t i : todo) {
+      ServerLink& s = servers_[i];
+      const Op op = Op::Read(s.ctrl.get(), s.ctrl_mr.get(), s.ctrl_bytes, s.dir.control.addr,
+                             s.dir.control.rkey);
+      RDMAPS_RETURN_IF_ERROR(PostOps(s, {&op, 1}));
+    }
+    std::vector<std::uint32_t> torn;
+    for (std::uint32_t i : todo) {
+      ServerLink& s = servers_[i];
+      RDMAPS_RETURN_IF_ERROR(Drain(s, 1, deadline));
+      if (!ParseControl(s)) torn.push_back(i);
+    }
+    stats_->Update([&](ClientStats& st) {
+      st.clock_reads += todo.size();
+      st.torn_retries += torn.size();
+    });
+    if (!torn.empty() && std::chrono::steady_clock::now() >= deadline) {
+      return TimedOutError("the control block of server " + std::to_string(torn[0]) +
+                           " stayed torn until the deadline");
+    }
+    todo = std::move(torn);
+  }
+  return Status::OK();
+}
+
+Status ServerLinks::Connect(transport::Endpoint& endpoint,
+                            const std::vector<std::string>& addresses,
+                            const transport::ConnectOptions& options, Deadline deadline) {
+  const std::size_t S = addresses.size();
+  servers_.resize(S);
+  for (std::uint32_t i = 0; i < S; ++i) {
+    ServerLink& s = servers_[i];
+    s.index = i;
+    s.address = addresses[i];
+    while (true) {
+      auto r = endpoint.Connect(s.address, options, deadline);
+      if (r.ok()) {
+        s.conn = std::move(r).value();
+        break;
+      }
+      // A server may not listen yet when the launcher starts everyone at
+      // once: try again every 20 ms (each try costs the server an accept).
+      if (r.status().code() != StatusCode::kUnavailable || SteadyClock::now() >= deadline) {
+        std::string missing;
+        for (std::uint32_t j = i; j < S; ++j) missing += " " + addresses[j];
+        return r.status().WithContext("worker " + std::to_string(worker_id_) + " connecting to " +
+                                      ServerName(s) + " (not yet connected:" + missing +
+                                      "); is the server running and the address right?");
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+  // Each server WRITE_WITH_IMMs where its directory is.
+  std::vector<bool> got(S, false);
+  std::size_t n_got = 0;
+  std::vector<transport::Notification> notes(16);
+  while (n_got < S) {
+    auto r = endpoint.WaitNotifications(notes, deadline);
+    if (!r.ok()) return r.status().WithContext("waiting for the servers' bootstrap messages");
+    if (*r == 0) {
+      std::string missing;
+      for (std::uint32_t j = 0; j < S; ++j) {
+        if (!got[j]) missing += " " + std::to_string(j) + " (" + addresses[j] + ")";
+      }
+      return TimedOutError("worker " + std::to_string(worker_id_) +
+                           ": no bootstrap message from servers" + missing +
+                           " before connect_timeout; they accepted the connection but did not "
+                           "answer (check the server logs: worker id vs --num_workers?)");
+    }
+    for (std::size_t k = 0; k < *r; ++k) {
+      const auto& n = notes[k];
+      if (n.kind != transport::Notification::Kind::kImmediate) continue;
+      if ((n.imm & kBootstrapImm) == 0) continue;
+      const std::uint32_t idx = n.imm & ~kBootstrapImm;
+      if (idx < S && !got[idx]) {
+        got[idx] = true;
+        ++n_got;
+      }
+    }
+  }
+  return Status::OK();
+}
+
+Status ServerLinks::WaitForClocks(std::uint64_t required, const std::vector<std::uint32_t>& servers,
+                                  std::uint64_t clock, const std::function<std::string()>& why,
+                                  Deadline deadline) {
+  auto pending = [&] {
+    std::vector<std::uint32_t> p;
+    for (std::uint32_t i : servers) {
+      const ServerLink& s = servers_[i];
+      if (s.min_clock < required || s.applied_seq < s.pushed_seq) p.push_back(i);
+    }
+    return p;
+  };
+  std::vector<std::uint32_t> p = pending();
+  if (p.empty()) return Status::OK();
+  const auto start = SteadyClock::now();
+  bool waited = false;
+  Backoff backoff;
+  while (true) {
+    RDMAPS_RETURN_IF_ERROR(ReadControl(p, deadline));
+    p = pending();
+    if (p.empty()) break;
+    if (!waited) {
+      waited = true;
+      stats_->Update([](ClientStats& st) { ++st.pull_waits; });
+    }
+    if (SteadyClock::now() >= deadline) {
+      stats_->AddBlocked(SteadyClock::now() - start);
+      const ServerLink& s = servers_[p[0]];
+      std::string lagging;
+      for (std::uint32_t w = 0; w < s.clocks.size(); ++w) {
+        if (s.clocks[w].clock < required) {
+          lagging +=
+              " worker " + std::to_string(w) + " (clock " + std::to_string(s.clocks[w].clock) + ")";
+        }
+      }
+      if (lagging.empty()) {
+        return TimedOutError(ServerName(s) + " has applied push " + std::to_string(s.applied_seq) +
+                             " of this worker's " + std::to_string(s.pushed_seq) +
+                             " within wait_timeout: the server is overloaded or stuck");
+      }
+      return TimedOutError("worker " + std::to_string(worker_id_) + " at clock " +
+                           std::to_string(clock) + " " + why() +
+                           " needs every worker at clock >= " + std::to_string(required) + " on " +
+                           ServerName(s) + "; lagging:" + lagging +
+                           ". Are those workers alive and calling Clock()?");
+    }
+    backoff.Pause();
+  }
+  stats_->AddBlocked(SteadyClock::now() - start);
+  return Status::OK();
+}
+
+}  // namespace rdmaps::internal

@@ -1,0 +1,155 @@
+// A worker's connections to the servers: per server the connection, its
+// directory header, the worker's registered staging, push and control
+// buffers, and the flow-control and clock state last read; the plumbing that
+// posts ops on them and drains their completions; and the READ of a server's
+// control block (src/ps/wire.h, "Control block") and the waits for clocks
+// on it; connecting them all at bootstrap. The pull reader, the push writer
+// and the client's Clock and Barrier all work through a ServerLinks.
+//
+// Thread safety: none. The client owns one and uses it under its mutex
+// (ClientImpl::mu_); ClientStatsRecorder has a mutex of its own.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "rdmaps/client.h"
+#include "rdmaps/status.h"
+#include "src/base/mutex.h"
+#include "src/ps/memory.h"
+#include "src/ps/wire.h"
+#include "transport/transport.h"
+
+namespace rdmaps::internal {
+
+// Sleeps a growing amount between polls: spin a little, then 1 us .. 1 ms.
+class Backoff {
+ public:
+  void Pause() {
+    if (n_++ < 16) {
+      std::this_thread::yield();
+      return;
+    }
+    std::this_thread::sleep_for(delay_);
+    delay_ = std::min(delay_ * 2, std::chrono::microseconds(1000));
+  }
+
+ private:
+  int n_ = 0;
+  std::chrono::microseconds delay_{1};
+};
+
+// ClientStats behind a mutex of their own: Client::stats() reads them while
+// a call runs.
+class ClientStatsRecorder {
+ public:
+  // Runs f(ClientStats&) with the mutex held.
+  template <typename F>
+  void Update(F&& f) RDMAPS_EXCLUDES(mu_) {
+    MutexLock lock(mu_);
+    f(stats_);
+  }
+  void AddBlocked(std::chrono::steady_clock::duration d) RDMAPS_EXCLUDES(mu_) {
+    MutexLock lock(mu_);
+    stats_.blocked_time += std::chrono::duration_cast<std::chrono::nanoseconds>(d);
+  }
+  ClientStats Get() const RDMAPS_EXCLUDES(mu_) {
+    MutexLock lock(mu_);
+    return stats_;
+  }
+
+ private:
+  mutable Mutex mu_;
+  ClientStats stats_ RDMAPS_GUARDED_BY(mu_);
+};
+
+struct ServerLink {
+  std::uint32_t index = 0;
+  std::string address;
+  std::unique_ptr<transport::Connection> conn;
+  DirectoryHeader dir{};
+  WireRegion ring{};
+  AlignedBuffer staging;  // pulls
+  std::unique_ptr<transport::MemoryRegion> staging_mr;
+  std::size_t staging_bytes = 0;
+  AlignedBuffer push;  // one slot
+  std::unique_ptr<transport::MemoryRegion> push_mr;
+  AlignedBuffer ctrl;  // control block copy, then 8 bytes for atomics
+  std::unique_ptr<transport::MemoryRegion> ctrl_mr;
+  std::size_t ctrl_bytes = 0;
+  // Flow control and consistency state, as last read.
+  std::uint64_t pushed_seq = 0;
+  std::uint64_t applied_seq = 0;
+  std::uint64_t min_clock = 0;
+  std::vector<ControlWorker> clocks;
+  // PostSlot added a READ of the control block behind the push (credits ran
+  // low): refreshes applied_seq without an extra round trip.
+  bool ctrl_inflight = false;
+  // Ops PostSlot posted for the slot in flight (FinishSlot completes them).
+  std::size_t slot_ops = 0;
+};
+
+// "server 1 (host:7000)".
+std::string ServerName(const ServerLink& s);
+
+class ServerLinks {
+ public:
+  ServerLinks(std::uint32_t worker_id, ClientStatsRecorder* stats)
+      : worker_id_(worker_id), stats_(stats) {}
+
+  std::vector<ServerLink>& servers() { return servers_; }
+  const std::vector<ServerLink>& servers() const { return servers_; }
+  ServerLink& operator[](std::uint32_t i) { return servers_[i]; }
+  const ServerLink& operator[](std::uint32_t i) const { return servers_[i]; }
+  std::uint32_t size() const { return static_cast<std::uint32_t>(servers_.size()); }
+  std::uint32_t worker_id() const { return worker_id_; }
+
+  // Connects to every server of `addresses` (a link per server, in order;
+  // retrying while one does not listen yet), then waits until each has
+  // sent its bootstrap message (src/ps/wire.h, "Bootstrap").
+  Status Connect(transport::Endpoint& endpoint, const std::vector<std::string>& addresses,
+                 const transport::ConnectOptions& options, transport::Deadline deadline);
+
+  // OK, or the first transport error (as Unavailable): it broke every link,
+  // since the connections may be out of step.
+  const Status& broken() const { return broken_; }
+  // `st` in the context of s; breaks the links when it is the first error.
+  Status Fail(ServerLink& s, const Status& st);
+
+  Status PostOps(ServerLink& s, std::span<const transport::Op> ops);
+  // Takes n completions of s; the first failed op fails the call.
+  Status Drain(ServerLink& s, std::size_t n, transport::Deadline deadline);
+  // Takes at least `at_least` and at most `at_most` completions of s (adds
+  // how many to *completed); the first failed op fails the call.
+  Status DrainSome(ServerLink& s, std::size_t at_least, std::size_t at_most, std::size_t* completed,
+                   transport::Deadline deadline);
+  // PostOps, then Drain of all of them.
+  Status Exec(ServerLink& s, std::span<const transport::Op> ops, transport::Deadline deadline);
+
+  // READs the control blocks of `servers` (indices) until none is torn.
+  Status ReadControl(const std::vector<std::uint32_t>& servers, transport::Deadline deadline);
+  // Takes the control block in s.ctrl; false when it is torn.
+  bool ParseControl(ServerLink& s);
+  // Polls the control blocks of `servers` until every worker's clock there
+  // is >= required and each has applied this worker's pushes. TimedOut
+  // naming the laggards (`why` says what waits, this worker being at
+  // `clock`) at the deadline.
+  Status WaitForClocks(std::uint64_t required, const std::vector<std::uint32_t>& servers,
+                       std::uint64_t clock, const std::function<std::string()>& why,
+                       transport::Deadline deadline);
+
+ private:
+  const std::uint32_t worker_id_;
+  ClientStatsRecorder* const stats_;
+  std::vector<ServerLink> servers_;
+  Status broken_;
+};
+
+}  // namespace rdmaps::internal
