@@ -6,6 +6,12 @@
 #include <thread>
 
 namespace rdmaps::internal {
+namespace {
+
+// How long a control READ posted before its call's deadline may take past it.
+constexpr std::chrono::seconds kControlReadGrace{1};
+
+}  // namespace
 
 using transport::Completion;
 using transport::Deadline;
@@ -82,10 +88,11 @@ Status ServerLinks::ReadControl(const std::vector<std::uint32_t>& servers, Deadl
                              s.dir.control.rkey);
       RDMAPS_RETURN_IF_ERROR(PostOps(s, {&op, 1}));
     }
+    const Deadline read_deadline = std::max(deadline, SteadyClock::now() + kControlReadGrace);
     std::vector<std::uint32_t> torn;
     for (std::uint32_t i : todo) {
       ServerLink& s = servers_[i];
-      RDMAPS_RETURN_IF_ERROR(Drain(s, 1, deadline));
+      RDMAPS_RETURN_IF_ERROR(Drain(s, 1, read_deadline));
       if (!ParseControl(s)) torn.push_back(i);
     }
     stats_->Update([&](ClientStats& st) {

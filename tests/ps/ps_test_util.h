@@ -3,7 +3,6 @@
 
 #include <gtest/gtest.h>
 
-#include <cstdlib>
 #include <functional>
 #include <memory>
 #include <string>
@@ -11,6 +10,7 @@
 
 #include "rdmaps/client.h"
 #include "rdmaps/server.h"
+#include "tests/vm/verbs_test_env.h"
 
 namespace rdmaps::testing {
 
@@ -20,13 +20,15 @@ struct Cluster {
   std::vector<std::string> addresses;
 };
 
-// fake: a name, "fake:0" picks a fresh one; verbs: the RDMA device's
-// address the VM harness exports.
+// Where servers listen. fake: a name, "fake:0" picks a fresh one; verbs: the
+// RDMA device's address (RDMAPS_TEST_VERBS_ADDR, which the VM harness
+// exports, else the first ACTIVE device's IPv4 address; tests skip where
+// there is none).
 inline std::string ListenAddress(const std::string& transport) {
   if (transport == "fake") return "fake:0";
   if (transport == "verbs") {
-    const char* a = std::getenv("RDMAPS_TEST_VERBS_ADDR");
-    return std::string(a ? a : "127.0.0.1") + ":0";
+    const std::string a = VerbsTestAddress(nullptr);
+    return (a.empty() ? std::string("127.0.0.1") : a) + ":0";
   }
   return "127.0.0.1:0";
 }
@@ -103,6 +105,14 @@ inline TableOptions MakeTable(std::uint32_t id, const std::string& name, std::ui
   t.staleness = staleness;
   t.init = init;
   t.optimizer = opt;
+  return t;
+}
+
+// MakeTable with RowLayout::kInline.
+inline TableOptions InlineTable(std::uint32_t id, const std::string& name, std::uint64_t rows,
+                                std::uint32_t dim, Initializer init = Initializer::Zeros()) {
+  TableOptions t = MakeTable(id, name, rows, dim, kAsp, init);
+  t.layout = RowLayout::kInline;
   return t;
 }
 
