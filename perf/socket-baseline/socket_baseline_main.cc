@@ -147,37 +147,12 @@ Status RecvAll(int fd, void* data, std::size_t n) {
 
 Result<sockaddr_storage> Resolve(const std::string& address, socklen_t* len, bool passive) {
   RDMAPS_ASSIGN_OR_RETURN(HostPort hp, ParseHostPort(address, "socket-baseline address"));
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  if (passive) hints.ai_flags = AI_PASSIVE;
-  addrinfo* res = nullptr;
-  const std::string service = std::to_string(hp.port);
-  const int rc = ::getaddrinfo(hp.host.c_str(), service.c_str(), &hints, &res);
-  if (rc != 0) {
-    return UnavailableError("cannot resolve '" + hp.host + "': " + gai_strerror(rc) +
-                            "; check the host name");
-  }
+  RDMAPS_ASSIGN_OR_RETURN(
+      AddrInfoList ai, ResolveHostPort(hp, passive ? AddressUse::kListen : AddressUse::kConnect));
   sockaddr_storage ss{};
-  std::memcpy(&ss, res->ai_addr, res->ai_addrlen);
-  *len = res->ai_addrlen;
-  ::freeaddrinfo(res);
+  std::memcpy(&ss, ai->ai_addr, ai->ai_addrlen);
+  *len = ai->ai_addrlen;
   return ss;
-}
-
-std::string Format(const sockaddr_storage& ss) {
-  char host[INET6_ADDRSTRLEN] = {};
-  int port = 0;
-  if (ss.ss_family == AF_INET6) {
-    const auto* a = reinterpret_cast<const sockaddr_in6*>(&ss);
-    ::inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof(host));
-    port = ntohs(a->sin6_port);
-    return "[" + std::string(host) + "]:" + std::to_string(port);
-  }
-  const auto* a = reinterpret_cast<const sockaddr_in*>(&ss);
-  ::inet_ntop(AF_INET, &a->sin_addr, host, sizeof(host));
-  port = ntohs(a->sin_port);
-  return std::string(host) + ":" + std::to_string(port);
 }
 
 // ---------------------------------------------------------------- server
@@ -200,7 +175,7 @@ class Server {
     sockaddr_storage bound{};
     socklen_t blen = sizeof(bound);
     ::getsockname(listen_.get(), reinterpret_cast<sockaddr*>(&bound), &blen);
-    return Format(bound);
+    return SockaddrToString(reinterpret_cast<const sockaddr*>(&bound));
   }
 
   Status Serve() {

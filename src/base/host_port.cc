@@ -63,4 +63,36 @@ std::string JoinHostPort(std::string_view host, int port) {
   return h + ":" + std::to_string(port);
 }
 
+Result<AddrInfoList> ResolveHostPort(const HostPort& hp, AddressUse use) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  if (use == AddressUse::kListen) hints.ai_flags = AI_PASSIVE;
+  const std::string port = std::to_string(hp.port);
+  addrinfo* res = nullptr;
+  const int rc =
+      ::getaddrinfo(hp.host.empty() ? nullptr : hp.host.c_str(), port.c_str(), &hints, &res);
+  if (rc != 0 || res == nullptr) {
+    return UnavailableError("cannot resolve '" + hp.host +
+                            "': " + (rc != 0 ? ::gai_strerror(rc) : "no address") +
+                            "; check the host name or give a numeric address");
+  }
+  return AddrInfoList(res);
+}
+
+std::string SockaddrToString(const sockaddr* sa) {
+  char host[INET6_ADDRSTRLEN] = {};
+  if (sa->sa_family == AF_INET) {
+    const auto* in = reinterpret_cast<const sockaddr_in*>(sa);
+    ::inet_ntop(AF_INET, &in->sin_addr, host, sizeof(host));
+    return JoinHostPort(host, ntohs(in->sin_port));
+  }
+  if (sa->sa_family == AF_INET6) {
+    const auto* in6 = reinterpret_cast<const sockaddr_in6*>(sa);
+    ::inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof(host));
+    return JoinHostPort(host, ntohs(in6->sin6_port));
+  }
+  return "?";
+}
+
 }  // namespace rdmaps

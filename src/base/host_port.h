@@ -11,10 +11,19 @@
 // without brackets ("::1:80", "[::1"), a bracketed host that is not an IPv6
 // literal, and hosts with whitespace, ',' or '/'.
 //
-// Thread safety: pure functions.
+// ResolveHostPort turns a parsed address into socket addresses (the one
+// getaddrinfo call of the tree) and SockaddrToString turns one back into
+// "host:port", for the tcp and verbs backends, the rendezvous and the perf
+// tools alike.
+//
+// Thread safety: pure functions (getaddrinfo is thread-safe).
 #pragma once
 
+#include <netdb.h>
+#include <sys/socket.h>
+
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 
@@ -36,5 +45,23 @@ Result<HostPort> ParseHostPort(std::string_view text, std::string_view what);
 // "host:port", with brackets around an IPv6 host: the inverse of
 // ParseHostPort.
 std::string JoinHostPort(std::string_view host, int port);
+
+struct AddrInfoDeleter {
+  void operator()(addrinfo* ai) const { ::freeaddrinfo(ai); }
+};
+// getaddrinfo's list, freed with it; never null once resolved.
+using AddrInfoList = std::unique_ptr<addrinfo, AddrInfoDeleter>;
+
+// What the address is for: a socket that listens (an empty or wildcard host
+// binds every interface) or one that connects.
+enum class AddressUse { kListen, kConnect };
+
+// The stream-socket addresses of `hp`, any family, in the resolver's order,
+// with hp.port set. Unavailable quoting the host and the resolver's reason.
+Result<AddrInfoList> ResolveHostPort(const HostPort& hp, AddressUse use);
+
+// "10.0.0.1:7000" or "[fe80::1]:7000" for an AF_INET or AF_INET6 address;
+// "?" for any other family.
+std::string SockaddrToString(const sockaddr* sa);
 
 }  // namespace rdmaps

@@ -492,18 +492,9 @@ Result<RendezvousResult> RunRoot(const ClusterLayout& layout, std::string_view s
 
 // Connects to host:port by `deadline` (one attempt). IOError/Unavailable.
 Result<Fd> ConnectOnce(const HostPort& hp, TimePoint deadline) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* res = nullptr;
-  std::string port = std::to_string(hp.port);
-  int rc = getaddrinfo(hp.host.c_str(), port.c_str(), &hints, &res);
-  if (rc != 0) {
-    return UnavailableError("cannot resolve " + hp.host + ": " + gai_strerror(rc));
-  }
-  std::unique_ptr<addrinfo, decltype(&freeaddrinfo)> guard(res, freeaddrinfo);
+  RDMAPS_ASSIGN_OR_RETURN(AddrInfoList res, ResolveHostPort(hp, AddressUse::kConnect));
   Status last = UnavailableError("no address for " + hp.host);
-  for (addrinfo* ai = res; ai; ai = ai->ai_next) {
+  for (addrinfo* ai = res.get(); ai; ai = ai->ai_next) {
     Fd fd(socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol));
     if (fd.get() < 0) continue;
     SetNonBlocking(fd.get());

@@ -1,5 +1,6 @@
 // The one host:port parser (src/base/host_port.h): the forms it accepts, the
-// ones it refuses, and what its errors say.
+// ones it refuses, and what its errors say; and the one resolver and
+// formatter of socket addresses beside it.
 #include "src/base/host_port.h"
 
 #include <gmock/gmock.h>
@@ -80,6 +81,45 @@ TEST(HostPortTest, JoinIsTheInverse) {
     ASSERT_TRUE(hp.ok()) << text;
     EXPECT_EQ(JoinHostPort(hp->host, hp->port), text);
   }
+}
+
+// Numeric hosts resolve without a name service, to the port asked for, and
+// format back to the text they came from.
+TEST(HostPortTest, ResolvesNumericAddressesAndFormatsThemBack) {
+  for (const char* text : {"127.0.0.1:7000", "[::1]:65535", "10.1.2.3:0"}) {
+    auto hp = ParseHostPort(text, "x");
+    ASSERT_TRUE(hp.ok()) << hp.status();
+    auto ai = ResolveHostPort(*hp, AddressUse::kConnect);
+    ASSERT_TRUE(ai.ok()) << text << ": " << ai.status();
+    ASSERT_NE(ai->get(), nullptr);
+    EXPECT_EQ(SockaddrToString((*ai)->ai_addr), text);
+  }
+}
+
+TEST(HostPortTest, ListeningOnTheWildcardResolves) {
+  HostPort hp;
+  hp.host = "0.0.0.0";
+  hp.port = 0;
+  auto ai = ResolveHostPort(hp, AddressUse::kListen);
+  ASSERT_TRUE(ai.ok()) << ai.status();
+  EXPECT_EQ(SockaddrToString((*ai)->ai_addr), "0.0.0.0:0");
+}
+
+TEST(HostPortTest, AnUnresolvableHostIsUnavailableNamingIt) {
+  HostPort hp;
+  hp.host = "no-such-host.invalid";  // RFC 6761: never resolves
+  hp.port = 7000;
+  auto ai = ResolveHostPort(hp, AddressUse::kConnect);
+  ASSERT_FALSE(ai.ok());
+  EXPECT_EQ(ai.status().code(), StatusCode::kUnavailable);
+  EXPECT_THAT(ai.status().message(), HasSubstr("cannot resolve 'no-such-host.invalid'"));
+  EXPECT_THAT(ai.status().message(), HasSubstr("numeric address"));
+}
+
+TEST(HostPortTest, OtherAddressFamiliesFormatAsAQuestionMark) {
+  sockaddr sa{};
+  sa.sa_family = AF_UNIX;
+  EXPECT_EQ(SockaddrToString(&sa), "?");
 }
 
 }  // namespace

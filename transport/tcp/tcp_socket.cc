@@ -33,58 +33,28 @@ Result<ResolvedAddress> Resolve(const HostPort& hp, std::string_view original) {
     out.length = sizeof(sockaddr_in6);
     return out;
   }
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* res = nullptr;
-  int rc = ::getaddrinfo(hp.host.c_str(), nullptr, &hints, &res);
-  if (rc != 0 || res == nullptr) {
-    return UnavailableError("cannot resolve host of tcp address '" + std::string(original) + "': " +
-                            ::gai_strerror(rc) + "; check the name or use a numeric address");
+  auto ai = ResolveHostPort(hp, AddressUse::kConnect);
+  if (!ai.ok()) {
+    return Status(ai.status().code(),
+                  "tcp address '" + std::string(original) + "': " + ai.status().message());
   }
-  std::memcpy(&out.storage, res->ai_addr, res->ai_addrlen);
-  out.length = res->ai_addrlen;
-  ::freeaddrinfo(res);
-  if (out.storage.ss_family == AF_INET) {
-    reinterpret_cast<sockaddr_in*>(&out.storage)->sin_port = htons(hp.port);
-  } else {
-    reinterpret_cast<sockaddr_in6*>(&out.storage)->sin6_port = htons(hp.port);
-  }
+  std::memcpy(&out.storage, (*ai)->ai_addr, (*ai)->ai_addrlen);
+  out.length = (*ai)->ai_addrlen;
   return out;
-}
-
-std::string FormatSockaddr(const sockaddr* sa) {
-  char buf[INET6_ADDRSTRLEN] = {};
-  if (sa->sa_family == AF_INET) {
-    auto* sin = reinterpret_cast<const sockaddr_in*>(sa);
-    ::inet_ntop(AF_INET, &sin->sin_addr, buf, sizeof(buf));
-    return std::string(buf) + ":" + std::to_string(ntohs(sin->sin_port));
-  }
-  if (sa->sa_family == AF_INET6) {
-    auto* sin6 = reinterpret_cast<const sockaddr_in6*>(sa);
-    ::inet_ntop(AF_INET6, &sin6->sin6_addr, buf, sizeof(buf));
-    // Appended piecewise: g++ 12 -O3 misreports "[" + ... as -Wrestrict.
-    std::string out = "[";
-    out.append(buf);
-    out.append("]:");
-    out.append(std::to_string(ntohs(sin6->sin6_port)));
-    return out;
-  }
-  return "?";
 }
 
 std::string LocalAddress(int fd) {
   sockaddr_storage ss{};
   socklen_t len = sizeof(ss);
   if (::getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0) return "?";
-  return FormatSockaddr(reinterpret_cast<sockaddr*>(&ss));
+  return SockaddrToString(reinterpret_cast<sockaddr*>(&ss));
 }
 
 std::string PeerAddress(int fd) {
   sockaddr_storage ss{};
   socklen_t len = sizeof(ss);
   if (::getpeername(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0) return "?";
-  return FormatSockaddr(reinterpret_cast<sockaddr*>(&ss));
+  return SockaddrToString(reinterpret_cast<sockaddr*>(&ss));
 }
 
 Status SetNonBlocking(int fd) {

@@ -26,9 +26,6 @@ struct ResolvedAddress {
 };
 Result<ResolvedAddress> Resolve(const HostPort& hp, std::string_view original);
 
-// "1.2.3.4:80" or "[::1]:80".
-std::string FormatSockaddr(const sockaddr* sa);
-
 // Local or remote address of a socket, formatted; "?" when unknown.
 std::string LocalAddress(int fd);
 std::string PeerAddress(int fd);

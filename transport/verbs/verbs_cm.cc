@@ -29,37 +29,7 @@ namespace {
 constexpr int kListenBacklog = 128;
 
 std::string SockaddrToString(const sockaddr* sa) {
-  if (sa == nullptr) return "?";
-  char host[INET6_ADDRSTRLEN] = "?";
-  std::uint16_t port = 0;
-  if (sa->sa_family == AF_INET) {
-    const auto* in = reinterpret_cast<const sockaddr_in*>(sa);
-    inet_ntop(AF_INET, &in->sin_addr, host, sizeof host);
-    port = ntohs(in->sin_port);
-    return std::string(host) + ":" + std::to_string(port);
-  }
-  if (sa->sa_family == AF_INET6) {
-    const auto* in6 = reinterpret_cast<const sockaddr_in6*>(sa);
-    inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof host);
-    port = ntohs(in6->sin6_port);
-    return "[" + std::string(host) + "]:" + std::to_string(port);
-  }
-  return "?";
-}
-
-Result<AddrInfoPtr> Resolve(std::string_view address, const HostPort& hp, bool passive) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  if (passive) hints.ai_flags = AI_PASSIVE;
-  addrinfo* res = nullptr;
-  const std::string port = std::to_string(hp.port);
-  int rc = getaddrinfo(hp.host.c_str(), port.c_str(), &hints, &res);
-  if (rc != 0) {
-    return UnavailableError("cannot resolve '" + std::string(address) + "': " + gai_strerror(rc) +
-                            "; check the host name");
-  }
-  return AddrInfoPtr(res);
+  return sa == nullptr ? "?" : rdmaps::SockaddrToString(sa);
 }
 
 int ClampMs(Deadline deadline, int cap_ms) {
@@ -183,7 +153,7 @@ Status VerbsConnection::AdjustRtr(ibv_qp_attr& qa, int& mask, int responder_reso
 
 Result<std::string> VerbsEndpoint::DoListen(std::string_view address, const HostPort& hp) {
   if (listen_id_) return FailedPreconditionError("Listen called twice on one endpoint");
-  RDMAPS_ASSIGN_OR_RETURN(AddrInfoPtr ai, Resolve(address, hp, /*passive=*/true));
+  RDMAPS_ASSIGN_OR_RETURN(AddrInfoList ai, ResolveHostPort(hp, AddressUse::kListen));
   rdma_cm_id* raw = nullptr;
   if (rdma_create_id(shared_->channel.get(), &raw, nullptr, RDMA_PS_TCP) != 0) {
     return ErrnoError("rdma_create_id for listening", errno);
@@ -235,7 +205,7 @@ Result<std::unique_ptr<Connection>> VerbsEndpoint::DoConnect(std::string_view ad
                                                              const HostPort& hp,
                                                              const ConnectOptions& copts,
                                                              Deadline deadline) {
-  RDMAPS_ASSIGN_OR_RETURN(AddrInfoPtr ai, Resolve(address, hp, /*passive=*/false));
+  RDMAPS_ASSIGN_OR_RETURN(AddrInfoList ai, ResolveHostPort(hp, AddressUse::kConnect));
   const std::string where(address);
 
   // A private channel: this thread waits for its own id's events; the id

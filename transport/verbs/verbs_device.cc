@@ -56,17 +56,14 @@ Result<AddressDevice> DeviceForAddress(const std::string& hint) {
   const std::string host = HintHost(hint);
   AddressDevice out;
   if (host.empty() || host == "*") return out;
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* res = nullptr;
-  if (int rc = getaddrinfo(host.c_str(), "0", &hints, &res); rc != 0) {
-    return InvalidArgumentError("EndpointOptions::address_hint '" + hint + "': cannot resolve '" +
-                                host + "': " + gai_strerror(rc) +
-                                "; give an IP address or a resolvable host name");
+  HostPort hp;
+  hp.host = host;
+  auto ai = ResolveHostPort(hp, AddressUse::kConnect);
+  if (!ai.ok()) {
+    return InvalidArgumentError("EndpointOptions::address_hint '" + hint +
+                                "': " + ai.status().message());
   }
-  AddrInfoPtr ai(res);
-  const sockaddr* sa = ai->ai_addr;
+  const sockaddr* sa = (*ai)->ai_addr;
   if (IsWildcard(sa)) return out;
   char ip[INET6_ADDRSTRLEN] = "?";
   inet_ntop(sa->sa_family,

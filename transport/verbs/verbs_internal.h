@@ -94,9 +94,6 @@ struct CmIdDeleter {
 struct QpDeleter {
   void operator()(ibv_qp* q) const { ibv_destroy_qp(q); }
 };
-struct AddrInfoDeleter {
-  void operator()(addrinfo* a) const { freeaddrinfo(a); }
-};
 
 using DeviceListPtr = std::unique_ptr<ibv_context*, DeviceListDeleter>;
 using EventChannelPtr = std::unique_ptr<rdma_event_channel, EventChannelDeleter>;
@@ -107,7 +104,6 @@ using SrqPtr = std::unique_ptr<ibv_srq, SrqDeleter>;
 using MrPtr = std::unique_ptr<ibv_mr, MrDeleter>;
 using CmIdPtr = std::unique_ptr<rdma_cm_id, CmIdDeleter>;
 using QpPtr = std::unique_ptr<ibv_qp, QpDeleter>;
-using AddrInfoPtr = std::unique_ptr<addrinfo, AddrInfoDeleter>;
 
 // --- Shared per-endpoint state -------------------------------------------
 class VerbsConnection;
