@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "src/base/fd.h"
 #include "tests/ps/ps_suite.h"
 #include "tests/ps/ps_test_util.h"
 
@@ -190,52 +191,60 @@ std::vector<int> WaitAll(const std::vector<pid_t>& pids,
   return status;
 }
 
+// Forks a child that runs `child(write_fd)`, which never returns (it
+// _exits), and keeps the read end of the pipe it reports through.
+template <typename Child>
+Fd ForkReporter(std::vector<pid_t>& pids, Child&& child) {
+  int p[2];
+  if (pipe(p) != 0) {
+    ADD_FAILURE() << "pipe: " << std::strerror(errno);
+    return Fd();
+  }
+  const pid_t pid = fork();
+  if (pid < 0) {
+    ADD_FAILURE() << "fork: " << std::strerror(errno);
+    close(p[0]);
+    close(p[1]);
+    return Fd();
+  }
+  if (pid == 0) {
+    close(p[0]);
+    child(p[1]);
+  }
+  close(p[1]);
+  pids.push_back(pid);
+  return Fd(p[0]);
+}
+
 void RunCluster(const std::string& transport, std::uint32_t staleness, float tolerance) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(90);
   std::vector<pid_t> pids;
-  std::vector<int> server_fds, worker_fds;
+  std::vector<Fd> server_fds, worker_fds;
   std::vector<std::string> addresses;
   for (int i = 0; i < kServers; ++i) {
-    int p[2];
-    ASSERT_EQ(pipe(p), 0);
-    const pid_t pid = fork();
-    ASSERT_GE(pid, 0);
-    if (pid == 0) {
-      close(p[0]);
-      ServerChild(transport, i, staleness, p[1]);
-    }
-    close(p[1]);
-    pids.push_back(pid);
-    server_fds.push_back(p[0]);
+    server_fds.push_back(
+        ForkReporter(pids, [&](int fd) { ServerChild(transport, i, staleness, fd); }));
+    ASSERT_TRUE(server_fds.back().valid());
     char addr[64];
-    ASSERT_TRUE(ReadAll(p[0], addr, sizeof(addr), deadline)) << "server " << i << " did not start";
+    ASSERT_TRUE(ReadAll(server_fds.back().get(), addr, sizeof(addr), deadline))
+        << "server " << i << " did not start";
     addresses.emplace_back(addr);
   }
   for (int w = 0; w < kWorkers; ++w) {
-    int p[2];
-    ASSERT_EQ(pipe(p), 0);
-    const pid_t pid = fork();
-    ASSERT_GE(pid, 0);
-    if (pid == 0) {
-      close(p[0]);
-      WorkerChild(transport, w, staleness, addresses, p[1]);
-    }
-    close(p[1]);
-    pids.push_back(pid);
-    worker_fds.push_back(p[0]);
+    worker_fds.push_back(
+        ForkReporter(pids, [&](int fd) { WorkerChild(transport, w, staleness, addresses, fd); }));
+    ASSERT_TRUE(worker_fds.back().valid());
   }
   std::vector<WorkerReport> wr(kWorkers);
   for (int w = 0; w < kWorkers; ++w) {
-    EXPECT_TRUE(ReadAll(worker_fds[w], &wr[w], sizeof(wr[w]), deadline)) << "worker " << w;
+    EXPECT_TRUE(ReadAll(worker_fds[w].get(), &wr[w], sizeof(wr[w]), deadline)) << "worker " << w;
   }
   std::vector<ServerReport> sr(kServers);
   for (int i = 0; i < kServers; ++i) {
-    EXPECT_TRUE(ReadAll(server_fds[i], &sr[i], sizeof(sr[i]), deadline)) << "server " << i;
+    EXPECT_TRUE(ReadAll(server_fds[i].get(), &sr[i], sizeof(sr[i]), deadline)) << "server " << i;
   }
   const auto codes = WaitAll(pids, deadline);
   for (std::size_t i = 0; i < codes.size(); ++i) EXPECT_EQ(codes[i], 0) << "process " << i;
-  for (int fd : server_fds) close(fd);
-  for (int fd : worker_fds) close(fd);
 
   // Sum check: every push applied exactly once. Each worker sent, per
   // iteration, one w push and one counter push to each server, one clock
