@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "src/base/log.h"
+#include "src/cluster/host_lists.h"
 #include "src/cluster/rendezvous.h"
 
 extern char** environ;
@@ -21,6 +22,7 @@ namespace rdmaps {
 namespace {
 
 using internal::MaybeCluster;
+using internal::Quote;
 
 std::string Lower(std::string_view s) {
   std::string out(s);
@@ -34,14 +36,6 @@ const std::string* Find(const Environment& env, const char* name) {
   return it == env.end() ? nullptr : &it->second;
 }
 
-std::string Quote(std::string_view s) {
-  constexpr std::size_t kMax = 200;
-  std::string out = "'";
-  out += s.size() > kMax ? std::string(s.substr(0, kMax)) + "..." : std::string(s);
-  out += "'";
-  return out;
-}
-
 std::string Join(const std::vector<std::string>& v, std::string_view sep) {
   std::string out;
   for (std::size_t i = 0; i < v.size(); ++i) {
@@ -52,37 +46,36 @@ std::string Join(const std::vector<std::string>& v, std::string_view sep) {
 }
 
 bool IsLoopbackHost(std::string_view host) {
-  return host == "localhost" || host.starts_with("127.") || host == "::1" ||
-         host == "[::1]";
+  return host == "localhost" || host.starts_with("127.") || host == "::1" || host == "[::1]";
 }
 
 // Fills role-independent fields and checks the result. `ps` and `workers`
 // are address lists; `num_workers` (> 0) stands in when workers is empty.
 Result<ClusterLayout> FromLists(Role role, int index, std::vector<std::string> ps,
-                         std::vector<std::string> workers, int num_workers,
-                         const ClusterOptions& options, std::string source,
-                         std::string detail) {
+                                std::vector<std::string> workers, int num_workers,
+                                const ClusterOptions& options, std::string source,
+                                std::string detail) {
   ClusterLayout layout;
   layout.role = role;
   layout.index = index;
   layout.source = std::move(source);
   layout.source_detail = std::move(detail);
   layout.num_servers = static_cast<int>(ps.size());
-  if (!workers.empty() && num_workers > 0 &&
-      num_workers != static_cast<int>(workers.size())) {
-    return InvalidArgumentError(
-        layout.source + ": counts disagree: " + std::to_string(workers.size()) +
-        " worker addresses but num_workers=" + std::to_string(num_workers) +
-        "; give one or make them match");
+  if (!workers.empty() && num_workers > 0 && num_workers != static_cast<int>(workers.size())) {
+    return InvalidArgumentError(layout.source +
+                                ": counts disagree: " + std::to_string(workers.size()) +
+                                " worker addresses but num_workers=" + std::to_string(num_workers) +
+                                "; give one or make them match");
   }
   layout.num_workers = workers.empty() ? num_workers : static_cast<int>(workers.size());
   layout.servers = std::move(ps);
   layout.workers = std::move(workers);
   if (options.num_servers > 0 && options.num_servers != layout.num_servers) {
-    return InvalidArgumentError(
-        layout.source + ": counts disagree: " + std::to_string(layout.num_servers) +
-        " ps addresses (" + Join(layout.servers, ",") + ") but num_servers=" +
-        std::to_string(options.num_servers) + "; drop --num_servers or make them match");
+    return InvalidArgumentError(layout.source +
+                                ": counts disagree: " + std::to_string(layout.num_servers) +
+                                " ps addresses (" + Join(layout.servers, ",") +
+                                ") but num_servers=" + std::to_string(options.num_servers) +
+                                "; drop --num_servers or make them match");
   }
   if (role == Role::kServer && index >= 0 && index < layout.num_servers) {
     layout.listen_address = layout.servers[static_cast<std::size_t>(index)];
@@ -92,10 +85,11 @@ Result<ClusterLayout> FromLists(Role role, int index, std::vector<std::string> p
 }
 
 Result<ClusterLayout> FromClusterSpecJson(const nlohmann::json& cluster, Role role, int index,
-                                   const ClusterOptions& options, const std::string& source,
-                                   std::string detail) {
+                                          const ClusterOptions& options, const std::string& source,
+                                          std::string detail) {
   if (!cluster.is_object()) {
-    return InvalidArgumentError(source + ": the cluster must be a JSON object like "
+    return InvalidArgumentError(source +
+                                ": the cluster must be a JSON object like "
                                 "{\"ps\": [\"h:p\"], \"worker\": [\"h:p\"]}, got " +
                                 Quote(cluster.dump()));
   }
@@ -104,16 +98,18 @@ Result<ClusterLayout> FromClusterSpecJson(const nlohmann::json& cluster, Role ro
     if (!cluster.contains(job)) return out;
     const auto& v = cluster.at(job);
     if (!v.is_array()) {
-      return InvalidArgumentError(source + ": \"" + job + "\" must be a list of "
-                                  "\"host:port\" strings, got " + Quote(v.dump()));
+      return InvalidArgumentError(source + ": \"" + job +
+                                  "\" must be a list of "
+                                  "\"host:port\" strings, got " +
+                                  Quote(v.dump()));
     }
     for (const auto& e : v) {
       if (!e.is_string()) {
         return InvalidArgumentError(source + ": \"" + job + "\" entry " + Quote(e.dump()) +
                                     " is not a \"host:port\" string");
       }
-      RDMAPS_ASSIGN_OR_RETURN(auto hp, ParseHostPort(e.get<std::string>(),
-                                                               source + " \"" + job + "\""));
+      RDMAPS_ASSIGN_OR_RETURN(auto hp,
+                              ParseHostPort(e.get<std::string>(), source + " \"" + job + "\""));
       out.push_back(e.get<std::string>());
     }
     return out;
@@ -127,8 +123,8 @@ Result<ClusterLayout> FromClusterSpecJson(const nlohmann::json& cluster, Role ro
   }
   // chief counts as a worker and comes first, as in TensorFlow's numbering.
   workers.insert(workers.begin(), chief.begin(), chief.end());
-  return FromLists(role, index, std::move(ps), std::move(workers), options.num_workers,
-                   options, source, std::move(detail));
+  return FromLists(role, index, std::move(ps), std::move(workers), options.num_workers, options,
+                   source, std::move(detail));
 }
 
 }  // namespace
@@ -197,141 +193,6 @@ std::string ClusterLayout::ToString() const {
 
 namespace internal {
 
-std::string LocalHostName() {
-  char buf[256] = {};
-  if (gethostname(buf, sizeof(buf) - 1) != 0 || buf[0] == '\0') return "localhost";
-  return buf;
-}
-
-Result<std::vector<std::string>> ParseHostList(std::string_view text, std::string_view what) {
-  std::vector<std::string> out;
-  std::size_t start = 0;
-  while (start <= text.size()) {
-    auto comma = text.find(',', start);
-    auto entry = text.substr(start, comma == std::string_view::npos ? std::string_view::npos
-                                                                    : comma - start);
-    // Tolerate surrounding spaces: "a:1, b:2".
-    while (!entry.empty() && entry.front() == ' ') entry.remove_prefix(1);
-    while (!entry.empty() && entry.back() == ' ') entry.remove_suffix(1);
-    if (entry.empty()) {
-      return InvalidArgumentError(std::string(what) + ": " + Quote(text) +
-                                  " has an empty entry; expected host:port,host:port");
-    }
-    RDMAPS_ASSIGN_OR_RETURN(auto hp, ParseHostPort(entry, what));
-    out.push_back(std::string(entry));
-    if (comma == std::string_view::npos) break;
-    start = comma + 1;
-  }
-  return out;
-}
-
-Result<int> ParseCount(std::string_view name, std::string_view text) {
-  int v = 0;
-  auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-  if (text.empty() || ec != std::errc() || ptr != text.data() + text.size() || v < 0) {
-    return InvalidArgumentError(std::string(name) + "=" + Quote(text) +
-                                " is not a non-negative integer");
-  }
-  return v;
-}
-
-namespace {
-
-// Expands one name that may hold bracket groups, appending to `out`.
-Status ExpandOne(std::string_view whole, std::string_view name, std::vector<std::string>* out) {
-  auto open = name.find('[');
-  if (open == std::string_view::npos) {
-    if (name.find(']') != std::string_view::npos) {
-      return InvalidArgumentError("Slurm node list " + Quote(whole) + ": unmatched ']' in " +
-                                  Quote(name));
-    }
-    out->push_back(std::string(name));
-    return Status::OK();
-  }
-  auto close = name.find(']', open);
-  if (close == std::string_view::npos) {
-    return InvalidArgumentError("Slurm node list " + Quote(whole) + ": unmatched '[' in " +
-                                Quote(name));
-  }
-  std::string_view prefix = name.substr(0, open);
-  std::string_view body = name.substr(open + 1, close - open - 1);
-  std::string_view rest = name.substr(close + 1);
-  if (body.empty()) {
-    return InvalidArgumentError("Slurm node list " + Quote(whole) + ": empty brackets in " +
-                                Quote(name));
-  }
-  std::size_t start = 0;
-  while (true) {
-    auto comma = body.find(',', start);
-    auto item = body.substr(start, comma == std::string_view::npos ? std::string_view::npos
-                                                                   : comma - start);
-    auto dash = item.find('-');
-    std::string_view lo_s = item.substr(0, dash);
-    std::string_view hi_s = dash == std::string_view::npos ? lo_s : item.substr(dash + 1);
-    auto digits = [](std::string_view s) {
-      return !s.empty() && s.size() <= 9 &&
-             std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
-    };
-    if (!digits(lo_s) || !digits(hi_s)) {
-      return InvalidArgumentError("Slurm node list " + Quote(whole) + ": range " + Quote(item) +
-                                  " is not N or N-M with decimal N, M");
-    }
-    int lo = 0, hi = 0;
-    std::from_chars(lo_s.data(), lo_s.data() + lo_s.size(), lo);
-    std::from_chars(hi_s.data(), hi_s.data() + hi_s.size(), hi);
-    if (hi < lo) {
-      return InvalidArgumentError("Slurm node list " + Quote(whole) + ": range " + Quote(item) +
-                                  " runs backwards");
-    }
-    if (hi - lo > 100000) {
-      return InvalidArgumentError("Slurm node list " + Quote(whole) + ": range " + Quote(item) +
-                                  " is implausibly large");
-    }
-    // Zero padding is the width of the lower bound when it has a leading 0.
-    std::size_t width = lo_s.size() > 1 && lo_s[0] == '0' ? lo_s.size() : 0;
-    for (int v = lo; v <= hi; ++v) {
-      std::string num = std::to_string(v);
-      if (num.size() < width) num.insert(0, width - num.size(), '0');
-      std::string expanded = std::string(prefix) + num + std::string(rest);
-      RDMAPS_RETURN_IF_ERROR(ExpandOne(whole, expanded, out));
-    }
-    if (comma == std::string_view::npos) break;
-    start = comma + 1;
-  }
-  return Status::OK();
-}
-
-}  // namespace
-
-Result<std::vector<std::string>> ExpandSlurmNodeList(std::string_view text) {
-  std::vector<std::string> out;
-  if (text.empty()) {
-    return InvalidArgumentError("Slurm node list is empty; is SLURM_JOB_NODELIST set?");
-  }
-  // Split at commas outside brackets.
-  int depth = 0;
-  std::size_t start = 0;
-  for (std::size_t i = 0; i <= text.size(); ++i) {
-    if (i < text.size() && text[i] == '[') ++depth;
-    if (i < text.size() && text[i] == ']') --depth;
-    if (depth < 0 || depth > 1) {
-      return InvalidArgumentError("Slurm node list " + Quote(text) + ": unbalanced brackets");
-    }
-    if (i == text.size() || (text[i] == ',' && depth == 0)) {
-      auto name = text.substr(start, i - start);
-      if (name.empty()) {
-        return InvalidArgumentError("Slurm node list " + Quote(text) + " has an empty name");
-      }
-      RDMAPS_RETURN_IF_ERROR(ExpandOne(text, name, &out));
-      start = i + 1;
-    }
-  }
-  if (depth != 0) {
-    return InvalidArgumentError("Slurm node list " + Quote(text) + ": unbalanced brackets");
-  }
-  return out;
-}
-
 Status ValidateCluster(const ClusterLayout& layout) {
   const std::string& src = layout.source;
   if (layout.num_servers < 1) {
@@ -392,26 +253,26 @@ MaybeCluster ClusterFromOptions(const ClusterOptions& o) {
   std::string detail = "role=" + o.role + " task_index=" + std::to_string(o.task_index);
   if (!o.cluster_spec.empty()) {
     if (!o.ps_hosts.empty() || !o.worker_hosts.empty()) {
-      return Result<ClusterLayout>(InvalidArgumentError(
-          "give either --cluster_spec=" + o.cluster_spec +
-          " or --ps_hosts/--worker_hosts, not both"));
+      return Result<ClusterLayout>(
+          InvalidArgumentError("give either --cluster_spec=" + o.cluster_spec +
+                               " or --ps_hosts/--worker_hosts, not both"));
     }
     std::ifstream in(o.cluster_spec);
     if (!in) {
-      return Result<ClusterLayout>(NotFoundError("cluster_spec: cannot open " + Quote(o.cluster_spec) +
-                                          "; check the path given to --cluster_spec"));
+      return Result<ClusterLayout>(NotFoundError("cluster_spec: cannot open " +
+                                                 Quote(o.cluster_spec) +
+                                                 "; check the path given to --cluster_spec"));
     }
     std::stringstream ss;
     ss << in.rdbuf();
     nlohmann::json j = nlohmann::json::parse(ss.str(), nullptr, /*allow_exceptions=*/false);
     if (j.is_discarded()) {
       return Result<ClusterLayout>(InvalidArgumentError("cluster_spec: " + Quote(o.cluster_spec) +
-                                                 " is not valid JSON: " + Quote(ss.str())));
+                                                        " is not valid JSON: " + Quote(ss.str())));
     }
     // Accept a bare ClusterSpec or one wrapped in {"cluster": ...}.
     if (j.is_object() && j.contains("cluster")) j = j.at("cluster");
-    return FromClusterSpecJson(j, *role, o.task_index, o, src,
-                               detail + " file=" + o.cluster_spec);
+    return FromClusterSpecJson(j, *role, o.task_index, o, src, detail + " file=" + o.cluster_spec);
   }
   if (o.ps_hosts.empty()) {
     return Result<ClusterLayout>(InvalidArgumentError(
@@ -425,8 +286,8 @@ MaybeCluster ClusterFromOptions(const ClusterOptions& o) {
     if (!w.ok()) return Result<ClusterLayout>(w.status());
     workers = std::move(*w);
   }
-  return FromLists(*role, o.task_index, std::move(*ps), std::move(workers), o.num_workers, o,
-                   src, detail);
+  return FromLists(*role, o.task_index, std::move(*ps), std::move(workers), o.num_workers, o, src,
+                   detail);
 }
 
 MaybeCluster ClusterFromRdmapsEnv(const ClusterOptions& o, const Environment& env) {
@@ -438,9 +299,10 @@ MaybeCluster ClusterFromRdmapsEnv(const ClusterOptions& o, const Environment& en
   const std::string* idx_s = Find(env, "RDMAPS_TASK_INDEX");
   const std::string* ps_s = Find(env, "RDMAPS_PS_HOSTS");
   if (!idx_s || !ps_s) {
-    return Result<ClusterLayout>(InvalidArgumentError(
-        "RDMAPS_ROLE=" + *role_s + " is set but RDMAPS_TASK_INDEX and RDMAPS_PS_HOSTS must be "
-        "set with it"));
+    return Result<ClusterLayout>(
+        InvalidArgumentError("RDMAPS_ROLE=" + *role_s +
+                             " is set but RDMAPS_TASK_INDEX and RDMAPS_PS_HOSTS must be "
+                             "set with it"));
   }
   auto idx = ParseCount("RDMAPS_TASK_INDEX", *idx_s);
   if (!idx.ok()) return Result<ClusterLayout>(idx.status());
@@ -468,7 +330,8 @@ MaybeCluster ClusterFromTfConfig(const ClusterOptions& o, const Environment& env
   const std::string src = "TF_CONFIG";
   nlohmann::json j = nlohmann::json::parse(*tf, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) {
-    return Result<ClusterLayout>(InvalidArgumentError("TF_CONFIG is not a JSON object: " + Quote(*tf)));
+    return Result<ClusterLayout>(
+        InvalidArgumentError("TF_CONFIG is not a JSON object: " + Quote(*tf)));
   }
   if (!j.contains("cluster")) {
     return Result<ClusterLayout>(
@@ -496,12 +359,12 @@ MaybeCluster ClusterFromTfConfig(const ClusterOptions& o, const Environment& env
       index = *c;
     } else {
       return Result<ClusterLayout>(InvalidArgumentError("TF_CONFIG task \"index\" " +
-                                                 Quote(ij.dump()) + " is not an integer"));
+                                                        Quote(ij.dump()) + " is not an integer"));
     }
   }
   if (index < 0) {
-    return Result<ClusterLayout>(InvalidArgumentError("TF_CONFIG task index " + std::to_string(index) +
-                                               " is negative"));
+    return Result<ClusterLayout>(
+        InvalidArgumentError("TF_CONFIG task index " + std::to_string(index) + " is negative"));
   }
   Role role;
   if (type == "ps") {
@@ -513,9 +376,9 @@ MaybeCluster ClusterFromTfConfig(const ClusterOptions& o, const Environment& env
       index += static_cast<int>(j.at("cluster").at("chief").size());  // chief is worker 0
     }
   } else {
-    return Result<ClusterLayout>(InvalidArgumentError(
-        "TF_CONFIG task type " + Quote(type) +
-        " is not one rdmaps runs; use \"ps\", \"worker\" or \"chief\""));
+    return Result<ClusterLayout>(
+        InvalidArgumentError("TF_CONFIG task type " + Quote(type) +
+                             " is not one rdmaps runs; use \"ps\", \"worker\" or \"chief\""));
   }
   std::string detail = "task " + type + ":" + std::to_string(task.value("index", 0));
   return FromClusterSpecJson(j.at("cluster"), role, index, o, src, detail);
@@ -546,8 +409,8 @@ MaybeCluster ClusterFromDmlc(const ClusterOptions& o, const Environment& env) {
     if (!Find(env, n)) missing += std::string(missing.empty() ? "" : ", ") + n;
   }
   if (!missing.empty()) {
-    return Result<ClusterLayout>(InvalidArgumentError("DMLC_ROLE=" + *role_s + " is set but " +
-                                               missing + " is not; ps-lite needs all of them"));
+    return Result<ClusterLayout>(InvalidArgumentError(
+        "DMLC_ROLE=" + *role_s + " is set but " + missing + " is not; ps-lite needs all of them"));
   }
   auto port = ParseCount("DMLC_PS_ROOT_PORT", *Find(env, "DMLC_PS_ROOT_PORT"));
   if (!port.ok()) return Result<ClusterLayout>(port.status());
@@ -565,17 +428,17 @@ MaybeCluster ClusterFromDmlc(const ClusterOptions& o, const Environment& env) {
   layout.source_detail = "DMLC_ROLE=" + *role_s + " root " + uri + ":" + std::to_string(*port);
   if (*ns < 1 || *nw < 1) {
     return Result<ClusterLayout>(InvalidArgumentError(
-        "DMLC: DMLC_NUM_SERVER=" + std::to_string(*ns) + " DMLC_NUM_WORKER=" +
-        std::to_string(*nw) + "; both must be at least 1"));
+        "DMLC: DMLC_NUM_SERVER=" + std::to_string(*ns) + " DMLC_NUM_WORKER=" + std::to_string(*nw) +
+        "; both must be at least 1"));
   }
   if (o.num_servers > 0 && o.num_servers != *ns) {
-    return Result<ClusterLayout>(InvalidArgumentError(
-        "DMLC: counts disagree: DMLC_NUM_SERVER=" + std::to_string(*ns) +
-        " but num_servers=" + std::to_string(o.num_servers)));
+    return Result<ClusterLayout>(
+        InvalidArgumentError("DMLC: counts disagree: DMLC_NUM_SERVER=" + std::to_string(*ns) +
+                             " but num_servers=" + std::to_string(o.num_servers)));
   }
   if (port.value() < 1 || port.value() > 65535) {
     return Result<ClusterLayout>(InvalidArgumentError("DMLC_PS_ROOT_PORT=" + std::to_string(*port) +
-                                               " is outside 1..65535"));
+                                                      " is outside 1..65535"));
   }
   layout.needs_rendezvous = true;
   layout.rendezvous = o.rendezvous.empty() ? JoinHostPort(uri, *port) : o.rendezvous;
@@ -616,8 +479,8 @@ MaybeCluster ClusterFromRanks(const ClusterOptions& o, const Environment& env) {
   std::string detail = std::string(l->rank) + "=" + std::to_string(*rank) + " " + l->size + "=" +
                        std::to_string(*size);
   if (*rank >= *size) {
-    return Result<ClusterLayout>(InvalidArgumentError(src + ": rank " + detail +
-                                               " is out of range (rank must be < size)"));
+    return Result<ClusterLayout>(
+        InvalidArgumentError(src + ": rank " + detail + " is out of range (rank must be < size)"));
   }
   // Any worker program works under mpirun/srun/torchrun without flags of its
   // own: RDMAPS_NUM_SERVERS and RDMAPS_RENDEZVOUS stand in for the options.
@@ -630,15 +493,15 @@ MaybeCluster ClusterFromRanks(const ClusterOptions& o, const Environment& env) {
     }
   }
   if (servers >= *size) {
-    return Result<ClusterLayout>(InvalidArgumentError(
-        src + ": " + detail + " with num_servers=" + std::to_string(servers) +
-        " leaves no worker; start more ranks or lower --num_servers"));
+    return Result<ClusterLayout>(
+        InvalidArgumentError(src + ": " + detail + " with num_servers=" + std::to_string(servers) +
+                             " leaves no worker; start more ranks or lower --num_servers"));
   }
   if (o.num_workers > 0 && o.num_workers != *size - servers) {
     return Result<ClusterLayout>(InvalidArgumentError(
         src + ": counts disagree: " + detail + " minus " + std::to_string(servers) +
-        " servers is " + std::to_string(*size - servers) + " workers, but num_workers=" +
-        std::to_string(o.num_workers)));
+        " servers is " + std::to_string(*size - servers) +
+        " workers, but num_workers=" + std::to_string(o.num_workers)));
   }
   bool single_node = *size == 1;
   if (l->local_size) {
@@ -683,8 +546,8 @@ MaybeCluster ClusterFromRanks(const ClusterOptions& o, const Environment& env) {
       auto port = ParseCount("MASTER_PORT", *port_s);
       if (!port.ok()) return Result<ClusterLayout>(port.status());
       if (*port < 1 || *port >= 65535) {
-        return Result<ClusterLayout>(InvalidArgumentError("MASTER_PORT=" + *port_s +
-                                                   " is outside 1..65534"));
+        return Result<ClusterLayout>(
+            InvalidArgumentError("MASTER_PORT=" + *port_s + " is outside 1..65534"));
       }
       // MASTER_PORT itself belongs to torch's TCPStore.
       rendezvous = JoinHostPort(*addr, *port + 1);
@@ -750,7 +613,8 @@ Result<ClusterLayout> ResolveCluster(const ClusterOptions& options, const Enviro
     found = s(options, env);
     if (found) break;
   }
-  Result<ClusterLayout> result = found ? std::move(*found) : Result<ClusterLayout>(internal::LoopbackCluster(options));
+  Result<ClusterLayout> result =
+      found ? std::move(*found) : Result<ClusterLayout>(internal::LoopbackCluster(options));
   if (!result.ok()) return result;
   ClusterLayout& layout = *result;
   if (const auto* t = Find(env, "RDMAPS_TRANSPORT")) layout.transport = *t;
@@ -766,7 +630,7 @@ Result<ClusterLayout> ResolveCluster(const ClusterOptions& options, const Enviro
 }
 
 Result<ClusterLayout> CompleteCluster(ClusterLayout layout, std::string_view self_address,
-                              const ClusterOptions& options) {
+                                      const ClusterOptions& options) {
   if (!layout.needs_rendezvous) return layout;
   RDMAPS_ASSIGN_OR_RETURN(
       internal::RendezvousResult r,

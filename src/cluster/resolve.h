@@ -1,5 +1,6 @@
-// Internals of the layout resolver (include/rdmaps/cluster.h), exposed for
-// tests: host lists, Slurm node lists, and each source on its own.
+// Internals of the cluster layout resolver (include/rdmaps/cluster.h),
+// exposed for tests: each source on its own and the checks of a layout (the
+// host and node lists it is made of are in src/cluster/host_lists.h).
 //
 // Thread safety: pure functions.
 #pragma once
@@ -12,20 +13,9 @@
 #include "rdmaps/cluster.h"
 #include "rdmaps/status.h"
 #include "src/base/host_port.h"
+#include "src/cluster/host_lists.h"
 
 namespace rdmaps::internal {
-
-// A comma-separated "host:port" list; empty entries and bad entries are
-// InvalidArgument naming `what` and quoting the entry.
-Result<std::vector<std::string>> ParseHostList(std::string_view text, std::string_view what);
-
-// Slurm's compressed host list: "node[01-03,7],gpu5" ->
-// node01 node02 node03 node7 gpu5. Zero padding is kept; several bracket
-// groups in one name expand as a product ("r[1-2]n[1-2]").
-Result<std::vector<std::string>> ExpandSlurmNodeList(std::string_view text);
-
-// A non-negative integer; InvalidArgument "`name`=`text` is not ..." else.
-Result<int> ParseCount(std::string_view name, std::string_view text);
 
 // Each source alone. std::nullopt when the source is absent; an error when it
 // is present but malformed.
@@ -40,8 +30,5 @@ ClusterLayout LoopbackCluster(const ClusterOptions& options);
 // Checks counts, index range and duplicate addresses (entries with port 0
 // are exempt: a worker does not listen).
 Status ValidateCluster(const ClusterLayout& layout);
-
-// gethostname(), or "localhost" if that fails.
-std::string LocalHostName();
 
 }  // namespace rdmaps::internal
