@@ -155,4 +155,37 @@ class TransportConformance : public ::testing::TestWithParam<ConformanceBackend>
   static std::vector<Completion> RunBatch(Connection& conn, std::span<const Op> ops);
 };
 
+using World = ConformanceWorld;
+
+// What the suite's files share.
+namespace conformance {
+
+inline constexpr auto kLongWait = std::chrono::seconds(20);  // Hang guard; tests finish far sooner.
+
+// Byte i of pattern `seed`.
+inline std::byte PatternByte(std::uint64_t seed, std::size_t i) {
+  return static_cast<std::byte>((seed * 131 + i * 7 + (i >> 8)) & 0xff);
+}
+inline void Fill(std::span<std::byte> s, std::uint64_t seed) {
+  for (std::size_t i = 0; i < s.size(); ++i) s[i] = PatternByte(seed, i);
+}
+inline bool HasPattern(std::span<const std::byte> s, std::uint64_t seed) {
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    if (s[i] != PatternByte(seed, i)) return false;
+  }
+  return true;
+}
+
+}  // namespace conformance
 }  // namespace rdmaps::transport
+
+#define ASSERT_OK(expr)                                       \
+  do {                                                        \
+    ::rdmaps::Status s_ = ::rdmaps::internal::AsStatus(expr); \
+    ASSERT_TRUE(s_.ok()) << #expr << ": " << s_;              \
+  } while (false)
+#define EXPECT_OK(expr)                                       \
+  do {                                                        \
+    ::rdmaps::Status s_ = ::rdmaps::internal::AsStatus(expr); \
+    EXPECT_TRUE(s_.ok()) << #expr << ": " << s_;              \
+  } while (false)
