@@ -88,7 +88,8 @@ Status ServerLinks::ReadControl(const std::vector<std::uint32_t>& servers, Deadl
                              s.dir.control.rkey);
       RDMAPS_RETURN_IF_ERROR(PostOps(s, {&op, 1}));
     }
-    const Deadline read_deadline = std::max(deadline, SteadyClock::now() + kControlReadGrace);
+    const Deadline read_deadline =
+        std::max(deadline, transport::CoarseNowCeil() + kControlReadGrace);
     std::vector<std::uint32_t> torn;
     for (std::uint32_t i : todo) {
       ServerLink& s = servers_[i];
