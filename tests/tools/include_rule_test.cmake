@@ -2,9 +2,10 @@
 #
 # The include rule of the tools (docs/architecture.md):
 #   tools/<tool>/ includes only the public API (include/rdmaps/, as
-#     "rdmaps/..."), its own folder and tools/common/;
-#   perf/<tool>/ may also include transport/transport.h, src/base/ (the
-#     host:port parser and Fd every socket user shares) and perf/rdmaps-perf/ (the report and command-line library the perf tools
+#     "rdmaps/..."), src/base/ (the primitives every layer shares: the
+#     host:port parser and resolver, Fd, Mutex), its own folder and
+#     tools/common/;
+#   perf/<tool>/ may also include transport/transport.h and perf/rdmaps-perf/ (the report and command-line library the perf tools
 #     share); perf/ps-bench/ also src/ps/wire.h, src/ps/memory.h and
 #     src/ps/optimizer.h, to measure the raw baselines against the wire
 #     format, memory layout and optimizer kernels the server uses.
@@ -29,9 +30,9 @@ foreach(file ${_files})
   if(NOT _folder)
     continue()  # a file directly in tools/ or perf/: none today
   endif()
-  set(_allowed "^rdmaps/[^/]+\\.h$" "^${_folder}/" "^tools/common/")
+  set(_allowed "^rdmaps/[^/]+\\.h$" "^src/base/" "^${_folder}/" "^tools/common/")
   if(_area STREQUAL "perf")
-    list(APPEND _allowed "^transport/transport\\.h$" "^src/base/" "^perf/rdmaps-perf/")
+    list(APPEND _allowed "^transport/transport\\.h$" "^perf/rdmaps-perf/")
   endif()
   if(_folder STREQUAL "perf/ps-bench")
     list(APPEND _allowed "^src/ps/wire\\.h$" "^src/ps/memory\\.h$" "^src/ps/optimizer\\.h$")

@@ -42,6 +42,7 @@
 #include <vector>
 
 #include "rdmaps/transports.h"
+#include "src/base/host_port.h"
 #include "tools/common/flags.h"
 
 DEFINE_uint64(memory, 256ull << 20,
@@ -293,6 +294,18 @@ void CheckDevNodes(Report& r, bool have_devices) {
   }
 }
 
+// --peer and --listen: host:port as everywhere in rdmaps (src/base/host_port.h),
+// or a bare host or [IPv6] literal, since the port does not change which
+// device owns or routes to an address.
+rdmaps::HostPort DoctorAddress(const std::string& text) {
+  if (auto hp = rdmaps::ParseHostPort(text, "address"); hp.ok()) return *hp;
+  rdmaps::HostPort hp;
+  hp.host = text.size() > 2 && text.front() == '[' && text.back() == ']'
+                ? text.substr(1, text.size() - 2)
+                : text;
+  return hp;
+}
+
 // Waits for one event on `ch` within FLAGS_timeout_ms.
 bool WaitEvent(rdma_event_channel* ch, rdma_cm_event_type* type, int* status) {
   pollfd pfd{ch->fd, POLLIN, 0};
@@ -323,17 +336,11 @@ void CheckRdmaCm(Report& r, bool have_devices) {
     rdma_destroy_event_channel(ch);
     return;
   }
-  std::string host = FLAGS_peer, port = "0";
-  if (auto c = host.rfind(':'); c != std::string::npos && host.find(':') == c) {
-    port = host.substr(c + 1);
-    host = host.substr(0, c);
-  }
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* ai = nullptr;
-  if (int rc = getaddrinfo(host.c_str(), port.c_str(), &hints, &ai); rc != 0) {
-    r.Fail("cannot resolve " + FLAGS_peer + ": " + gai_strerror(rc), "check the host name");
+  const rdmaps::HostPort peer = DoctorAddress(FLAGS_peer);
+  const std::string& host = peer.host;
+  auto ai = rdmaps::ResolveHostPort(peer, rdmaps::AddressUse::kConnect);
+  if (!ai.ok()) {
+    r.Fail(ai.status().message(), "check the host name");
     rdma_destroy_event_channel(ch);
     return;
   }
@@ -347,7 +354,7 @@ void CheckRdmaCm(Report& r, bool have_devices) {
       host +
       "`); if there is no RDMA path, use "
       "--transport=tcp";
-  if (id == nullptr || rdma_resolve_addr(id, nullptr, ai->ai_addr, FLAGS_timeout_ms) != 0) {
+  if (id == nullptr || rdma_resolve_addr(id, nullptr, (*ai)->ai_addr, FLAGS_timeout_ms) != 0) {
     r.Fail("rdma_resolve_addr(" + FLAGS_peer + ") failed: " + std::strerror(errno), fix);
   } else if (!WaitEvent(ch, &type, &status)) {
     r.Fail("address resolution of " + FLAGS_peer + " timed out after " +
@@ -373,7 +380,6 @@ void CheckRdmaCm(Report& r, bool have_devices) {
     }
   }
   if (id) rdma_destroy_id(id);
-  freeaddrinfo(ai);
   rdma_destroy_event_channel(ch);
 }
 
@@ -382,25 +388,18 @@ void CheckRdmaCm(Report& r, bool have_devices) {
 void CheckListen(Report& r, bool have_devices) {
   if (FLAGS_listen.empty() || !have_devices) return;
   r.Section("listen address");
-  std::string host = FLAGS_listen;
-  if (!host.empty() && host.front() == '[') {
-    host = host.substr(1, host.find(']') - 1);
-  } else if (auto c = host.rfind(':'); c != std::string::npos && host.find(':') == c) {
-    host = host.substr(0, c);
-  }
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* ai = nullptr;
-  if (int rc = getaddrinfo(host.c_str(), "0", &hints, &ai); rc != 0) {
-    r.Fail("cannot resolve " + FLAGS_listen + ": " + gai_strerror(rc), "check the host name");
+  const rdmaps::HostPort listen = DoctorAddress(FLAGS_listen);
+  const std::string& host = listen.host;
+  auto ai = rdmaps::ResolveHostPort(listen, rdmaps::AddressUse::kConnect);
+  if (!ai.ok()) {
+    r.Fail(ai.status().message(), "check the host name");
     return;
   }
   rdma_event_channel* ch = rdma_create_event_channel();
   rdma_cm_id* id = nullptr;
   if (ch == nullptr || rdma_create_id(ch, &id, nullptr, RDMA_PS_TCP) != 0) {
     r.Fail(std::string("rdma_cm: ") + std::strerror(errno), "`modprobe rdma_ucm`");
-  } else if (rdma_bind_addr(id, ai->ai_addr) != 0) {
+  } else if (rdma_bind_addr(id, (*ai)->ai_addr) != 0) {
     r.Fail("listen address " + FLAGS_listen + " is not an address of this machine (" +
                std::strerror(errno) + ")",
            "listen on the IP of an RDMA device's netdev (`rdma link`, `ip -br addr`)");
@@ -416,7 +415,6 @@ void CheckListen(Report& r, bool have_devices) {
   }
   if (id) rdma_destroy_id(id);
   if (ch) rdma_destroy_event_channel(ch);
-  freeaddrinfo(ai);
 }
 
 void CheckSoftRoce(Report& r, bool have_active) {

@@ -19,8 +19,8 @@ struct Job::Child {
   std::string name;
   bool server = false;
   pid_t pid = -1;
-  int out_fd = -1;    // merged stdout+stderr
-  int ready_fd = -1;  // ready_pipe: fd 3 of the child
+  Fd out_fd;    // merged stdout+stderr
+  Fd ready_fd;  // ready_pipe: fd 3 of the child
   std::string out_buf, ready_buf;
   std::optional<int> exit_code;
   std::string how;
@@ -97,30 +97,29 @@ Job::~Job() {
       kill(c->pid, SIGKILL);
       waitpid(c->pid, nullptr, 0);
     }
-    for (int fd : {c->out_fd, c->ready_fd}) {
-      if (fd >= 0) close(fd);
-    }
   }
   // Signals that arrived after the last WaitUntil were the Job's to handle;
   // discard them rather than act on them once unblocked.
   signalfd_siginfo si;
-  while (read(signal_fd_, &si, sizeof(si)) == sizeof(si)) {
+  while (read(signal_fd_.get(), &si, sizeof(si)) == sizeof(si)) {
   }
-  close(signal_fd_);
+  signal_fd_.Reset();  // before the mask is restored: nothing is queued for it then
   sigprocmask(SIG_SETMASK, &old_mask_, nullptr);
   sigaction(SIGINT, &old_int_, nullptr);
   sigaction(SIGTERM, &old_term_, nullptr);
 }
 
 Result<Job::ChildId> Job::Spawn(const ChildSpec& spec) {
-  int out[2], rdy[2] = {-1, -1};
-  if (pipe2(out, O_CLOEXEC) != 0) return ErrnoError("pipe", errno);
-  if (spec.ready_pipe && pipe2(rdy, O_CLOEXEC) != 0) {
-    const int err = errno;
-    close(out[0]);
-    close(out[1]);
-    return ErrnoError("pipe", err);
+  int p[2];
+  if (pipe2(p, O_CLOEXEC) != 0) return ErrnoError("pipe", errno);
+  Fd out_read(p[0]), out_write(p[1]);
+  Fd ready_read, ready_write;
+  if (spec.ready_pipe) {
+    if (pipe2(p, O_CLOEXEC) != 0) return ErrnoError("pipe", errno);
+    ready_read.Reset(p[0]);
+    ready_write.Reset(p[1]);
   }
+  const int out_w = out_write.get(), ready_w = ready_write.get();
   std::vector<std::string> env_strings;
   for (const auto& [k, v] : spec.env) env_strings.push_back(k + "=" + v);
   std::vector<char*> envp, args;
@@ -131,13 +130,7 @@ Result<Job::ChildId> Job::Spawn(const ChildSpec& spec) {
   args.push_back(nullptr);
   const pid_t parent = getpid();
   const pid_t pid = fork();
-  if (pid < 0) {
-    const int err = errno;
-    for (int fd : {out[0], out[1], rdy[0], rdy[1]}) {
-      if (fd >= 0) close(fd);
-    }
-    return ErrnoError("fork", err);
-  }
+  if (pid < 0) return ErrnoError("fork", errno);
   if (pid == 0) {
     // Only async-signal-safe calls from here to exec.
     setpgid(0, 0);
@@ -146,9 +139,9 @@ Result<Job::ChildId> Job::Spawn(const ChildSpec& spec) {
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, nullptr);
-    dup2(out[1], 1);
-    dup2(out[1], 2);
-    if (spec.ready_pipe) dup2(rdy[1], 3);  // dup2 clears O_CLOEXEC on the new fd
+    dup2(out_w, 1);
+    dup2(out_w, 2);
+    if (spec.ready_pipe) dup2(ready_w, 3);  // dup2 clears O_CLOEXEC on the new fd
     execvpe(args[0], args.data(), envp.data());
     const char* why = std::strerror(errno);
     for (const char* part : {"cannot exec ", static_cast<const char*>(args[0]), ": ", why, "\n"}) {
@@ -156,17 +149,17 @@ Result<Job::ChildId> Job::Spawn(const ChildSpec& spec) {
     }
     _exit(127);
   }
-  close(out[1]);
+  out_write.Reset();  // the child's end
+  ready_write.Reset();
   auto c = std::make_unique<Child>();
   c->name = spec.name;
   c->server = spec.server;
   c->pid = pid;
-  c->out_fd = out[0];
-  fcntl(c->out_fd, F_SETFL, O_NONBLOCK);
+  c->out_fd = std::move(out_read);
+  fcntl(c->out_fd.get(), F_SETFL, O_NONBLOCK);
   if (spec.ready_pipe) {
-    close(rdy[1]);
-    c->ready_fd = rdy[0];
-    fcntl(c->ready_fd, F_SETFL, O_NONBLOCK);
+    c->ready_fd = std::move(ready_read);
+    fcntl(c->ready_fd.get(), F_SETFL, O_NONBLOCK);
   }
   children_.push_back(std::move(c));
   return children_.size() - 1;
@@ -181,10 +174,10 @@ Job::Wake Job::WaitUntil(Clock::time_point deadline, const std::function<bool()>
 }
 
 int Job::Pump(Clock::time_point until) {
-  std::vector<pollfd> pfds{{signal_fd_, POLLIN, 0}};
+  std::vector<pollfd> pfds{{signal_fd_.get(), POLLIN, 0}};
   std::vector<std::pair<Child*, int>> owners;
   for (auto& c : children_) {
-    for (int fd : {c->out_fd, c->ready_fd}) {
+    for (int fd : {c->out_fd.get(), c->ready_fd.get()}) {
       if (fd >= 0) {
         pfds.push_back({fd, POLLIN, 0});
         owners.push_back({c.get(), fd});
@@ -202,7 +195,7 @@ int Job::Pump(Clock::time_point until) {
     }
     if (pfds[0].revents & POLLIN) {
       signalfd_siginfo si;
-      while (read(signal_fd_, &si, sizeof(si)) == sizeof(si)) {
+      while (read(signal_fd_.get(), &si, sizeof(si)) == sizeof(si)) {
         if (si.ssi_signo != SIGCHLD) sig = static_cast<int>(si.ssi_signo);
       }
     }
@@ -221,7 +214,7 @@ void Job::Reap() {
     int status = 0;
     if (waitpid(c.pid, &status, WNOHANG) != c.pid) continue;
     // Collect its last words before reporting the exit.
-    if (c.out_fd >= 0) Drain(c, c.out_fd);
+    if (c.out_fd.valid()) Drain(c, c.out_fd.get());
     c.exit_code = ExitCodeOf(status);
     c.how = Describe(status);
     Say(c.name + " (pid " + std::to_string(c.pid) + ") " + c.how);
@@ -243,21 +236,16 @@ void Job::Drain(Child& c, int fd) {
   while (true) {
     const ssize_t n = read(fd, buf, sizeof(buf));
     if (n > 0) {
-      (fd == c.out_fd ? c.out_buf : c.ready_buf).append(buf, static_cast<std::size_t>(n));
+      (fd == c.out_fd.get() ? c.out_buf : c.ready_buf).append(buf, static_cast<std::size_t>(n));
       continue;
     }
     if (n < 0 && errno == EINTR) continue;
     if (n == 0) {
-      close(fd);
-      if (fd == c.out_fd) {
-        c.out_fd = -1;
-      } else {
-        c.ready_fd = -1;
-      }
+      (fd == c.out_fd.get() ? c.out_fd : c.ready_fd).Reset();
     }
     break;
   }
-  if (fd == c.out_fd || c.out_fd == -1) FlushLines(c, c.out_fd == -1);
+  if (fd == c.out_fd.get() || !c.out_fd.valid()) FlushLines(c, !c.out_fd.valid());
 }
 
 void Job::FlushLines(Child& c, bool all) {
@@ -296,7 +284,7 @@ void Job::StopAll(int sig) {
   while (WaitUntil(give_up, all_reaped).reason == Wake::kSignal) {
   }
   for (auto& c : children_) {
-    for (int fd : {c->out_fd, c->ready_fd}) {
+    for (int fd : {c->out_fd.get(), c->ready_fd.get()}) {
       if (fd >= 0) Drain(*c, fd);
     }
     FlushLines(*c, true);

@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "rdmaps/status.h"
+#include "src/base/fd.h"
 
 namespace rdmaps::local {
 
@@ -157,7 +158,7 @@ class Job {
 
   // Constant after construction.
   const JobOptions options_;
-  const int signal_fd_;
+  Fd signal_fd_;  // signalfd of SIGINT, SIGTERM, SIGHUP, SIGCHLD
   const sigset_t old_mask_;
   const struct sigaction old_int_;
   const struct sigaction old_term_;

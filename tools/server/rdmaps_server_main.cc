@@ -41,9 +41,10 @@
 #include <vector>
 
 #include "rdmaps/cluster.h"
-#include "rdmaps/tables_json.h"
-#include "tools/common/flags.h"
 #include "rdmaps/server.h"
+#include "rdmaps/tables_json.h"
+#include "src/base/fd.h"
+#include "tools/common/flags.h"
 
 // ClusterLayout (see include/rdmaps/cluster.h).
 DEFINE_string(role, "", "explicit layout: ps (or server) or worker");
@@ -102,13 +103,11 @@ Status SdNotify(const Environment& env, const std::string& state) {
   std::memcpy(sa.sun_path, path.data(), path.size());
   if (path[0] == '@') sa.sun_path[0] = '\0';  // abstract namespace
   socklen_t len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + path.size());
-  int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return rdmaps::ErrnoError("sd_notify: socket", errno);
-  ssize_t n = sendto(fd, state.data(), state.size(), MSG_NOSIGNAL,
-                     reinterpret_cast<sockaddr*>(&sa), len);
-  int err = errno;
-  close(fd);
-  if (n < 0) return rdmaps::ErrnoError("sd_notify to " + path, err);
+  const rdmaps::Fd sock(socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+  if (!sock.valid()) return rdmaps::ErrnoError("sd_notify: socket", errno);
+  const ssize_t n = sendto(sock.get(), state.data(), state.size(), MSG_NOSIGNAL,
+                           reinterpret_cast<sockaddr*>(&sa), len);
+  if (n < 0) return rdmaps::ErrnoError("sd_notify to " + path, errno);
   return Status::OK();
 }
 
