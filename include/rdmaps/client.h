@@ -69,6 +69,7 @@ struct ClientStats {
   std::uint64_t bytes_staged = 0;     // payload copied between staging and caller buffers
   std::uint64_t zero_copy_calls = 0;  // pulls/pushes that used a registered buffer
   std::uint64_t torn_retries = 0;     // blocks of rows re-read: their checksum failed
+  std::uint64_t control_torn_retries = 0;  // control blocks re-read: torn by the server's update
   std::uint64_t clock_reads = 0;      // READs of server clock words
   std::uint64_t pull_waits = 0;       // pulls that had to wait for other workers
   std::uint64_t credit_waits = 0;     // pushes that had to wait for ring space

@@ -98,7 +98,7 @@ Status ServerLinks::ReadControl(const std::vector<std::uint32_t>& servers, Deadl
     }
     stats_->Update([&](ClientStats& st) {
       st.clock_reads += todo.size();
-      st.torn_retries += torn.size();
+      st.control_torn_retries += torn.size();
     });
     if (!torn.empty() && std::chrono::steady_clock::now() >= deadline) {
       return TimedOutError("the control block of server " + std::to_string(torn[0]) +
