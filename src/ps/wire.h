@@ -73,7 +73,11 @@
 // ControlHead::min_clock = min_w clock (a worker that said goodbye counts as
 // kClockDone). A pull at clock c with staleness s needs min_clock >= c - s on
 // every server it reads from, and applied_seq[me] >= the seq it last pushed
-// there (read-my-writes).
+// there (read-my-writes). ControlWorker::state says whether w is connected,
+// closed (said goodbye) or died (its connection dropped without a goodbye):
+// a worker waiting for a clock that a died worker never reaches fails at
+// its next poll naming that worker instead of waiting out its deadline.
+// `epoch` is 0 (reserved for membership changes: a worker that rejoins).
 //
 // == Barrier ==
 // Server 0's atomics region holds a u64 counter touched only by transport
@@ -95,7 +99,7 @@ static_assert(std::endian::native == std::endian::little,
 inline constexpr std::uint32_t kHelloMagic = 0x50414d52;      // "RMAP"
 inline constexpr std::uint32_t kBootstrapMagic = 0x544f4f42;  // "BOOT"
 inline constexpr std::uint32_t kDirectoryMagic = 0x52494452;  // "RDIR"
-inline constexpr std::uint32_t kLayoutVersion = 3;
+inline constexpr std::uint32_t kLayoutVersion = 4;
 inline constexpr std::uint32_t kBootstrapImm = 0x80000000u;
 inline constexpr std::size_t kBootstrapSlotBytes = 64;
 inline constexpr std::size_t kCacheLine = 64;
@@ -113,8 +117,7 @@ struct ShardRange {
 };
 
 // Rows of `server` (0 <= server < num_servers, num_servers >= 1).
-inline ShardRange PartitionOf(std::uint64_t rows, std::uint32_t num_servers,
-                              std::uint32_t server) {
+inline ShardRange PartitionOf(std::uint64_t rows, std::uint32_t num_servers, std::uint32_t server) {
   const std::uint64_t base = rows / num_servers;
   const std::uint64_t extra = rows % num_servers;
   const std::uint64_t begin = server * base + (server < extra ? server : extra);
@@ -122,8 +125,7 @@ inline ShardRange PartitionOf(std::uint64_t rows, std::uint32_t num_servers,
 }
 
 // The server owning `row` (row < rows).
-inline std::uint32_t ServerOfRow(std::uint64_t rows, std::uint32_t num_servers,
-                                 std::uint64_t row) {
+inline std::uint32_t ServerOfRow(std::uint64_t rows, std::uint32_t num_servers, std::uint64_t row) {
   const std::uint64_t base = rows / num_servers;
   const std::uint64_t extra = rows % num_servers;
   const std::uint64_t big = extra * (base + 1);  // rows held by the larger shards
@@ -173,7 +175,7 @@ inline constexpr std::uint64_t kAutoEmbeddingMaxRowBytes = 1024;
 // embedding-shaped (pulled by scattered ids, as a rule), else dense.
 // Servers and clients agree.
 inline std::uint32_t ResolveRowLayout(std::uint32_t layout, std::uint64_t rows, std::uint32_t dim,
-                                   std::uint32_t num_servers) {
+                                      std::uint32_t num_servers) {
   if (layout != kLayoutAuto) return layout;
   const std::uint64_t largest = (rows + num_servers - 1) / num_servers;
   if (largest <= kAutoInlineMaxShardBytes / RowBytes(dim)) return kLayoutInline;
@@ -309,7 +311,7 @@ struct DirectoryTable {
   std::uint64_t shard_begin;
   std::uint64_t shard_rows;
   std::uint32_t staleness;
-  std::uint32_t row_bytes;       // RowBytes(dim)
+  std::uint32_t row_bytes;  // RowBytes(dim)
   WireRegion shard;  // the region GeometryOf(layout, shard_rows, dim, rows_per_block) describes
   std::uint64_t headers_offset;  // GeometryOf(...).headers_offset
   std::uint32_t layout;          // kLayoutDense or kLayoutInline
@@ -339,11 +341,20 @@ struct ControlHead {
 };
 static_assert(std::is_trivially_copyable_v<ControlHead> && sizeof(ControlHead) == 16);
 
+// ControlWorker::state.
+enum class WorkerLiveness : std::uint32_t {
+  kActive = 0,  // connected, or not yet connected
+  kClosed = 1,  // said goodbye (Close)
+  kDied = 2,    // its connection dropped without a goodbye
+};
+
 struct ControlWorker {
   std::uint64_t clock;        // Clock() markers applied (kClockDone after goodbye)
   std::uint64_t applied_seq;  // last push seq applied
+  std::uint32_t state;        // WorkerLiveness
+  std::uint32_t epoch;        // 0; reserved for membership changes
 };
-static_assert(std::is_trivially_copyable_v<ControlWorker> && sizeof(ControlWorker) == 16);
+static_assert(std::is_trivially_copyable_v<ControlWorker> && sizeof(ControlWorker) == 24);
 
 inline std::size_t ControlPayloadBytes(std::uint32_t num_workers) {
   return sizeof(ControlHead) + num_workers * sizeof(ControlWorker);
@@ -359,10 +370,10 @@ inline constexpr std::size_t kAtomicsBytes = 64;
 enum class SlotKind : std::uint32_t { kRange = 1, kRows = 2, kClock = 3, kBye = 4 };
 
 struct SlotHeader {
-  std::uint64_t seq;        // 1, 2, ... per (worker, server)
-  std::uint64_t clock;      // worker clock at push time; for kClock the NEW clock
-  std::uint32_t table;      // table id (kRange/kRows)
-  std::uint32_t kind;       // SlotKind
+  std::uint64_t seq;    // 1, 2, ... per (worker, server)
+  std::uint64_t clock;  // worker clock at push time; for kClock the NEW clock
+  std::uint32_t table;  // table id (kRange/kRows)
+  std::uint32_t kind;   // SlotKind
   std::uint32_t num_rows;
   std::uint32_t pad;
   std::uint64_t first_row;  // kRange: global index of the first row
