@@ -30,12 +30,12 @@
 
 #include <atomic>
 #include <chrono>
-#include <ctime>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <iostream>
-#include <memory>
 #include <limits>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -62,7 +62,8 @@ DEFINE_int32(startup_timeout_s, 120,
 DEFINE_bool(print_layout, false, "print the resolved layout and exit");
 
 // Server.
-DEFINE_string(tables, "", "the job's tables as JSON (see docs/deploying.md); without it, "
+DEFINE_string(tables, "",
+              "the job's tables as JSON (see docs/deploying.md); without it, "
               "the worker command after -- is asked for them");
 DEFINE_string(listen, "", "host:port to listen on (default: this server's layout address)");
 DEFINE_string(transport, "", "tcp, verbs or auto (default: $RDMAPS_TRANSPORT, else auto)");
@@ -78,8 +79,8 @@ DEFINE_int32(run_timeout_s, 0, "give up (exit 1) after this long serving; 0: no 
 
 namespace {
 
-using rdmaps::Environment;
 using rdmaps::ClusterLayout;
+using rdmaps::Environment;
 using rdmaps::Result;
 using rdmaps::Role;
 using rdmaps::Status;
@@ -166,7 +167,14 @@ std::vector<std::string> g_worker_command;
   std::vector<char*> argv;
   for (auto& a : g_worker_command) argv.push_back(a.data());
   argv.push_back(nullptr);
-  // The worker inherits this environment and resolves the same layout.
+  // The worker inherits this environment and resolves the same layout: what
+  // this process was told by flags goes with it as the variables that stand
+  // in for them (so `--num_servers=2 -- ./my_worker` needs nothing more).
+  if (layout.needs_rendezvous) {
+    setenv("RDMAPS_NUM_SERVERS", std::to_string(layout.num_servers).c_str(), 1);
+    setenv("RDMAPS_RENDEZVOUS", layout.rendezvous.c_str(), 1);
+  }
+  setenv("RDMAPS_STARTUP_TIMEOUT_S", std::to_string(FLAGS_startup_timeout_s).c_str(), 1);
   sigset_t none;
   sigemptyset(&none);
   pthread_sigmask(SIG_SETMASK, &none, nullptr);
@@ -296,7 +304,7 @@ int RealMain(SignalThread& signals) {
   if (!started.ok()) {
     LOG(ERROR) << layout.name() << ": cannot start: " << started.status();
     return started.status().code() == rdmaps::StatusCode::kInvalidArgument ? kExitConfig
-                                                                            : kExitRuntime;
+                                                                           : kExitRuntime;
   }
   server = std::move(*started);
   rdmaps::Server* raw = server.get();
@@ -356,10 +364,9 @@ int RealMain(SignalThread& signals) {
     LOG(INFO) << layout.name() << ": all " << so.num_workers << " workers connected";
   }
 
-  Status run = FLAGS_run_timeout_s > 0
-                   ? server->RunUntil(std::chrono::steady_clock::now() +
-                                      std::chrono::seconds(FLAGS_run_timeout_s))
-                   : server->Run();
+  Status run = FLAGS_run_timeout_s > 0 ? server->RunUntil(std::chrono::steady_clock::now() +
+                                                          std::chrono::seconds(FLAGS_run_timeout_s))
+                                       : server->Run();
   auto st = server->stats();
   server->Stop();
   (void)SdNotify(env, "STOPPING=1");

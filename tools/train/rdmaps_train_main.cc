@@ -69,7 +69,9 @@ DEFINE_string(transport, "",
               "--inproc_* defaults to tcp)");
 DEFINE_int32(inproc_servers, 0, "run this many servers as threads of this process");
 DEFINE_int32(inproc_workers, 0, "run this many workers as threads of this process");
-DEFINE_int32(wait_timeout_ms, 60000, "connect, pull (staleness) and barrier deadline");
+DEFINE_int32(wait_timeout_ms, 60000,
+             "pull (staleness) and barrier deadline; also the start-up (rendezvous and "
+             "connect) deadline unless the launcher sets RDMAPS_STARTUP_TIMEOUT_S");
 DEFINE_bool(print_tables, false, "print the model's tables as JSON and exit");
 
 namespace rdmaps::train {
@@ -314,7 +316,7 @@ Status Run() {
   co.transport.transport = transport;
   co.tables = tables;
   co.staleness_override = staleness;
-  co.connect_timeout = std::chrono::milliseconds(FLAGS_wait_timeout_ms);
+  // connect_timeout: the layout's start-up deadline (FromCluster).
   co.wait_timeout = std::chrono::milliseconds(FLAGS_wait_timeout_ms);
   RDMAPS_ASSIGN_OR_RETURN(std::unique_ptr<PsStore> store, PsStore::Connect(co, spec));
   o.worker_index = layout.index;
