@@ -442,8 +442,8 @@ Result<std::string> AdvertiseHost(const ClusterOptions& o, const Environment& en
                      " is a loopback address (/etc/hosts) and the job spans several nodes");
   }
   if (IsLoopbackAddress(*chosen)) {
-    return InvalidArgumentError("RDMAPS_IFNAME=" + Quote(*ifname) + " chose the loopback address " +
-                                *chosen +
+    return InvalidArgumentError("RDMAPS_IFNAME=" + Quote(ifname ? *ifname : "") +
+                                " chose the loopback address " + *chosen +
                                 ", but the job spans several nodes and the others "
                                 "cannot reach it; name another interface (e.g. ^lo)");
   }
