@@ -54,9 +54,11 @@ enum class Role : std::uint8_t {
   kServer,     // Holds parameter shards ("ps" in TensorFlow's words).
   kWorker,     // Trains; pulls and pushes.
   kScheduler,  // ps-lite's scheduler: hosts the rendezvous, then exits.
+  kEvaluator,  // TFJob's Evaluator replica (TF_CONFIG task type "evaluator"):
+               // not part of the training cluster; rdmaps' tools exit 0.
 };
 
-// "ps", "worker" or "scheduler".
+// "ps", "worker", "scheduler" or "evaluator".
 std::string_view RoleName(Role role);
 // Accepts "ps", "server", "worker", "chief", "scheduler" (any case).
 Result<Role> ParseRole(std::string_view text);

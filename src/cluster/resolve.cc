@@ -141,6 +141,8 @@ std::string_view RoleName(Role role) {
       return "worker";
     case Role::kScheduler:
       return "scheduler";
+    case Role::kEvaluator:
+      return "evaluator";
   }
   return "?";
 }
@@ -390,6 +392,7 @@ MaybeCluster ClusterFromTfConfig(const ClusterOptions& o, const Environment& env
     return Result<ClusterLayout>(
         InvalidArgumentError("TF_CONFIG task index " + std::to_string(index) + " is negative"));
   }
+  const int task_index = index;  // as given (a worker's is shifted past chief below)
   Role role;
   if (type == "ps") {
     role = Role::kServer;
@@ -399,12 +402,15 @@ MaybeCluster ClusterFromTfConfig(const ClusterOptions& o, const Environment& env
         j.at("cluster").at("chief").is_array()) {
       index += static_cast<int>(j.at("cluster").at("chief").size());  // chief is worker 0
     }
+  } else if (type == "evaluator") {
+    // TFJob's Evaluator: outside the cluster spec and the training.
+    role = Role::kEvaluator;
   } else {
-    return Result<ClusterLayout>(
-        InvalidArgumentError("TF_CONFIG task type " + Quote(type) +
-                             " is not one rdmaps runs; use \"ps\", \"worker\" or \"chief\""));
+    return Result<ClusterLayout>(InvalidArgumentError(
+        "TF_CONFIG task type " + Quote(type) +
+        " is not one rdmaps runs; use \"ps\", \"worker\", \"chief\" or \"evaluator\""));
   }
-  std::string detail = "task " + type + ":" + std::to_string(task.value("index", 0));
+  std::string detail = "task " + type + ":" + std::to_string(task_index);
   return FromClusterSpecJson(j.at("cluster"), role, index, o, src, detail);
 }
 

@@ -212,5 +212,31 @@ TEST(StartupTimeoutTest, TheLaunchersDeadlineReachesTheWorker) {
   }
 }
 
+// As Kubeflow's TFJob writes it: string indices, a chief, and an Evaluator
+// replica outside the cluster spec.
+TEST(TfJobTest, StringIndicesChiefAndEvaluator) {
+  const std::string cluster =
+      R"("cluster": {"ps": ["job-ps-0.job:2222", "job-ps-1.job:2222"],
+                     "chief": ["job-chief-0.job:2222"],
+                     "worker": ["job-worker-0.job:2222", "job-worker-1.job:2222"]})";
+  auto tf = [&](const char* type, const char* index) {
+    return Environment{{"TF_CONFIG", "{" + cluster + R"(, "task": {"type": ")" + type +
+                                         R"(", "index": ")" + index + R"("}})"}};
+  };
+  auto ps = ResolveCluster({}, tf("ps", "1"));
+  ASSERT_TRUE(ps.ok()) << ps.status();
+  EXPECT_EQ(ps->role, Role::kServer);
+  EXPECT_EQ(ps->listen_address, "job-ps-1.job:2222");
+  auto worker = ResolveCluster({}, tf("worker", "1"));
+  ASSERT_TRUE(worker.ok()) << worker.status();
+  EXPECT_EQ(worker->name(), "worker2");  // chief is worker 0
+  EXPECT_EQ(worker->num_workers, 3);
+  EXPECT_THAT(worker->source_detail, HasSubstr("task worker:1"));
+  auto evaluator = ResolveCluster({}, tf("evaluator", "0"));
+  ASSERT_TRUE(evaluator.ok()) << evaluator.status();
+  EXPECT_EQ(evaluator->role, Role::kEvaluator);
+  EXPECT_EQ(evaluator->name(), "evaluator0");
+}
+
 }  // namespace
 }  // namespace rdmaps

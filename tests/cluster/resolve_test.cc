@@ -311,8 +311,8 @@ TEST(TfConfigLayoutTest, Malformed) {
   ExpectInvalid(
       ResolveCluster({}, {{"TF_CONFIG",
                           R"({"cluster": {"ps": ["a:1"], "worker": ["b:1"]},
-                              "task": {"type": "evaluator", "index": 0}})"}}),
-      "task type 'evaluator'");
+                              "task": {"type": "master", "index": 0}})"}}),
+      "task type 'master'");
   ExpectInvalid(
       ResolveCluster({}, {{"TF_CONFIG",
                           R"({"cluster": {"ps": ["a:1"], "worker": ["b:1"]},

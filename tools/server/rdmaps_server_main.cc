@@ -236,6 +236,12 @@ int RealMain(SignalThread& signals) {
     return 0;
   }
   if (layout.role == Role::kWorker) ExecWorker(layout);
+  if (layout.role == Role::kEvaluator) {
+    if (!g_worker_command.empty()) ExecWorker(layout);
+    LOG(INFO) << layout.name() << ": an evaluator is not part of the training cluster; "
+              << "nothing to serve, exiting";
+    return 0;
+  }
   if (layout.role == Role::kScheduler) {
     auto done = rdmaps::CompleteCluster(layout, "", lo);
     if (!done.ok()) {
@@ -299,7 +305,32 @@ int RealMain(SignalThread& signals) {
     layout = std::move(*done);
   }
   so.server_index = static_cast<std::uint32_t>(layout.index);
+  // Unavailable (the listen host does not resolve yet - a Kubernetes pod's
+  // own headless-service name appears some seconds after the pod starts -
+  // or its address is not up yet): try again until the start-up deadline.
   auto started = rdmaps::Server::Start(so);
+  auto stop_pending = [] {  // the signal thread starts with the server
+    sigset_t pending;
+    return sigpending(&pending) == 0 &&
+           (sigismember(&pending, SIGTERM) == 1 || sigismember(&pending, SIGINT) == 1);
+  };
+  for (int attempt = 1; !started.ok() &&
+                        started.status().code() == rdmaps::StatusCode::kUnavailable &&
+                        !stop_pending();
+       ++attempt) {
+    if (std::chrono::steady_clock::now() >= startup_deadline) {
+      LOG(ERROR) << layout.name() << ": cannot listen on " << so.listen_address << " after "
+                 << attempt << " attempts within the start-up deadline ("
+                 << FLAGS_startup_timeout_s << " s): " << started.status();
+      return kExitStartup;
+    }
+    if (attempt == 1) {
+      LOG(WARNING) << layout.name() << ": cannot listen on " << so.listen_address << " yet ("
+                   << started.status() << "); trying again until the start-up deadline";
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(250));
+    started = rdmaps::Server::Start(so);
+  }
   if (!started.ok()) {
     LOG(ERROR) << layout.name() << ": cannot start: " << started.status();
     return started.status().code() == rdmaps::StatusCode::kInvalidArgument ? kExitConfig

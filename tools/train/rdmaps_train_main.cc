@@ -308,6 +308,11 @@ Status Run() {
   if (layout.role == Role::kServer) {
     return Serve(lo, std::move(layout), transport, tables);
   }
+  if (layout.role == Role::kEvaluator) {
+    std::printf("%s: an evaluator is not part of the training cluster; nothing to do\n",
+                layout.name().c_str());
+    return Status::OK();
+  }
   RDMAPS_ASSIGN_OR_RETURN(layout, CompleteCluster(std::move(layout), "", lo));
   if (layout.role == Role::kScheduler) return Status::OK();  // The rendezvous is done.
   LOG(INFO) << "worker " << layout.index << " of " << layout.num_workers << ", "
