@@ -338,7 +338,19 @@ int RealMain(SignalThread& signals) {
   }
   server = std::move(*started);
   rdmaps::Server* raw = server.get();
+  // Until the rendezvous is done nothing was served: a signal ends the
+  // process at once (the rendezvous cannot be interrupted, and a launcher
+  // stopping a failed job should not have to wait for its deadline).
+  static std::atomic<bool> in_rendezvous{false};
+  in_rendezvous.store(layout.needs_rendezvous);
   signals.Start([raw](int sig) {
+    if (in_rendezvous.load()) {
+      LOG(WARNING) << "received " << (sig == SIGTERM ? "SIGTERM" : "SIGINT")
+                   << " during the start-up rendezvous; exiting";
+      google::FlushLogFiles(google::GLOG_INFO);
+      std::fflush(nullptr);
+      std::_Exit(128 + sig);
+    }
     LOG(INFO) << "received " << (sig == SIGTERM ? "SIGTERM" : "SIGINT")
               << ": draining and stopping";
     raw->Stop();
@@ -350,6 +362,7 @@ int RealMain(SignalThread& signals) {
   } join_signals{signals};
   if (layout.needs_rendezvous) {
     auto done = rdmaps::CompleteCluster(layout, server->address(), lo);
+    in_rendezvous.store(false);
     if (!done.ok()) {
       LOG(ERROR) << done.status();
       return kExitStartup;
