@@ -356,6 +356,53 @@ TEST_F(LaunchersTest, TfJobKilledWorkerIsNamedByTheServersAndItsPeers) {
   EXPECT_EQ(job.evaluator->Wait(), 1) << job.evaluator->out();  // cluster_test_worker: not a worker
 }
 
+// ---- The explicit forms of docs/deploying.md ----------------------------------
+
+TEST_F(LaunchersTest, PlainTcpExplicitListsTrain) {
+  // "Plain TCP on a few machines", on one: the same lists everywhere.
+  const std::string ps =
+      "127.0.0.1:" + std::to_string(FreePort()) + ",127.0.0.1:" + std::to_string(FreePort());
+  std::vector<std::unique_ptr<Proc>> servers, workers;
+  for (int i = 0; i < 2; ++i) {
+    servers.push_back(std::make_unique<Proc>(
+        std::vector<std::string>{kServer, "--tables=" + tables_, "--transport=tcp", "--role=ps",
+                                 "--task_index=" + std::to_string(i), "--ps_hosts=" + ps,
+                                 "--num_workers=2"},
+        std::map<std::string, std::string>{}, Proc::kDefaultGuard, kForeign));
+  }
+  for (int i = 0; i < 2; ++i) {
+    workers.push_back(std::make_unique<Proc>(
+        TinyTrain(),
+        std::map<std::string, std::string>{{"RDMAPS_ROLE", "worker"},
+                                           {"RDMAPS_TASK_INDEX", std::to_string(i)},
+                                           {"RDMAPS_PS_HOSTS", ps},
+                                           {"RDMAPS_NUM_WORKERS", "2"},
+                                           {"RDMAPS_TRANSPORT", "tcp"}},
+        Proc::kDefaultGuard, kForeign));
+  }
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(workers[i]->Wait(), 0) << workers[i]->out();
+    EXPECT_THAT(workers[i]->out(), HasSubstr("[w" + std::to_string(i) + "] mode bsp"));
+  }
+  for (auto& s : servers) EXPECT_EQ(s->Wait(), 0) << s->out();
+}
+
+TEST_F(LaunchersTest, OpenMpiWithAHostfileAndAnExplicitRendezvous) {
+  if (!Have("mpirun.openmpi"))
+    GTEST_SKIP() << "mpirun.openmpi not found: apt-get install openmpi-bin";
+  // "Open MPI, several nodes", with a hostfile of this one node.
+  std::ofstream(dir_ + "/hosts") << "localhost slots=8\n";
+  auto env = kOmpiRoot;
+  Proc p(Concat({"mpirun.openmpi", "--mca", "btl", "self,tcp", "--mca", "btl_tcp_if_include", "lo",
+                 "-np", "4", "--hostfile", dir_ + "/hosts", "-x", "RDMAPS_NUM_SERVERS=2", "-x",
+                 "RDMAPS_RENDEZVOUS=127.0.0.1:" + std::to_string(FreePort()), kServer,
+                 "--tables=" + tables_, "--transport=tcp", "--"},
+                TinyTrain()),
+         env, Proc::kDefaultGuard, kForeign);
+  EXPECT_EQ(p.Wait(), 0) << p.out();
+  ExpectTrained(p.out(), 2);
+}
+
 // ---- Slurm -----------------------------------------------------------------
 
 // munged, slurmctld and slurmd for one node, in a temp dir; every Slurm
