@@ -437,6 +437,8 @@ class Slurm {
     const unsigned cpus = std::max(8u, std::thread::hardware_concurrency());
     std::ofstream(dir_ + "/slurm.conf")
         << "ClusterName=rdmapstest\n"
+        // Job ids (and so rendezvous ports) apart from another instance's.
+        << "FirstJobId=" << 1000 + getpid() % 100000 << "\n"
         << "SlurmctldHost=" << host << "(127.0.0.1)\n"
         << "SlurmctldPort=" << FreePort() << "\nSlurmdPort=" << FreePort() << "\n"
         << "AuthType=auth/munge\nCredType=cred/munge\n"
