@@ -218,4 +218,20 @@ TEST(LaunchFaultTest, MissingWorkerEndsAtTheStartupDeadlineNamingIt) {
   EXPECT_THAT(p.out(), HasSubstr("workers never connected: [2]"));
 }
 
+TEST(LaunchFaultTest, ServerRetriesAnUnresolvableOwnAddressUntilTheStartupDeadline) {
+  // A Kubernetes ps pod starts before its own headless-service name
+  // resolves: rdmaps-server must keep trying, not exit at once.
+  std::string dir = TempDir();
+  std::string tables = dir + "/tables.json";
+  std::ofstream(tables) << R"([{"name": "w", "rows": 8, "dim": 2}])";
+  Proc p({kServer, "--tables=" + tables, "--transport=tcp", "--startup_timeout_s=2"},
+         {{"TF_CONFIG", R"({"cluster": {"ps": ["rdmaps-ps-0.rdmaps.invalid:2222"],
+                                         "worker": ["rdmaps-worker-0.rdmaps.invalid:2222"]},
+                            "task": {"type": "ps", "index": "0"}})"}});
+  EXPECT_EQ(p.Wait(), 3) << p.out();
+  EXPECT_THAT(p.out(), HasSubstr("trying again until the start-up deadline"));
+  EXPECT_THAT(p.out(), ::testing::ContainsRegex("after ([2-9]|[1-9][0-9]+) attempts"));
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace
