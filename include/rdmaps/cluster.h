@@ -54,9 +54,11 @@ enum class Role : std::uint8_t {
   kServer,     // Holds parameter shards ("ps" in TensorFlow's words).
   kWorker,     // Trains; pulls and pushes.
   kScheduler,  // ps-lite's scheduler: hosts the rendezvous, then exits.
+  kEvaluator,  // TFJob's Evaluator replica (TF_CONFIG task type "evaluator"):
+               // not part of the training cluster; rdmaps' tools exit 0.
 };
 
-// "ps", "worker" or "scheduler".
+// "ps", "worker", "scheduler" or "evaluator".
 std::string_view RoleName(Role role);
 // Accepts "ps", "server", "worker", "chief", "scheduler" (any case).
 Result<Role> ParseRole(std::string_view text);
@@ -107,7 +109,8 @@ struct ClusterOptions {
   // Peers must present the same token in the rendezvous (and the transport
   // handshake). Empty: RDMAPS_JOB_TOKEN from the environment, if any.
   std::string job_token;
-  // Deadline of the whole rendezvous.
+  // Deadline of the whole rendezvous (RDMAPS_STARTUP_TIMEOUT_S, when set,
+  // stands in for it: see ClusterLayout::startup_timeout).
   std::chrono::milliseconds startup_timeout{60000};
 };
 
@@ -134,6 +137,13 @@ struct ClusterLayout {
   // Carried to the transport: RDMAPS_TRANSPORT and the job token, if set.
   std::string transport;
   std::string job_token;
+  // The start-up deadline of the job: RDMAPS_STARTUP_TIMEOUT_S (seconds;
+  // rdmaps-server and rdmaps-local give it to the workers they start, from
+  // their --startup_timeout_s) or else ClusterOptions.startup_timeout. The
+  // rendezvous (CompleteCluster) and ClientOptions::FromCluster's
+  // connect_timeout use it, so a worker waits for its servers as long as
+  // the servers wait for it.
+  std::chrono::milliseconds startup_timeout{0};
 
   // Rank-based and ps-lite sources before CompleteCluster.
   bool needs_rendezvous = false;
@@ -159,7 +169,7 @@ Result<ClusterLayout> ResolveCluster(const ClusterOptions& options, const Enviro
 // PermissionDenied on a job-token mismatch; FailedPrecondition on a protocol
 // version mismatch; InvalidArgument when ranks disagree on the job's shape.
 Result<ClusterLayout> CompleteCluster(ClusterLayout layout, std::string_view self_address,
-                              const ClusterOptions& options);
+                                      const ClusterOptions& options);
 
 // ResolveCluster then CompleteCluster with no address of its own: for workers.
 Result<ClusterLayout> ResolveWorkerCluster(const ClusterOptions& options, const Environment& env);

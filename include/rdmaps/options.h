@@ -109,8 +109,9 @@ struct ClientOptions {
 
   // The options a worker of a completed `layout` (role kWorker, after
   // CompleteCluster or ResolveWorkerCluster) connects with: the layout's
-  // transport (when it names one) and job token, worker_id, num_workers and
-  // servers. Every other field keeps its default.
+  // transport (when it names one) and job token, worker_id, num_workers,
+  // servers and, as connect_timeout, the layout's startup_timeout. Every
+  // other field keeps its default.
   static ClientOptions FromCluster(const ClusterLayout& layout);
 };
 

@@ -13,6 +13,7 @@
 
 #include "src/base/log.h"
 #include "src/cluster/host_lists.h"
+#include "src/cluster/interfaces.h"
 #include "src/cluster/rendezvous.h"
 
 extern char** environ;
@@ -23,6 +24,9 @@ namespace {
 
 using internal::MaybeCluster;
 using internal::Quote;
+
+// A week: RDMAPS_STARTUP_TIMEOUT_S beyond it is a typo.
+constexpr int kMaxStartupTimeoutS = 7 * 24 * 3600;
 
 std::string Lower(std::string_view s) {
   std::string out(s);
@@ -137,6 +141,8 @@ std::string_view RoleName(Role role) {
       return "worker";
     case Role::kScheduler:
       return "scheduler";
+    case Role::kEvaluator:
+      return "evaluator";
   }
   return "?";
 }
@@ -231,6 +237,26 @@ Status ValidateCluster(const ClusterLayout& layout) {
   };
   RDMAPS_RETURN_IF_ERROR(check(layout.servers, "ps"));
   RDMAPS_RETURN_IF_ERROR(check(layout.workers, "worker"));
+  // A loopback server address in a job that names other hosts: only the
+  // processes on that server's own node could reach it.
+  std::string other_host;
+  for (const auto* list : {&layout.servers, &layout.workers}) {
+    for (const std::string& a : *list) {
+      auto hp = ParseHostPort(a, src);
+      if (hp.ok() && !IsLoopbackHost(hp->host)) other_host = a;
+    }
+  }
+  if (!other_host.empty()) {
+    for (std::size_t i = 0; i < layout.servers.size(); ++i) {
+      auto hp = ParseHostPort(layout.servers[i], src);
+      if (hp.ok() && IsLoopbackHost(hp->host)) {
+        return InvalidArgumentError(
+            src + ": ps" + std::to_string(i) + " has the loopback address " +
+            Quote(layout.servers[i]) + " but the job spans other hosts (" + Quote(other_host) +
+            "), which cannot reach it; give every server an address the others can reach");
+      }
+    }
+  }
   return Status::OK();
 }
 
@@ -366,6 +392,7 @@ MaybeCluster ClusterFromTfConfig(const ClusterOptions& o, const Environment& env
     return Result<ClusterLayout>(
         InvalidArgumentError("TF_CONFIG task index " + std::to_string(index) + " is negative"));
   }
+  const int task_index = index;  // as given (a worker's is shifted past chief below)
   Role role;
   if (type == "ps") {
     role = Role::kServer;
@@ -375,26 +402,76 @@ MaybeCluster ClusterFromTfConfig(const ClusterOptions& o, const Environment& env
         j.at("cluster").at("chief").is_array()) {
       index += static_cast<int>(j.at("cluster").at("chief").size());  // chief is worker 0
     }
+  } else if (type == "evaluator") {
+    // TFJob's Evaluator: outside the cluster spec and the training.
+    role = Role::kEvaluator;
   } else {
-    return Result<ClusterLayout>(
-        InvalidArgumentError("TF_CONFIG task type " + Quote(type) +
-                             " is not one rdmaps runs; use \"ps\", \"worker\" or \"chief\""));
+    return Result<ClusterLayout>(InvalidArgumentError(
+        "TF_CONFIG task type " + Quote(type) +
+        " is not one rdmaps runs; use \"ps\", \"worker\", \"chief\" or \"evaluator\""));
   }
-  std::string detail = "task " + type + ":" + std::to_string(task.value("index", 0));
+  std::string detail = "task " + type + ":" + std::to_string(task_index);
   return FromClusterSpecJson(j.at("cluster"), role, index, o, src, detail);
 }
 
 namespace {
 
-// The host this process advertises in a rendezvous.
-std::string AdvertiseHost(const ClusterOptions& o, bool single_node, const std::string* node) {
-  if (!o.advertise_host.empty()) return o.advertise_host;
-  if (single_node) return "127.0.0.1";
-  if (node && !node->empty()) return *node;
-  return LocalHostName();
+// The host this process advertises in a rendezvous. In a job of several
+// nodes never a loopback address: with Debian's default /etc/hosts
+// ("127.0.1.1 hostname") the host name is one, so an interface's address
+// (RDMAPS_IFNAME, or NCCL's default choice) stands in for it.
+Result<std::string> AdvertiseHost(const ClusterOptions& o, const Environment& env, bool single_node,
+                                  const std::string* node) {
+  if (single_node) return o.advertise_host.empty() ? "127.0.0.1" : o.advertise_host;
+  if (!o.advertise_host.empty()) {
+    if (IsLoopbackAddress(o.advertise_host)) {
+      return InvalidArgumentError(
+          "advertise_host " + Quote(o.advertise_host) +
+          " is a loopback address, but the job spans several nodes and the others cannot "
+          "reach it; give an address of this host they can reach, or choose an interface "
+          "with RDMAPS_IFNAME (e.g. RDMAPS_IFNAME=eth0)");
+    }
+    return o.advertise_host;
+  }
+  const std::string* ifname = Find(env, "RDMAPS_IFNAME");
+  if (!ifname) {
+    if (node && !node->empty() && !IsLoopbackAddress(*node)) return *node;
+    const std::string host = LocalHostName();
+    if (!IsLoopbackAddress(host)) return host;
+  }
+  RDMAPS_ASSIGN_OR_RETURN(std::vector<NetInterface> interfaces, ListInterfaces());
+  auto chosen = ChooseInterfaceAddress(ifname ? *ifname : "", interfaces);
+  if (!chosen.ok()) {
+    return chosen.status().WithContext(
+        ifname ? std::string("choosing the address to advertise")
+               : "this host's name " + Quote(LocalHostName()) +
+                     " is a loopback address (/etc/hosts) and the job spans several nodes");
+  }
+  if (IsLoopbackAddress(*chosen)) {
+    return InvalidArgumentError("RDMAPS_IFNAME=" + Quote(ifname ? *ifname : "") +
+                                " chose the loopback address " + *chosen +
+                                ", but the job spans several nodes and the others "
+                                "cannot reach it; name another interface (e.g. ^lo)");
+  }
+  return *chosen;
 }
 
 }  // namespace
+
+int SlurmRendezvousPort(const Environment& env) {
+  std::uint64_t job = 0, step = 0;
+  if (const auto* id = Find(env, "SLURM_JOB_ID")) {
+    if (auto v = ParseCount("SLURM_JOB_ID", *id); v.ok()) job = static_cast<std::uint64_t>(*v);
+  }
+  const std::string* step_s = Find(env, "SLURM_STEP_ID");
+  if (!step_s) step_s = Find(env, "SLURM_STEPID");
+  if (step_s) {
+    if (auto v = ParseCount("SLURM_STEP_ID", *step_s); v.ok()) {
+      step = static_cast<std::uint64_t>(*v);
+    }
+  }
+  return kDefaultRendezvousPort + static_cast<int>((job * 97 + step) % 1000);
+}
 
 MaybeCluster ClusterFromDmlc(const ClusterOptions& o, const Environment& env) {
   const std::string* role_s = Find(env, "DMLC_ROLE");
@@ -443,7 +520,9 @@ MaybeCluster ClusterFromDmlc(const ClusterOptions& o, const Environment& env) {
   layout.needs_rendezvous = true;
   layout.rendezvous = o.rendezvous.empty() ? JoinHostPort(uri, *port) : o.rendezvous;
   layout.world_size = *ns + *nw;
-  layout.advertise_host = AdvertiseHost(o, IsLoopbackHost(uri), Find(env, "DMLC_NODE_HOST"));
+  auto advertise = AdvertiseHost(o, env, IsLoopbackHost(uri), Find(env, "DMLC_NODE_HOST"));
+  if (!advertise.ok()) return Result<ClusterLayout>(advertise.status().WithContext(src));
+  layout.advertise_host = std::move(*advertise);
   layout.listen_address = JoinHostPort(layout.advertise_host, 0);
   return Result<ClusterLayout>(std::move(layout));
 }
@@ -469,6 +548,13 @@ MaybeCluster ClusterFromRanks(const ClusterOptions& o, const Environment& env) {
       l = &c;
       break;
     }
+  }
+  // srun's own PMI (--mpi=pmi2, or MpiDefault=pmi2) sets PMI_RANK/PMI_SIZE
+  // too, but not MPI_LOCALNRANKS, which MPICH's mpiexec (hydra) always
+  // sets: those ranks are Slurm's, and Slurm knows the node list.
+  if (l && std::string_view(l->name) == "MPICH" && Find(env, "SLURM_PROCID") &&
+      Find(env, "SLURM_NTASKS") && !Find(env, "MPI_LOCALNRANKS")) {
+    l = &kLaunchers[3];
   }
   if (!l) return std::nullopt;
   const std::string src = l->name;
@@ -525,12 +611,9 @@ MaybeCluster ClusterFromRanks(const ClusterOptions& o, const Environment& env) {
     single_node = nodes->size() == 1;
     node_name = Find(env, "SLURMD_NODENAME");
     if (rendezvous.empty()) {
-      int port = kDefaultRendezvousPort;
-      // Spread concurrent jobs whose first node is the same over ports.
-      if (const auto* id = Find(env, "SLURM_JOB_ID")) {
-        auto v = ParseCount("SLURM_JOB_ID", *id);
-        if (v.ok()) port += *v % 1000;
-      }
+      // Spread concurrent jobs whose first node is the same, and concurrent
+      // steps of one job (srun ... & srun ... &), over ports.
+      int port = SlurmRendezvousPort(env);
       rendezvous = JoinHostPort(single_node ? "127.0.0.1" : nodes->front(), port);
     }
     detail += " nodes=" + *list;
@@ -573,7 +656,9 @@ MaybeCluster ClusterFromRanks(const ClusterOptions& o, const Environment& env) {
   layout.index = *rank < servers ? *rank : *rank - servers;
   layout.needs_rendezvous = true;
   layout.rendezvous = rendezvous;
-  layout.advertise_host = AdvertiseHost(o, single_node, node_name);
+  auto advertise = AdvertiseHost(o, env, single_node, node_name);
+  if (!advertise.ok()) return Result<ClusterLayout>(advertise.status().WithContext(src));
+  layout.advertise_host = std::move(*advertise);
   layout.listen_address = JoinHostPort(layout.advertise_host, 0);
   if (!rendezvous.starts_with("file:")) {
     auto hp = ParseHostPort(rendezvous, "--rendezvous");
@@ -622,6 +707,16 @@ Result<ClusterLayout> ResolveCluster(const ClusterOptions& options, const Enviro
   if (layout.job_token.empty()) {
     if (const auto* t = Find(env, "RDMAPS_JOB_TOKEN")) layout.job_token = *t;
   }
+  layout.startup_timeout = options.startup_timeout;
+  if (const auto* t = Find(env, "RDMAPS_STARTUP_TIMEOUT_S")) {
+    auto v = internal::ParseCount("RDMAPS_STARTUP_TIMEOUT_S", *t);
+    if (!v.ok() || *v < 1 || *v > kMaxStartupTimeoutS) {
+      return InvalidArgumentError("RDMAPS_STARTUP_TIMEOUT_S=" + Quote(*t) +
+                                  " is not a number of seconds in 1.." +
+                                  std::to_string(kMaxStartupTimeoutS));
+    }
+    layout.startup_timeout = std::chrono::seconds(*v);
+  }
   RDMAPS_LOG(INFO) << "rdmaps layout: using " << layout.source << " (" << layout.source_detail
                    << "): " << layout.name() << " of " << layout.num_servers << " ps + "
                    << layout.num_workers << " workers"
@@ -635,7 +730,9 @@ Result<ClusterLayout> CompleteCluster(ClusterLayout layout, std::string_view sel
   RDMAPS_ASSIGN_OR_RETURN(
       internal::RendezvousResult r,
       internal::RunRendezvous(layout, self_address,
-                              std::chrono::steady_clock::now() + options.startup_timeout));
+                              std::chrono::steady_clock::now() + (layout.startup_timeout.count() > 0
+                                                                      ? layout.startup_timeout
+                                                                      : options.startup_timeout)));
   layout.role = r.role;
   layout.index = r.index;
   layout.servers = std::move(r.servers);

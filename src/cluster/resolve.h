@@ -27,6 +27,12 @@ MaybeCluster ClusterFromDmlc(const ClusterOptions& options, const Environment& e
 MaybeCluster ClusterFromRanks(const ClusterOptions& options, const Environment& env);
 ClusterLayout LoopbackCluster(const ClusterOptions& options);
 
+// Where a Slurm job's rendezvous root listens when nothing says:
+// kDefaultRendezvousPort + a mix of SLURM_JOB_ID and SLURM_STEP_ID in
+// [0, 1000), so that two steps of one allocation (or two jobs) on the same
+// first node do not meet at one port.
+int SlurmRendezvousPort(const Environment& env);
+
 // Checks counts, index range and duplicate addresses (entries with port 0
 // are exempt: a worker does not listen).
 Status ValidateCluster(const ClusterLayout& layout);

@@ -159,6 +159,13 @@ class ClientImpl final : public Client {
   std::uint64_t clock() const override { return stats_.Get().clock; }
 
   transport::Endpoint* TEST_endpoint() const { return endpoint_.get(); }
+  void TEST_Abandon() {
+    MutexLock lock(mu_);
+    closed_ = true;
+    for (ServerLink& s : links_.servers()) {
+      if (s.conn) s.conn->Close();
+    }
+  }
 
  private:
   // --- setup
@@ -223,6 +230,11 @@ class ClientImpl final : public Client {
   std::vector<UserBuffer> user_buffers_ RDMAPS_GUARDED_BY(mu_);
   std::uint64_t clock_ RDMAPS_GUARDED_BY(mu_) = 0;
   bool closed_ RDMAPS_GUARDED_BY(mu_) = false;
+  // Init() succeeded. A client whose Connect failed part-way (a server not
+  // up, a refused handshake, tables that do not match) has links without
+  // connections or buffers: it closes what it opened and says no goodbye,
+  // so a server it reached counts it as gone without closing, not done.
+  bool connected_ RDMAPS_GUARDED_BY(mu_) = false;
 
   // Async executor.
   Mutex exec_mu_;
@@ -254,6 +266,7 @@ Status ClientImpl::Init() {
   MutexLock lock(mu_);  // no other thread has the client yet; for the analysis
   RDMAPS_RETURN_IF_ERROR(ConnectAll(deadline));
   RDMAPS_RETURN_IF_ERROR(ReadDirectories(deadline));
+  connected_ = true;
   return Status::OK();
 }
 
@@ -597,6 +610,15 @@ Status ClientImpl::Barrier() {
     op = Op::CompareSwap(result, s.ctrl_mr.get(), atomics_.addr, atomics_.rkey, 0, 0);
     RDMAPS_RETURN_IF_ERROR(links_.Exec(s, {&op, 1}, deadline));
     if (*result >= target) break;
+    // Server 0's control block says whether a worker died (and so will
+    // never arrive): one READ beside each atomic read.
+    RDMAPS_RETURN_IF_ERROR(links_.ReadControl({0}, deadline));
+    if (Status died = links_.CheckNoneDied(
+            {0}, internal::kClockDone, "Barrier of worker " + std::to_string(options_.worker_id));
+        !died.ok()) {
+      stats_.AddBlocked(SteadyClock::now() - start);
+      return died;
+    }
     if (SteadyClock::now() >= deadline) {
       stats_.AddBlocked(SteadyClock::now() - start);
       return TimedOutError("Barrier: worker " + std::to_string(options_.worker_id) + " waited " +
@@ -615,7 +637,7 @@ Status ClientImpl::Close() {
   if (closed_) return Status::OK();
   closed_ = true;
   Status st;
-  if (links_.broken().ok()) {
+  if (connected_ && links_.broken().ok()) {
     st = push_.SendControlSlot(SlotKind::kBye, clock_,
                                SteadyClock::now() + std::chrono::seconds(10));
   }
@@ -681,6 +703,7 @@ namespace internal {
 transport::Endpoint* TEST_ClientEndpoint(Client& client) {
   return static_cast<ClientImpl&>(client).TEST_endpoint();
 }
+void TEST_Abandon(Client& client) { static_cast<ClientImpl&>(client).TEST_Abandon(); }
 }  // namespace internal
 
 Result<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {

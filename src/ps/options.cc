@@ -29,6 +29,7 @@ ClientOptions ClientOptions::FromCluster(const ClusterLayout& layout) {
   options.worker_id = static_cast<std::uint32_t>(layout.index);
   options.num_workers = static_cast<std::uint32_t>(layout.num_workers);
   options.servers = layout.servers;
+  if (layout.startup_timeout.count() > 0) options.connect_timeout = layout.startup_timeout;
   return options;
 }
 

@@ -80,6 +80,7 @@ struct WorkerState {  // apply thread only, except where noted
   std::uint64_t next_seq = 1;
   std::uint64_t clock = 0;
   bool done = false;
+  bool died = false;  // disconnected without a goodbye
 };
 
 class ServerImpl final : public Server {
@@ -471,6 +472,10 @@ void ServerImpl::PublishControl() {
     ControlWorker& cw = control_scratch_[w];
     cw.clock = workers_[w].done ? internal::kClockDone : workers_[w].clock;
     cw.applied_seq = workers_[w].next_seq - 1;
+    cw.state = static_cast<std::uint32_t>(workers_[w].done   ? internal::WorkerLiveness::kClosed
+                                          : workers_[w].died ? internal::WorkerLiveness::kDied
+                                                             : internal::WorkerLiveness::kActive);
+    cw.epoch = 0;
     head.min_clock = std::min(head.min_clock, cw.clock);
   }
   {
@@ -515,6 +520,7 @@ void ServerImpl::ApplyLoop() {
             if (workers_[w].done) {
               ++stats_.workers_done;
             } else {
+              workers_[w].died = true;  // published by the PublishControl below
               stats_.dead_workers.push_back(w);
               RDMAPS_LOG(WARNING) << "ps server " << options_.server_index << ": worker " << w
                                   << " disconnected without Close() (crashed or killed?) at clock "

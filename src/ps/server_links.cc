@@ -167,6 +167,23 @@ Status ServerLinks::Connect(transport::Endpoint& endpoint,
   return Status::OK();
 }
 
+Status ServerLinks::CheckNoneDied(const std::vector<std::uint32_t>& servers, std::uint64_t required,
+                                  const std::string& what) const {
+  for (std::uint32_t i : servers) {
+    const ServerLink& s = servers_[i];
+    for (std::uint32_t w = 0; w < s.clocks.size(); ++w) {
+      const ControlWorker& cw = s.clocks[w];
+      if (cw.state == static_cast<std::uint32_t>(WorkerLiveness::kDied) && cw.clock < required) {
+        return UnavailableError("worker " + std::to_string(w) + " died: its connection to " +
+                                ServerName(s) + " dropped without Close() at clock " +
+                                std::to_string(cw.clock) + " (crashed or killed?); " + what +
+                                " cannot go on without it");
+      }
+    }
+  }
+  return Status::OK();
+}
+
 Status ServerLinks::WaitForClocks(std::uint64_t required, const std::vector<std::uint32_t>& servers,
                                   std::uint64_t clock, const std::function<std::string()>& why,
                                   Deadline deadline) {
@@ -187,6 +204,13 @@ Status ServerLinks::WaitForClocks(std::uint64_t required, const std::vector<std:
     RDMAPS_RETURN_IF_ERROR(ReadControl(p, deadline));
     p = pending();
     if (p.empty()) break;
+    if (Status died = CheckNoneDied(p, required,
+                                    "worker " + std::to_string(worker_id_) + " at clock " +
+                                        std::to_string(clock) + " " + why());
+        !died.ok()) {
+      stats_->AddBlocked(SteadyClock::now() - start);
+      return died;
+    }
     if (!waited) {
       waited = true;
       stats_->Update([](ClientStats& st) { ++st.pull_waits; });

@@ -142,10 +142,16 @@ class ServerLinks {
   Status ReadControl(const std::vector<std::uint32_t>& servers, transport::Deadline deadline);
   // Takes the control block in s.ctrl; false when it is torn.
   bool ParseControl(ServerLink& s);
+  // Unavailable naming the first worker that the control blocks of
+  // `servers` (as last read) say died below clock `required`: it can never
+  // get there, so a wait for it is over. `what` says who waits for what.
+  Status CheckNoneDied(const std::vector<std::uint32_t>& servers, std::uint64_t required,
+                       const std::string& what) const;
   // Polls the control blocks of `servers` until every worker's clock there
   // is >= required and each has applied this worker's pushes. TimedOut
   // naming the laggards (`why` says what waits, this worker being at
-  // `clock`) at the deadline.
+  // `clock`) at the deadline; Unavailable naming a worker that died below
+  // `required`, at the first poll that sees it.
   Status WaitForClocks(std::uint64_t required, const std::vector<std::uint32_t>& servers,
                        std::uint64_t clock, const std::function<std::string()>& why,
                        transport::Deadline deadline);

@@ -12,6 +12,9 @@ namespace rdmaps::internal {
 
 transport::Endpoint* TEST_ServerEndpoint(Server& server);
 transport::Endpoint* TEST_ClientEndpoint(Client& client);
+// Closes the client's connections without a goodbye, as a process that
+// crashed would; the client is closed afterwards.
+void TEST_Abandon(Client& client);
 
 // Sets every float of `row` (a row this server owns) to `value` and bumps its
 // version, exactly as the apply thread writes a row: data first, then header.

@@ -73,7 +73,11 @@
 // ControlHead::min_clock = min_w clock (a worker that said goodbye counts as
 // kClockDone). A pull at clock c with staleness s needs min_clock >= c - s on
 // every server it reads from, and applied_seq[me] >= the seq it last pushed
-// there (read-my-writes).
+// there (read-my-writes). ControlWorker::state says whether w is connected,
+// closed (said goodbye) or died (its connection dropped without a goodbye):
+// a worker waiting for a clock that a died worker never reaches fails at
+// its next poll naming that worker instead of waiting out its deadline.
+// `epoch` is 0 (reserved for membership changes: a worker that rejoins).
 //
 // == Barrier ==
 // Server 0's atomics region holds a u64 counter touched only by transport
@@ -95,7 +99,7 @@ static_assert(std::endian::native == std::endian::little,
 inline constexpr std::uint32_t kHelloMagic = 0x50414d52;      // "RMAP"
 inline constexpr std::uint32_t kBootstrapMagic = 0x544f4f42;  // "BOOT"
 inline constexpr std::uint32_t kDirectoryMagic = 0x52494452;  // "RDIR"
-inline constexpr std::uint32_t kLayoutVersion = 3;
+inline constexpr std::uint32_t kLayoutVersion = 4;
 inline constexpr std::uint32_t kBootstrapImm = 0x80000000u;
 inline constexpr std::size_t kBootstrapSlotBytes = 64;
 inline constexpr std::size_t kCacheLine = 64;
@@ -339,11 +343,20 @@ struct ControlHead {
 };
 static_assert(std::is_trivially_copyable_v<ControlHead> && sizeof(ControlHead) == 16);
 
+// ControlWorker::state.
+enum class WorkerLiveness : std::uint32_t {
+  kActive = 0,  // connected, or not yet connected
+  kClosed = 1,  // said goodbye (Close)
+  kDied = 2,    // its connection dropped without a goodbye
+};
+
 struct ControlWorker {
   std::uint64_t clock;        // Clock() markers applied (kClockDone after goodbye)
   std::uint64_t applied_seq;  // last push seq applied
+  std::uint32_t state;        // WorkerLiveness
+  std::uint32_t epoch;        // 0; reserved for membership changes
 };
-static_assert(std::is_trivially_copyable_v<ControlWorker> && sizeof(ControlWorker) == 16);
+static_assert(std::is_trivially_copyable_v<ControlWorker> && sizeof(ControlWorker) == 24);
 
 inline std::size_t ControlPayloadBytes(std::uint32_t num_workers) {
   return sizeof(ControlHead) + num_workers * sizeof(ControlWorker);

@@ -2,8 +2,8 @@
 // of this test, running cluster_test_worker (which checks that every push
 // arrived exactly once), and the fault drills: a worker killed, a server
 // killed, a worker that never starts. Every child runs under a hang guard
-// (kKill): a launch that does not end is killed and the test fails; nothing
-// here measures time.
+// (tests/cluster/proc.h): a launch that does not end is killed and the test
+// fails; nothing here measures time.
 #include <fcntl.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -24,103 +24,22 @@
 #include <string>
 #include <vector>
 
+#include "tests/cluster/proc.h"
+
 namespace {
 
 using ::testing::HasSubstr;
-using Clock = std::chrono::steady_clock;
+using rdmaps::testing::Proc;
 
 const std::string kLocal = RDMAPS_LOCAL_BIN;
 const std::string kServer = RDMAPS_SERVER_BIN;
 const std::string kWorker = CLUSTER_TEST_WORKER_BIN;
-// Hang guard for one launch; far above what any of them needs.
-constexpr auto kKill = std::chrono::seconds(60);
 
 int CountOf(const std::string& text, const std::string& what) {
   int n = 0;
   for (auto p = text.find(what); p != std::string::npos; p = text.find(what, p + 1)) ++n;
   return n;
 }
-
-// A child process with its stdout+stderr captured.
-class Proc {
- public:
-  Proc(std::vector<std::string> argv, std::map<std::string, std::string> env = {}) {
-    int fds[2];
-    EXPECT_EQ(pipe2(fds, O_CLOEXEC), 0);
-    pid_ = fork();
-    if (pid_ == 0) {
-      setpgid(0, 0);
-      dup2(fds[1], 1);
-      dup2(fds[1], 2);
-      for (const auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);
-      std::vector<char*> args;
-      for (auto& a : argv) args.push_back(a.data());
-      args.push_back(nullptr);
-      execvp(args[0], args.data());
-      _exit(127);
-    }
-    close(fds[1]);
-    fd_ = fds[0];
-    kill_at_ = Clock::now() + kKill;
-  }
-  ~Proc() {
-    if (!status_) {
-      kill(-pid_, SIGKILL);
-      waitpid(pid_, nullptr, 0);
-    }
-    if (fd_ >= 0) close(fd_);
-  }
-
-  // Reads output until `pattern` appears (true) or the output ends (false).
-  bool WaitFor(const std::string& pattern) {
-    while (out_.find(pattern) == std::string::npos) {
-      if (!ReadSome()) return false;
-    }
-    return true;
-  }
-
-  // Reads to EOF and reaps; the exit code (128+N for signal N).
-  int Wait() {
-    while (ReadSome()) {
-    }
-    int status = 0;
-    waitpid(pid_, &status, 0);
-    status_ = status;
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  }
-
-  const std::string& out() const { return out_; }
-  pid_t pid() const { return pid_; }
-
- private:
-  bool ReadSome() {
-    if (fd_ < 0) return false;
-    auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(kill_at_ - Clock::now());
-    pollfd p{fd_, POLLIN, 0};
-    if (ms.count() <= 0 || poll(&p, 1, static_cast<int>(ms.count())) <= 0) {
-      ADD_FAILURE() << "hang guard: killing the launch; output so far:\n" << out_;
-      kill(-pid_, SIGKILL);
-      close(fd_);
-      fd_ = -1;
-      return false;
-    }
-    char buf[4096];
-    ssize_t n = read(fd_, buf, sizeof(buf));
-    if (n <= 0) {
-      close(fd_);
-      fd_ = -1;
-      return false;
-    }
-    out_.append(buf, static_cast<std::size_t>(n));
-    return true;
-  }
-
-  pid_t pid_ = -1;
-  int fd_ = -1;
-  std::string out_;
-  std::optional<int> status_;
-  Clock::time_point kill_at_;
-};
 
 std::string TempDir() {
   std::string tmpl = ::testing::TempDir() + "rdmaps_launch_XXXXXX";
@@ -297,6 +216,22 @@ TEST(LaunchFaultTest, MissingWorkerEndsAtTheStartupDeadlineNamingIt) {
   EXPECT_THAT(p.out(), HasSubstr("worker2 not started (--omit_worker)"));
   EXPECT_THAT(p.out(), HasSubstr("2 of 3 workers connected"));
   EXPECT_THAT(p.out(), HasSubstr("workers never connected: [2]"));
+}
+
+TEST(LaunchFaultTest, ServerRetriesAnUnresolvableOwnAddressUntilTheStartupDeadline) {
+  // A Kubernetes ps pod starts before its own headless-service name
+  // resolves: rdmaps-server must keep trying, not exit at once.
+  std::string dir = TempDir();
+  std::string tables = dir + "/tables.json";
+  std::ofstream(tables) << R"([{"name": "w", "rows": 8, "dim": 2}])";
+  Proc p({kServer, "--tables=" + tables, "--transport=tcp", "--startup_timeout_s=2"},
+         {{"TF_CONFIG", R"({"cluster": {"ps": ["rdmaps-ps-0.rdmaps.invalid:2222"],
+                                         "worker": ["rdmaps-worker-0.rdmaps.invalid:2222"]},
+                            "task": {"type": "ps", "index": "0"}})"}});
+  EXPECT_EQ(p.Wait(), 3) << p.out();
+  EXPECT_THAT(p.out(), HasSubstr("trying again until the start-up deadline"));
+  EXPECT_THAT(p.out(), ::testing::ContainsRegex("after ([2-9]|[1-9][0-9]+) attempts"));
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

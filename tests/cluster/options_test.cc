@@ -32,7 +32,8 @@ TEST(OptionsFromClusterTest, ClientTakesTheWorkersPlaceInTheLayout) {
   EXPECT_THAT(o.servers, ElementsAre("127.0.0.1:4001", "127.0.0.1:4002"));
   const ClientOptions defaults;
   EXPECT_TRUE(o.tables.empty());
-  EXPECT_EQ(o.connect_timeout, defaults.connect_timeout);
+  // A worker waits for its servers as long as the job's start-up lasts.
+  EXPECT_EQ(o.connect_timeout, ClusterOptions{}.startup_timeout);
   EXPECT_EQ(o.wait_timeout, defaults.wait_timeout);
   EXPECT_EQ(o.staging_bytes, defaults.staging_bytes);
   EXPECT_EQ(o.transport.op_timeout, defaults.transport.op_timeout);

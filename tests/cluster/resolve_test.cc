@@ -311,8 +311,8 @@ TEST(TfConfigLayoutTest, Malformed) {
   ExpectInvalid(
       ResolveCluster({}, {{"TF_CONFIG",
                           R"({"cluster": {"ps": ["a:1"], "worker": ["b:1"]},
-                              "task": {"type": "evaluator", "index": 0}})"}}),
-      "task type 'evaluator'");
+                              "task": {"type": "master", "index": 0}})"}}),
+      "task type 'master'");
   ExpectInvalid(
       ResolveCluster({}, {{"TF_CONFIG",
                           R"({"cluster": {"ps": ["a:1"], "worker": ["b:1"]},
@@ -464,7 +464,8 @@ TEST(RankLayoutTest, SlurmRootIsTheFirstNode) {
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->source, "Slurm");
   EXPECT_EQ(r->role, Role::kServer);
-  EXPECT_EQ(r->rendezvous, "node01:" + std::to_string(kDefaultRendezvousPort + 345));
+  // (12345 x 97 + step 0) mod 1000 = 465.
+  EXPECT_EQ(r->rendezvous, "node01:" + std::to_string(kDefaultRendezvousPort + 465));
   EXPECT_EQ(r->advertise_host, "node01");
   EXPECT_EQ(r->listen_address, "node01:0");
 }

@@ -14,8 +14,8 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <ctime>
 #include <cstdio>
+#include <ctime>
 #include <thread>
 #include <vector>
 
@@ -80,7 +80,6 @@ int main(int argc, char** argv) {
 
   ClientOptions co = ClientOptions::FromCluster(*layout);  // tcp unless the layout says
   co.tables = tables;
-  co.connect_timeout = std::chrono::milliseconds(FLAGS_timeout_ms);
   co.wait_timeout = std::chrono::milliseconds(FLAGS_timeout_ms);
   auto client = Client::Connect(co);
   if (!client.ok()) return Fail(client.status(), "connecting");

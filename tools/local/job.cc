@@ -206,7 +206,12 @@ int Job::Pump(Clock::time_point until) {
 
 void Job::Reap() {
   // Children that failed together (reaped in one batch): a server's failure
-  // is the cause of its workers', so it wins.
+  // is the cause of its workers', so it wins - unless it is rdmaps-server's
+  // "workers died" (exit 4), which is a worker's failure seen from the server.
+  constexpr int kServerExitWorkersDied = 4;
+  auto is_cause = [&](const Child& c) {
+    return c.server && *c.exit_code != kServerExitWorkersDied;
+  };
   Child* first = nullptr;
   for (auto& owned : children_) {
     Child& c = *owned;
@@ -218,13 +223,13 @@ void Job::Reap() {
     c.exit_code = ExitCodeOf(status);
     c.how = Describe(status);
     Say(c.name + " (pid " + std::to_string(c.pid) + ") " + c.how);
-    if (c.exit_code != 0 && (!first || (c.server && !first->server))) first = &c;
+    if (c.exit_code != 0 && (!first || (is_cause(c) && !is_cause(*first)))) first = &c;
   }
   if (!first || stopping_) return;
   // A server's failure that follows a worker's within kSettle is taken as
-  // its cause.
+  // its cause (exit 4 excepted, as above).
   const bool replace =
-      failure_ && first->server && !failure_->server && Clock::now() < failure_->at + kSettle;
+      failure_ && is_cause(*first) && !failure_->server && Clock::now() < failure_->at + kSettle;
   if (!failure_ || replace) {
     const Clock::time_point at = replace ? failure_->at : Clock::now();
     failure_ = Failure{*first->exit_code, first->name + " " + first->how, first->server, at};

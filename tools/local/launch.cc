@@ -267,6 +267,8 @@ class Launcher {
       }
       ChildSpec spec{.name = name, .argv = o_.command, .env = BaseEnv()};
       AddLayoutEnv(o_, spec.env, false, w, ps_, token_);
+      // The worker's rendezvous and connect deadline (ClusterLayout).
+      spec.env["RDMAPS_STARTUP_TIMEOUT_S"] = std::to_string(o_.startup_timeout.count());
       auto id = job_.Spawn(spec);
       if (!id.ok()) {
         job_.Say(id.status().ToString());

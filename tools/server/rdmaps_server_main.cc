@@ -166,7 +166,14 @@ std::vector<std::string> g_worker_command;
   std::vector<char*> argv;
   for (auto& a : g_worker_command) argv.push_back(a.data());
   argv.push_back(nullptr);
-  // The worker inherits this environment and resolves the same layout.
+  // The worker inherits this environment and resolves the same layout: what
+  // this process was told by flags goes with it as the variables that stand
+  // in for them (so `--num_servers=2 -- ./my_worker` needs nothing more).
+  if (layout.needs_rendezvous) {
+    setenv("RDMAPS_NUM_SERVERS", std::to_string(layout.num_servers).c_str(), 1);
+    setenv("RDMAPS_RENDEZVOUS", layout.rendezvous.c_str(), 1);
+  }
+  setenv("RDMAPS_STARTUP_TIMEOUT_S", std::to_string(FLAGS_startup_timeout_s).c_str(), 1);
   sigset_t none;
   sigemptyset(&none);
   pthread_sigmask(SIG_SETMASK, &none, nullptr);
@@ -229,6 +236,12 @@ int RealMain(SignalThread& signals) {
     return 0;
   }
   if (layout.role == Role::kWorker) ExecWorker(layout);
+  if (layout.role == Role::kEvaluator) {
+    if (!g_worker_command.empty()) ExecWorker(layout);
+    LOG(INFO) << layout.name() << ": an evaluator is not part of the training cluster; "
+              << "nothing to serve, exiting";
+    return 0;
+  }
   if (layout.role == Role::kScheduler) {
     auto done = rdmaps::CompleteCluster(layout, "", lo);
     if (!done.ok()) {
@@ -292,7 +305,32 @@ int RealMain(SignalThread& signals) {
     layout = std::move(*done);
   }
   so.server_index = static_cast<std::uint32_t>(layout.index);
+  // Unavailable (the listen host does not resolve yet - a Kubernetes pod's
+  // own headless-service name appears some seconds after the pod starts -
+  // or its address is not up yet): try again until the start-up deadline.
   auto started = rdmaps::Server::Start(so);
+  auto stop_pending = [] {  // the signal thread starts with the server
+    sigset_t pending;
+    return sigpending(&pending) == 0 &&
+           (sigismember(&pending, SIGTERM) == 1 || sigismember(&pending, SIGINT) == 1);
+  };
+  for (int attempt = 1; !started.ok() &&
+                        started.status().code() == rdmaps::StatusCode::kUnavailable &&
+                        !stop_pending();
+       ++attempt) {
+    if (std::chrono::steady_clock::now() >= startup_deadline) {
+      LOG(ERROR) << layout.name() << ": cannot listen on " << so.listen_address << " after "
+                 << attempt << " attempts within the start-up deadline ("
+                 << FLAGS_startup_timeout_s << " s): " << started.status();
+      return kExitStartup;
+    }
+    if (attempt == 1) {
+      LOG(WARNING) << layout.name() << ": cannot listen on " << so.listen_address << " yet ("
+                   << started.status() << "); trying again until the start-up deadline";
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(250));
+    started = rdmaps::Server::Start(so);
+  }
   if (!started.ok()) {
     LOG(ERROR) << layout.name() << ": cannot start: " << started.status();
     return started.status().code() == rdmaps::StatusCode::kInvalidArgument ? kExitConfig
@@ -300,7 +338,19 @@ int RealMain(SignalThread& signals) {
   }
   server = std::move(*started);
   rdmaps::Server* raw = server.get();
+  // Until the rendezvous is done nothing was served: a signal ends the
+  // process at once (the rendezvous cannot be interrupted, and a launcher
+  // stopping a failed job should not have to wait for its deadline).
+  static std::atomic<bool> in_rendezvous{false};
+  in_rendezvous.store(layout.needs_rendezvous);
   signals.Start([raw](int sig) {
+    if (in_rendezvous.load()) {
+      LOG(WARNING) << "received " << (sig == SIGTERM ? "SIGTERM" : "SIGINT")
+                   << " during the start-up rendezvous; exiting";
+      google::FlushLogFiles(google::GLOG_INFO);
+      std::fflush(nullptr);
+      std::_Exit(128 + sig);
+    }
     LOG(INFO) << "received " << (sig == SIGTERM ? "SIGTERM" : "SIGINT")
               << ": draining and stopping";
     raw->Stop();
@@ -312,6 +362,7 @@ int RealMain(SignalThread& signals) {
   } join_signals{signals};
   if (layout.needs_rendezvous) {
     auto done = rdmaps::CompleteCluster(layout, server->address(), lo);
+    in_rendezvous.store(false);
     if (!done.ok()) {
       LOG(ERROR) << done.status();
       return kExitStartup;

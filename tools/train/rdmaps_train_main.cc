@@ -69,7 +69,9 @@ DEFINE_string(transport, "",
               "--inproc_* defaults to tcp)");
 DEFINE_int32(inproc_servers, 0, "run this many servers as threads of this process");
 DEFINE_int32(inproc_workers, 0, "run this many workers as threads of this process");
-DEFINE_int32(wait_timeout_ms, 60000, "connect, pull (staleness) and barrier deadline");
+DEFINE_int32(wait_timeout_ms, 60000,
+             "pull (staleness) and barrier deadline; also the start-up (rendezvous and "
+             "connect) deadline unless the launcher sets RDMAPS_STARTUP_TIMEOUT_S");
 DEFINE_bool(print_tables, false, "print the model's tables as JSON and exit");
 
 namespace rdmaps::train {
@@ -306,6 +308,11 @@ Status Run() {
   if (layout.role == Role::kServer) {
     return Serve(lo, std::move(layout), transport, tables);
   }
+  if (layout.role == Role::kEvaluator) {
+    std::printf("%s: an evaluator is not part of the training cluster; nothing to do\n",
+                layout.name().c_str());
+    return Status::OK();
+  }
   RDMAPS_ASSIGN_OR_RETURN(layout, CompleteCluster(std::move(layout), "", lo));
   if (layout.role == Role::kScheduler) return Status::OK();  // The rendezvous is done.
   LOG(INFO) << "worker " << layout.index << " of " << layout.num_workers << ", "
@@ -314,7 +321,7 @@ Status Run() {
   co.transport.transport = transport;
   co.tables = tables;
   co.staleness_override = staleness;
-  co.connect_timeout = std::chrono::milliseconds(FLAGS_wait_timeout_ms);
+  // connect_timeout: the layout's start-up deadline (FromCluster).
   co.wait_timeout = std::chrono::milliseconds(FLAGS_wait_timeout_ms);
   RDMAPS_ASSIGN_OR_RETURN(std::unique_ptr<PsStore> store, PsStore::Connect(co, spec));
   o.worker_index = layout.index;
