@@ -129,6 +129,7 @@ class ClientImpl final : public Client {
   Status RegisterBuffer(std::span<float> buffer) override;
   Status UnregisterBuffer(std::span<float> buffer) override;
   Result<std::uint64_t> Clock() override;
+  Status Flush() override;
   Status Barrier() override;
   Status Close() override;
 
@@ -153,6 +154,25 @@ class ClientImpl final : public Client {
   void PushAsync(std::uint32_t table, RowRange range, std::span<const float> grads,
                  Callback done) override {
     Submit([=, this] { return Push(table, range, grads); }, std::move(done));
+  }
+  void PullAsync(std::uint32_t table, std::span<const std::uint64_t> rows, std::span<float> out,
+                 Callback done) override {
+    Submit([=, this] { return Pull(table, rows, out); }, std::move(done));
+  }
+  void PushAsync(std::uint32_t table, std::span<const std::uint64_t> rows,
+                 std::span<const float> grads, Callback done) override {
+    Submit([=, this] { return Push(table, rows, grads); }, std::move(done));
+  }
+  Handle PushPullAsync(std::uint32_t table, RowRange range, std::span<const float> grads,
+                       std::span<float> out) override {
+    return Submit([=, this] { return PushPull(table, range, grads, out); }, nullptr);
+  }
+  void PushPullAsync(std::uint32_t table, RowRange range, std::span<const float> grads,
+                     std::span<float> out, Callback done) override {
+    Submit([=, this] { return PushPull(table, range, grads, out); }, std::move(done));
+  }
+  Handle FlushAsync() override {
+    return Submit([this] { return Flush(); }, nullptr);
   }
 
   ClientStats stats() const override { return stats_.Get(); }
@@ -192,6 +212,8 @@ class ClientImpl final : public Client {
                   std::span<float> out) RDMAPS_REQUIRES(mu_);
   Status WaitReadable(const RemoteTable& t, const std::vector<std::uint32_t>& servers,
                       Deadline deadline) RDMAPS_REQUIRES(mu_);
+  // Flush() under mu_, bounded by `deadline`.
+  Status FlushLocked(Deadline deadline) RDMAPS_REQUIRES(mu_);
 
   // The registered caller buffer holding [p, p + bytes), or null.
   const transport::MemoryRegion* FindRegistered(const void* p, std::size_t bytes) const
@@ -579,10 +601,30 @@ Result<std::uint64_t> ClientImpl::Clock() {
   return clock_;
 }
 
+Status ClientImpl::FlushLocked(Deadline deadline) {
+  // Every server this worker pushed to has applied up to pushed_seq: the
+  // control block is published after the rows (and their seals) changed, so
+  // any READ posted after we saw it returns the new rows.
+  std::vector<std::uint32_t> all(links_.size());
+  for (std::uint32_t i = 0; i < all.size(); ++i) all[i] = i;
+  return links_.WaitForClocks(
+      0, all, clock_, [] { return std::string("flushing its pushes"); }, deadline);
+}
+
+Status ClientImpl::Flush() {
+  MutexLock lock(mu_);
+  RDMAPS_RETURN_IF_ERROR(Usable());
+  return FlushLocked(CallDeadline());
+}
+
 Status ClientImpl::Barrier() {
   MutexLock lock(mu_);
   RDMAPS_RETURN_IF_ERROR(Usable());
   const Deadline deadline = CallDeadline();
+  // Arrive only once this worker's pushes are applied: then, when the last
+  // worker arrives, every push made before the barrier is visible, whatever
+  // the tables' staleness (ASP included).
+  RDMAPS_RETURN_IF_ERROR(FlushLocked(deadline));
   ServerLink& s = links_[0];
   auto* result =
       reinterpret_cast<std::uint64_t*>(s.ctrl.get() + internal::RoundUp(s.ctrl_bytes, 8));

@@ -103,6 +103,7 @@ class ServerImpl final : public Server {
 
   transport::Endpoint* TEST_endpoint() const { return endpoint_.get(); }
   Status TEST_SetRow(std::uint32_t table, std::uint64_t row, float value);
+  void TEST_PauseApply(bool paused) { test_paused_.store(paused); }
 
  private:
   Status RegisterAll();
@@ -160,7 +161,8 @@ class ServerImpl final : public Server {
   bool stopped_ RDMAPS_GUARDED_BY(mu_) = false;
 
   std::atomic<bool> stop_{false};
-  std::atomic<int> running_{0};  // background threads still in their loops
+  std::atomic<bool> test_paused_{false};  // TEST_PauseApply
+  std::atomic<int> running_{0};           // background threads still in their loops
   // Serialises Stop(): a signal thread and the owner may both call it, and
   // joining one std::thread from two threads at once is undefined.
   Mutex stop_mu_;
@@ -495,6 +497,9 @@ void ServerImpl::ApplyLoop() {
       continue;
     }
     if (*r == 0) continue;
+    while (test_paused_.load() && !stop_.load()) {  // TEST_PauseApply: hold the batch
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
     bool membership_changed = false;
     {
       MutexLock apply_lock(apply_mu_);
@@ -656,6 +661,9 @@ transport::Endpoint* TEST_ServerEndpoint(Server& server) {
 }
 Status TEST_SetRow(Server& server, std::uint32_t table, std::uint64_t row, float value) {
   return static_cast<ServerImpl&>(server).TEST_SetRow(table, row, value);
+}
+void TEST_PauseApply(Server& server, bool paused) {
+  static_cast<ServerImpl&>(server).TEST_PauseApply(paused);
 }
 }  // namespace internal
 

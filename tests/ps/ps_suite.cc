@@ -20,6 +20,7 @@
 #include "rdmaps/log.h"
 #include "src/ps/initializer.h"
 #include "src/ps/optimizer.h"
+#include "src/ps/test_hooks.h"
 #include "src/ps/wire.h"
 #include "tests/ps/ps_test_util.h"
 
@@ -84,6 +85,83 @@ TEST_P(PsTest, PushIsAppliedAndReadMyWrites) {
     }
   }
   EXPECT_EQ(cl.stats().pushes, 100u);
+}
+
+// Flush() returns only once every server applied this worker's pushes: with
+// the apply threads paused it cannot complete; once they run, it completes
+// and the servers have applied every push exactly once.
+TEST_P(PsTest, FlushReturnsOnceEveryPushIsApplied) {
+  auto c = StartCluster(transport(), 2, 1, {MakeTable(1, "w", 9, 3)});
+  ASSERT_EQ(c.clients.size(), 1u);
+  Client& cl = *c.clients[0];
+  EXPECT_TRUE(cl.Flush().ok());  // nothing pushed: nothing to wait for
+  for (auto& s : c.servers) internal::TEST_PauseApply(*s, true);
+  std::vector<float> g(9 * 3, -1.0f);
+  std::vector<std::uint64_t> ids = {8, 0, 4};
+  std::vector<float> gi(3 * 3, -2.0f);
+  ASSERT_TRUE(cl.Push(1, RowRange{0, 9}, g).ok());
+  ASSERT_TRUE(cl.Push(1, ids, gi).ok());
+  Handle h = cl.FlushAsync();
+  // Paused servers apply nothing, so the flush cannot have finished, and
+  // it polls (waits) rather than returning.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (cl.stats().pull_waits == 0 && std::chrono::steady_clock::now() < until) {
+    std::this_thread::yield();
+  }
+  EXPECT_GT(cl.stats().pull_waits, 0u);
+  EXPECT_FALSE(h.done());
+  for (auto& s : c.servers) EXPECT_EQ(s->stats().pushes_applied, 0u);
+  for (auto& s : c.servers) internal::TEST_PauseApply(*s, false);
+  ASSERT_TRUE(h.WaitFor(std::chrono::seconds(20)).ok());
+  // Applied, each push once (the range push is one slot per server, the
+  // scattered one touches both servers too).
+  std::uint64_t applied = 0;
+  for (auto& s : c.servers) applied += s->stats().pushes_applied;
+  EXPECT_EQ(applied, 4u);
+  for (std::uint32_t si = 0; si < 2; ++si) {
+    const std::uint64_t begin = si == 0 ? 0 : 5, count = si == 0 ? 5 : 4;
+    std::vector<float> local;
+    ASSERT_TRUE(c.servers[si]->ReadLocal(1, RowRange{begin, count}, &local).ok());
+    for (std::uint64_t r = 0; r < count; ++r) {
+      const std::uint64_t row = begin + r;
+      const float want = 1.0f + ((row == 8 || row == 0 || row == 4) ? 2.0f : 0.0f);
+      EXPECT_EQ(local[r * 3], want) << row;
+    }
+  }
+}
+
+// Under ASP a pull never waits for other workers; Barrier() still makes
+// every push made before it visible to every pull after it. Worker 0 pushes
+// while the server's apply is paused; worker 1's barrier cannot complete
+// before that push is applied, so its pull sees it.
+TEST_P(PsTest, BarrierMakesEveryPushBeforeItVisibleUnderAsp) {
+  auto c = StartCluster(transport(), 1, 2, {MakeTable(1, "w", 4, 2, kAsp)});
+  ASSERT_EQ(c.clients.size(), 2u);
+  internal::TEST_PauseApply(*c.servers[0], true);
+  std::vector<float> g(4 * 2, -3.0f), out(4 * 2, -1.0f);
+  ASSERT_TRUE(c.clients[0]->Push(1, RowRange{0, 4}, g).ok());
+  std::atomic<bool> puller_done{false};
+  Status b0, b1, pull;
+  std::thread w0([&] { b0 = c.clients[0]->Barrier(); });
+  std::thread w1([&] {
+    b1 = c.clients[1]->Barrier();
+    if (b1.ok()) pull = c.clients[1]->Pull(1, RowRange{0, 4}, out);
+    puller_done.store(true);
+  });
+  // Resume the apply once worker 0 waits for it (or, were the barrier not
+  // to wait, once worker 1 already pulled: then the check below fails).
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (c.clients[0]->stats().pull_waits == 0 && !puller_done.load() &&
+         std::chrono::steady_clock::now() < until) {
+    std::this_thread::yield();
+  }
+  internal::TEST_PauseApply(*c.servers[0], false);
+  w0.join();
+  w1.join();
+  ASSERT_TRUE(b0.ok()) << b0;
+  ASSERT_TRUE(b1.ok()) << b1;
+  ASSERT_TRUE(pull.ok()) << pull;
+  for (float v : out) EXPECT_EQ(v, 3.0f);
 }
 
 TEST_P(PsTest, ScatteredPushAppliesDuplicatesEachTime) {
@@ -627,6 +705,27 @@ TEST_P(PsTest, AsyncHandlesAndCallbacks) {
   // Argument errors arrive through the handle too.
   Handle bad = cl.PullAsync(7, RowRange{0, 1}, out);
   EXPECT_EQ(bad.WaitFor(std::chrono::seconds(10)).code(), StatusCode::kInvalidArgument);
+  // PushPull, and the scattered forms with callbacks.
+  std::vector<float> g2(9 * 3, -1.0f), out2(9 * 3);
+  Handle pp = cl.PushPullAsync(1, RowRange{0, 9}, g2, out2);
+  ASSERT_TRUE(pp.WaitFor(std::chrono::seconds(10)).ok());
+  for (float v : out2) EXPECT_EQ(v, 3.0f);  // sees its own push
+  const std::vector<std::uint64_t> ids = {8, 1, 8};
+  std::vector<float> gi(3 * 3, -1.0f), oi(3 * 3);
+  std::promise<Status> pushed, pulled, both;
+  cl.PushAsync(1, ids, gi, [&](const Status& s) { pushed.set_value(s); });
+  cl.PullAsync(1, ids, oi, [&](const Status& s) { pulled.set_value(s); });
+  cl.PushPullAsync(1, RowRange{0, 9}, g2, out2, [&](const Status& s) { both.set_value(s); });
+  for (std::promise<Status>* pr : {&pushed, &pulled, &both}) {
+    auto f = pr->get_future();
+    ASSERT_EQ(f.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+    EXPECT_TRUE(f.get().ok());
+  }
+  EXPECT_EQ(oi[0], 5.0f);  // row 8: 3, then twice +1
+  EXPECT_EQ(oi[3], 4.0f);  // row 1
+  EXPECT_EQ(out2[8 * 3], 6.0f);
+  EXPECT_EQ(out2[1 * 3], 5.0f);
+  EXPECT_TRUE(cl.FlushAsync().WaitFor(std::chrono::seconds(10)).ok());
 }
 
 // rdmaps-server's signal thread and its main thread may both call Stop() while
