@@ -344,7 +344,8 @@ Status ClientImpl::AllocateBuffers(ServerLink& s, std::size_t min_staging) {
   const internal::DirectoryHeader& h = s.dir;
   s.staging_bytes = std::max(options_.staging_bytes, min_staging);
   s.staging = internal::AllocateRegionMemory(s.staging_bytes);
-  s.push = internal::AllocateRegionMemory(h.slot_bytes);
+  s.push_depth = internal::PushPipelineDepth(h.slot_bytes, h.ring_slots, s.conn->max_outstanding());
+  s.push = internal::AllocateRegionMemory(std::size_t{s.push_depth} * h.slot_bytes);
   s.ctrl_bytes = internal::ControlBlockBytes(h.num_workers);
   s.ctrl = internal::AllocateRegionMemory(internal::RoundUp(s.ctrl_bytes, 8) + 8);
   if (!s.staging || !s.push || !s.ctrl) {
@@ -354,8 +355,9 @@ Status ClientImpl::AllocateBuffers(ServerLink& s, std::size_t min_staging) {
   }
   RDMAPS_ASSIGN_OR_RETURN(
       s.staging_mr, endpoint_->Register(s.staging.get(), s.staging_bytes, transport::kAccessNone));
-  RDMAPS_ASSIGN_OR_RETURN(s.push_mr,
-                          endpoint_->Register(s.push.get(), h.slot_bytes, transport::kAccessNone));
+  RDMAPS_ASSIGN_OR_RETURN(
+      s.push_mr, endpoint_->Register(s.push.get(), std::size_t{s.push_depth} * h.slot_bytes,
+                                     transport::kAccessNone));
   RDMAPS_ASSIGN_OR_RETURN(s.ctrl_mr,
                           endpoint_->Register(s.ctrl.get(), internal::RoundUp(s.ctrl_bytes, 8) + 8,
                                               transport::kAccessNone));
