@@ -79,6 +79,9 @@ struct ClientStats {
   std::uint64_t staleness_max = 0;
   std::uint64_t staleness_samples = 0;
   std::uint64_t clock = 0;  // this worker's clock
+  // Scattered pulls carried out as range pulls of each server's span of
+  // wanted rows and a gather (docs/ps.md, "Scattered pulls").
+  std::uint64_t span_pulls = 0;
 };
 
 // Describes a table as the servers publish it.

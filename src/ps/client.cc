@@ -28,6 +28,7 @@
 #include "src/ps/memory.h"
 #include "src/ps/pull_reader.h"
 #include "src/ps/push_writer.h"
+#include "src/ps/scatter_plan.h"
 #include "src/ps/server_links.h"
 #include "src/ps/test_hooks.h"
 #include "src/ps/wire.h"
@@ -215,6 +216,11 @@ class ClientImpl final : public Client {
   // Flush() under mu_, bounded by `deadline`.
   Status FlushLocked(Deadline deadline) RDMAPS_REQUIRES(mu_);
 
+  // A scattered pull by spans (scatter_plan.h): the spans into scratch_,
+  // then the gather into `out`.
+  Status PullSpans(const RemoteTable& t, const internal::SpanPlan& plan,
+                   std::span<const std::uint64_t> rows, std::span<float> out) RDMAPS_REQUIRES(mu_);
+
   // The registered caller buffer holding [p, p + bytes), or null.
   const transport::MemoryRegion* FindRegistered(const void* p, std::size_t bytes) const
       RDMAPS_REQUIRES(mu_);
@@ -243,6 +249,11 @@ class ClientImpl final : public Client {
   internal::PullReader pull_ RDMAPS_GUARDED_BY(mu_);
   internal::PushWriter push_ RDMAPS_GUARDED_BY(mu_);
   std::vector<UserBuffer> user_buffers_ RDMAPS_GUARDED_BY(mu_);
+  // Registered scratch of span pulls (grown on demand, kept for reuse).
+  internal::AlignedBuffer scratch_ RDMAPS_GUARDED_BY(mu_);
+  std::unique_ptr<transport::MemoryRegion> scratch_mr_ RDMAPS_GUARDED_BY(mu_);
+  std::size_t scratch_floats_ RDMAPS_GUARDED_BY(mu_) = 0;
+  internal::PullCosts costs_{};  // constant after Init()
   std::uint64_t clock_ RDMAPS_GUARDED_BY(mu_) = 0;
   bool closed_ RDMAPS_GUARDED_BY(mu_) = false;
 
@@ -272,6 +283,7 @@ Status ClientImpl::Init() {
   RDMAPS_ASSIGN_OR_RETURN(endpoint_,
                           transport::Endpoint::Create(internal::ToEndpointOptions(
                               options_.transport, options_.worker_id, options_.servers.front())));
+  costs_ = internal::CostsOf(endpoint_->kind());
   const Deadline deadline = SteadyClock::now() + options_.connect_timeout;
   MutexLock lock(mu_);  // no other thread has the client yet; for the analysis
   RDMAPS_RETURN_IF_ERROR(ConnectAll(deadline));
@@ -478,6 +490,10 @@ Status ClientImpl::Pull(std::uint32_t table, std::span<const std::uint64_t> rows
   RDMAPS_ASSIGN_OR_RETURN(const RemoteTable* t,
                           CheckCall("Pull", "output", table, rows, out.size()));
   if (rows.empty()) return Status::OK();
+  if (rows.size() >= internal::kSpanMinRows) {
+    const internal::SpanPlan plan = internal::PlanScatteredPull(*t, num_servers(), rows, costs_);
+    if (plan.use_span) return PullSpans(*t, plan, rows, out);
+  }
   std::vector<Run> runs;
   std::vector<std::uint32_t> involved;
   internal::RunsOfRows(*t, num_servers(), rows, &runs, &involved);
@@ -492,6 +508,41 @@ Status ClientImpl::Pull(std::uint32_t table, std::span<const std::uint64_t> rows
                      << "makes it one READ (docs/ps.md, Row layouts)";
   }
   return PullRuns(*t, runs, involved, rows.size(), out);
+}
+
+Status ClientImpl::PullSpans(const RemoteTable& t, const internal::SpanPlan& plan,
+                             std::span<const std::uint64_t> rows, std::span<float> out) {
+  const std::size_t floats = plan.scratch_rows * t.info.dim;
+  if (floats > scratch_floats_) {
+    // Grow by doubling so that a run of pulls registers a few times only.
+    const std::size_t want = std::max(floats, 2 * scratch_floats_);
+    scratch_mr_.reset();
+    scratch_ = internal::AllocateRegionMemory(want * sizeof(float));
+    scratch_floats_ = 0;
+    if (!scratch_) {
+      return ResourceExhaustedError("allocating " + std::to_string(want * sizeof(float)) +
+                                    " bytes of pull scratch failed: out of memory");
+    }
+    RDMAPS_ASSIGN_OR_RETURN(scratch_mr_, endpoint_->Register(scratch_.get(), want * sizeof(float),
+                                                             transport::kAccessNone));
+    scratch_floats_ = want;
+  }
+  std::vector<Run> runs;
+  for (std::uint32_t si : plan.involved) {
+    runs.push_back({si, plan.lo[si], plan.hi[si] - plan.lo[si] + 1, plan.scratch_row[si]});
+  }
+  auto* scratch = reinterpret_cast<float*>(scratch_.get());
+  const Deadline deadline = CallDeadline();
+  RDMAPS_RETURN_IF_ERROR(WaitReadable(t, plan.involved, deadline));
+  RDMAPS_RETURN_IF_ERROR(pull_.Read(t, runs, {scratch, floats}, scratch_mr_.get(), deadline));
+  internal::GatherFromSpans(t, num_servers(), plan, rows, scratch, out.data());
+  stats_.Update([&](ClientStats& st) {
+    ++st.pulls;
+    ++st.span_pulls;
+    st.rows_pulled += rows.size();
+    st.bytes_staged += out.size_bytes();
+  });
+  return Status::OK();
 }
 
 // ---- push ----------------------------------------------------------------------

@@ -13,6 +13,7 @@
 #include <future>
 #include <latch>
 #include <mutex>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -126,6 +127,45 @@ TEST_P(PsTest, FlushReturnsOnceEveryPushIsApplied) {
       const std::uint64_t row = begin + r;
       const float want = 1.0f + ((row == 8 || row == 0 || row == 4) ? 2.0f : 0.0f);
       EXPECT_EQ(local[r * 3], want) << row;
+    }
+  }
+}
+
+// Many scattered ids dense in their span are pulled as the span plus a
+// gather; few sparse ones row by row. Both return exactly the rows a range
+// pull returns, duplicates included, on every layout and across servers.
+TEST_P(PsTest, ScatteredPullsBySpanOrByRowReturnTheSameRows) {
+  TableOptions dense = MakeTable(1, "dense", 3000, 16, kAsp, Initializer::Uniform(-1, 1, 5));
+  TableOptions tiny = MakeTable(2, "tiny", 70000, 1, kAsp, Initializer::Uniform(-1, 1, 6));
+  tiny.layout = RowLayout::kAuto;  // inline, blocks of 64 rows
+  TableOptions emb = MakeTable(3, "emb", 65536, 64, kAsp, Initializer::Uniform(-1, 1, 7));
+  emb.layout = RowLayout::kAuto;  // inline, a row per block
+  auto c = StartCluster(transport(), 2, 1, {dense, tiny, emb});
+  ASSERT_EQ(c.clients.size(), 1u);
+  Client& cl = *c.clients[0];
+  std::mt19937_64 rng(9);
+  struct Case {
+    std::uint32_t table;
+    std::uint64_t rows;
+    std::uint32_t dim;
+    std::size_t ids;
+    bool span;
+  };
+  for (const Case& k : {Case{1, 3000, 16, 5000, true}, Case{2, 70000, 1, 70000, true},
+                        Case{3, 65536, 64, 300, false}}) {
+    std::vector<float> all(k.rows * k.dim);
+    ASSERT_TRUE(cl.Pull(k.table, RowRange{0, k.rows}, all).ok());
+    std::vector<std::uint64_t> ids(k.ids);
+    for (auto& id : ids) id = rng() % k.rows;
+    ids[1] = ids[0];  // a duplicate
+    std::vector<float> out(ids.size() * k.dim);
+    const std::uint64_t spans = cl.stats().span_pulls;
+    ASSERT_TRUE(cl.Pull(k.table, ids, out).ok());
+    EXPECT_EQ(cl.stats().span_pulls - spans, k.span ? 1u : 0u) << k.table;
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      for (std::uint32_t d = 0; d < k.dim; ++d) {
+        ASSERT_EQ(out[i * k.dim + d], all[ids[i] * k.dim + d]) << k.table << " " << i;
+      }
     }
   }
 }
