@@ -45,6 +45,9 @@ using transport::DeadlineAfter;
 // A range push of at least this many floats spreads its blocks over cores
 // (TBB); smaller ones are applied on the apply thread alone.
 constexpr std::size_t kParallelFloats = 1 << 16;
+// The apply thread republishes the control block at least every this many
+// slots of a batch (and at its end).
+constexpr std::size_t kPublishEverySlots = 8;
 
 internal::WireRegion Wire(const transport::MemoryRegion& mr) {
   return {reinterpret_cast<std::uint64_t>(mr.data()), mr.size(), mr.rkey(), 0};
@@ -501,6 +504,7 @@ void ServerImpl::ApplyLoop() {
       std::this_thread::sleep_for(std::chrono::microseconds(200));
     }
     bool membership_changed = false;
+    std::size_t since_publish = 0;  // slots applied since the last PublishControl
     {
       MutexLock apply_lock(apply_mu_);
       for (std::size_t i = 0; i < *r; ++i) {
@@ -546,6 +550,12 @@ void ServerImpl::ApplyLoop() {
           continue;
         }
         ++ws.next_seq;
+        // A long batch republishes as it goes, so a pipelining worker gets
+        // its credits (and a Flush its answer) before the batch ends.
+        if (++since_publish == kPublishEverySlots) {
+          PublishControl();
+          since_publish = 0;
+        }
       }
       PublishControl();
     }
