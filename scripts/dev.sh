@@ -22,7 +22,7 @@ packages=(
   libtbb-dev libeigen3-dev nlohmann-json3-dev libxxhash-dev
   libibverbs-dev librdmacm-dev rdma-core ibverbs-providers ibverbs-utils rdmacm-utils perftest
   qemu-system-x86 busybox-static cpio kmod iproute2
-  openmpi-bin mpich slurm-wlm munge python3-torch dataset-fashion-mnist zlib1g-dev gnuplot-nox python3
+  openmpi-bin mpich slurm-wlm munge python3-torch dataset-fashion-mnist zlib1g-dev gnuplot-nox python3 iperf3
 )
 
 install_deps() {

@@ -64,21 +64,24 @@ struct ClientStats {
   std::uint64_t pushes = 0;
   std::uint64_t rows_pulled = 0;
   std::uint64_t rows_pushed = 0;
-  std::uint64_t bytes_read = 0;       // READ payload incl. block headers
-  std::uint64_t bytes_written = 0;    // WRITE payload incl. slot headers
-  std::uint64_t bytes_staged = 0;     // payload copied between staging and caller buffers
-  std::uint64_t zero_copy_calls = 0;  // pulls/pushes that used a registered buffer
-  std::uint64_t torn_retries = 0;     // blocks of rows re-read: their checksum failed
-  std::uint64_t control_torn_retries = 0;  // control blocks re-read: torn by the server's update
-  std::uint64_t clock_reads = 0;      // READs of server clock words
-  std::uint64_t pull_waits = 0;       // pulls that had to wait for other workers
-  std::uint64_t credit_waits = 0;     // pushes that had to wait for ring space
+  std::uint64_t bytes_read = 0;              // READ payload incl. block headers
+  std::uint64_t bytes_written = 0;           // WRITE payload incl. slot headers
+  std::uint64_t bytes_staged = 0;            // payload copied between staging and caller buffers
+  std::uint64_t zero_copy_calls = 0;         // pulls/pushes that used a registered buffer
+  std::uint64_t torn_retries = 0;            // blocks of rows re-read: their checksum failed
+  std::uint64_t control_torn_retries = 0;    // control blocks re-read: torn by the server's update
+  std::uint64_t clock_reads = 0;             // READs of server clock words
+  std::uint64_t pull_waits = 0;              // pulls that had to wait for other workers
+  std::uint64_t credit_waits = 0;            // pushes that had to wait for ring space
   std::chrono::nanoseconds blocked_time{0};  // total time spent waiting (all reasons)
   // Observed staleness: at each pull, worker clock minus the min clock seen.
   std::uint64_t staleness_sum = 0;
   std::uint64_t staleness_max = 0;
   std::uint64_t staleness_samples = 0;
-  std::uint64_t clock = 0;            // this worker's clock
+  std::uint64_t clock = 0;  // this worker's clock
+  // Scattered pulls carried out as range pulls of each server's span of
+  // wanted rows and a gather (docs/ps.md, "Scattered pulls").
+  std::uint64_t span_pulls = 0;
 };
 
 // Describes a table as the servers publish it.
@@ -87,7 +90,7 @@ struct TableInfo {
   std::string name;
   std::uint64_t rows = 0;
   std::uint32_t dim = 0;
-  std::uint32_t staleness = kAsp;  // effective bound for this client
+  std::uint32_t staleness = kAsp;        // effective bound for this client
   RowLayout layout = RowLayout::kDense;  // as the servers chose it (never kAuto)
 };
 
@@ -153,7 +156,8 @@ class Client {
   virtual Status Pull(std::uint32_t table, std::span<const std::uint64_t> rows,
                       std::span<float> out) = 0;
   // Sends gradients for rows [range) (range.count * dim floats). Returns once
-  // the data is handed to the transport (not applied yet).
+  // the data is in the servers' push rings (not applied yet: Flush() waits
+  // for that; a later Pull by this worker sees it anyway).
   virtual Status Push(std::uint32_t table, RowRange range, std::span<const float> grads) = 0;
   // Sends gradients for the given rows (duplicates each apply once).
   virtual Status Push(std::uint32_t table, std::span<const std::uint64_t> rows,
@@ -166,8 +170,18 @@ class Client {
   // until no worker is more than s clocks behind (TimedOut naming the lagging
   // workers after wait_timeout). Returns the new clock.
   virtual Result<std::uint64_t> Clock() = 0;
+  // Returns once every push this worker made before the call has been
+  // applied by its servers, so that every later Pull by any worker sees it
+  // (ps-lite's Wait on a push). Costs nothing when the servers are already
+  // known to have applied everything; otherwise polls their control blocks
+  // (one READ per server and poll). TimedOut naming the server that lags
+  // after wait_timeout.
+  virtual Status Flush() = 0;
   // Returns when every worker has called Barrier() the same number of times.
-  // TimedOut (how many arrived) after wait_timeout.
+  // Every push any worker made before its Barrier() is applied and visible
+  // to every pull after the barrier, in every consistency mode (each worker
+  // Flush()es before it arrives). TimedOut (how many arrived, or the
+  // server whose apply lags) after wait_timeout.
   virtual Status Barrier() = 0;
   // Tells every server this worker is done (so others no longer wait for its
   // clock) and closes the connections. Idempotent.
@@ -179,15 +193,25 @@ class Client {
   virtual Handle PullAsync(std::uint32_t table, RowRange range, std::span<float> out) = 0;
   virtual Handle PullAsync(std::uint32_t table, std::span<const std::uint64_t> rows,
                            std::span<float> out) = 0;
-  virtual Handle PushAsync(std::uint32_t table, RowRange range,
-                           std::span<const float> grads) = 0;
+  virtual Handle PushAsync(std::uint32_t table, RowRange range, std::span<const float> grads) = 0;
   virtual Handle PushAsync(std::uint32_t table, std::span<const std::uint64_t> rows,
                            std::span<const float> grads) = 0;
+  virtual Handle PushPullAsync(std::uint32_t table, RowRange range, std::span<const float> grads,
+                               std::span<float> out) = 0;
+  // Completes once Flush() would return (runs after every call submitted
+  // before it).
+  virtual Handle FlushAsync() = 0;
   // Callback forms: `done` runs on the client's internal thread.
   virtual void PullAsync(std::uint32_t table, RowRange range, std::span<float> out,
                          Callback done) = 0;
+  virtual void PullAsync(std::uint32_t table, std::span<const std::uint64_t> rows,
+                         std::span<float> out, Callback done) = 0;
   virtual void PushAsync(std::uint32_t table, RowRange range, std::span<const float> grads,
                          Callback done) = 0;
+  virtual void PushAsync(std::uint32_t table, std::span<const std::uint64_t> rows,
+                         std::span<const float> grads, Callback done) = 0;
+  virtual void PushPullAsync(std::uint32_t table, RowRange range, std::span<const float> grads,
+                             std::span<float> out, Callback done) = 0;
 
   virtual ClientStats stats() const = 0;
   virtual std::uint64_t clock() const = 0;

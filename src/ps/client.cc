@@ -28,6 +28,7 @@
 #include "src/ps/memory.h"
 #include "src/ps/pull_reader.h"
 #include "src/ps/push_writer.h"
+#include "src/ps/scatter_plan.h"
 #include "src/ps/server_links.h"
 #include "src/ps/test_hooks.h"
 #include "src/ps/wire.h"
@@ -129,6 +130,7 @@ class ClientImpl final : public Client {
   Status RegisterBuffer(std::span<float> buffer) override;
   Status UnregisterBuffer(std::span<float> buffer) override;
   Result<std::uint64_t> Clock() override;
+  Status Flush() override;
   Status Barrier() override;
   Status Close() override;
 
@@ -153,6 +155,25 @@ class ClientImpl final : public Client {
   void PushAsync(std::uint32_t table, RowRange range, std::span<const float> grads,
                  Callback done) override {
     Submit([=, this] { return Push(table, range, grads); }, std::move(done));
+  }
+  void PullAsync(std::uint32_t table, std::span<const std::uint64_t> rows, std::span<float> out,
+                 Callback done) override {
+    Submit([=, this] { return Pull(table, rows, out); }, std::move(done));
+  }
+  void PushAsync(std::uint32_t table, std::span<const std::uint64_t> rows,
+                 std::span<const float> grads, Callback done) override {
+    Submit([=, this] { return Push(table, rows, grads); }, std::move(done));
+  }
+  Handle PushPullAsync(std::uint32_t table, RowRange range, std::span<const float> grads,
+                       std::span<float> out) override {
+    return Submit([=, this] { return PushPull(table, range, grads, out); }, nullptr);
+  }
+  void PushPullAsync(std::uint32_t table, RowRange range, std::span<const float> grads,
+                     std::span<float> out, Callback done) override {
+    Submit([=, this] { return PushPull(table, range, grads, out); }, std::move(done));
+  }
+  Handle FlushAsync() override {
+    return Submit([this] { return Flush(); }, nullptr);
   }
 
   ClientStats stats() const override { return stats_.Get(); }
@@ -199,6 +220,13 @@ class ClientImpl final : public Client {
                   std::span<float> out) RDMAPS_REQUIRES(mu_);
   Status WaitReadable(const RemoteTable& t, const std::vector<std::uint32_t>& servers,
                       Deadline deadline) RDMAPS_REQUIRES(mu_);
+  // Flush() under mu_, bounded by `deadline`.
+  Status FlushLocked(Deadline deadline) RDMAPS_REQUIRES(mu_);
+
+  // A scattered pull by spans (scatter_plan.h): the spans into scratch_,
+  // then the gather into `out`.
+  Status PullSpans(const RemoteTable& t, const internal::SpanPlan& plan,
+                   std::span<const std::uint64_t> rows, std::span<float> out) RDMAPS_REQUIRES(mu_);
 
   // The registered caller buffer holding [p, p + bytes), or null.
   const transport::MemoryRegion* FindRegistered(const void* p, std::size_t bytes) const
@@ -228,6 +256,11 @@ class ClientImpl final : public Client {
   internal::PullReader pull_ RDMAPS_GUARDED_BY(mu_);
   internal::PushWriter push_ RDMAPS_GUARDED_BY(mu_);
   std::vector<UserBuffer> user_buffers_ RDMAPS_GUARDED_BY(mu_);
+  // Registered scratch of span pulls (grown on demand, kept for reuse).
+  internal::AlignedBuffer scratch_ RDMAPS_GUARDED_BY(mu_);
+  std::unique_ptr<transport::MemoryRegion> scratch_mr_ RDMAPS_GUARDED_BY(mu_);
+  std::size_t scratch_floats_ RDMAPS_GUARDED_BY(mu_) = 0;
+  internal::PullCosts costs_{};  // constant after Init()
   std::uint64_t clock_ RDMAPS_GUARDED_BY(mu_) = 0;
   bool closed_ RDMAPS_GUARDED_BY(mu_) = false;
   // Init() succeeded. A client whose Connect failed part-way (a server not
@@ -262,6 +295,7 @@ Status ClientImpl::Init() {
   RDMAPS_ASSIGN_OR_RETURN(endpoint_,
                           transport::Endpoint::Create(internal::ToEndpointOptions(
                               options_.transport, options_.worker_id, options_.servers.front())));
+  costs_ = internal::CostsOf(endpoint_->kind());
   const Deadline deadline = SteadyClock::now() + options_.connect_timeout;
   MutexLock lock(mu_);  // no other thread has the client yet; for the analysis
   RDMAPS_RETURN_IF_ERROR(ConnectAll(deadline));
@@ -335,7 +369,8 @@ Status ClientImpl::AllocateBuffers(ServerLink& s, std::size_t min_staging) {
   const internal::DirectoryHeader& h = s.dir;
   s.staging_bytes = std::max(options_.staging_bytes, min_staging);
   s.staging = internal::AllocateRegionMemory(s.staging_bytes);
-  s.push = internal::AllocateRegionMemory(h.slot_bytes);
+  s.push_depth = internal::PushPipelineDepth(h.slot_bytes, h.ring_slots, s.conn->max_outstanding());
+  s.push = internal::AllocateRegionMemory(std::size_t{s.push_depth} * h.slot_bytes);
   s.ctrl_bytes = internal::ControlBlockBytes(h.num_workers);
   s.ctrl = internal::AllocateRegionMemory(internal::RoundUp(s.ctrl_bytes, 8) + 8);
   if (!s.staging || !s.push || !s.ctrl) {
@@ -345,8 +380,9 @@ Status ClientImpl::AllocateBuffers(ServerLink& s, std::size_t min_staging) {
   }
   RDMAPS_ASSIGN_OR_RETURN(
       s.staging_mr, endpoint_->Register(s.staging.get(), s.staging_bytes, transport::kAccessNone));
-  RDMAPS_ASSIGN_OR_RETURN(s.push_mr,
-                          endpoint_->Register(s.push.get(), h.slot_bytes, transport::kAccessNone));
+  RDMAPS_ASSIGN_OR_RETURN(
+      s.push_mr, endpoint_->Register(s.push.get(), std::size_t{s.push_depth} * h.slot_bytes,
+                                     transport::kAccessNone));
   RDMAPS_ASSIGN_OR_RETURN(s.ctrl_mr,
                           endpoint_->Register(s.ctrl.get(), internal::RoundUp(s.ctrl_bytes, 8) + 8,
                                               transport::kAccessNone));
@@ -467,6 +503,10 @@ Status ClientImpl::Pull(std::uint32_t table, std::span<const std::uint64_t> rows
   RDMAPS_ASSIGN_OR_RETURN(const RemoteTable* t,
                           CheckCall("Pull", "output", table, rows, out.size()));
   if (rows.empty()) return Status::OK();
+  if (rows.size() >= internal::kSpanMinRows) {
+    const internal::SpanPlan plan = internal::PlanScatteredPull(*t, num_servers(), rows, costs_);
+    if (plan.use_span) return PullSpans(*t, plan, rows, out);
+  }
   std::vector<Run> runs;
   std::vector<std::uint32_t> involved;
   internal::RunsOfRows(*t, num_servers(), rows, &runs, &involved);
@@ -481,6 +521,41 @@ Status ClientImpl::Pull(std::uint32_t table, std::span<const std::uint64_t> rows
                      << "makes it one READ (docs/ps.md, Row layouts)";
   }
   return PullRuns(*t, runs, involved, rows.size(), out);
+}
+
+Status ClientImpl::PullSpans(const RemoteTable& t, const internal::SpanPlan& plan,
+                             std::span<const std::uint64_t> rows, std::span<float> out) {
+  const std::size_t floats = plan.scratch_rows * t.info.dim;
+  if (floats > scratch_floats_) {
+    // Grow by doubling so that a run of pulls registers a few times only.
+    const std::size_t want = std::max(floats, 2 * scratch_floats_);
+    scratch_mr_.reset();
+    scratch_ = internal::AllocateRegionMemory(want * sizeof(float));
+    scratch_floats_ = 0;
+    if (!scratch_) {
+      return ResourceExhaustedError("allocating " + std::to_string(want * sizeof(float)) +
+                                    " bytes of pull scratch failed: out of memory");
+    }
+    RDMAPS_ASSIGN_OR_RETURN(scratch_mr_, endpoint_->Register(scratch_.get(), want * sizeof(float),
+                                                             transport::kAccessNone));
+    scratch_floats_ = want;
+  }
+  std::vector<Run> runs;
+  for (std::uint32_t si : plan.involved) {
+    runs.push_back({si, plan.lo[si], plan.hi[si] - plan.lo[si] + 1, plan.scratch_row[si]});
+  }
+  auto* scratch = reinterpret_cast<float*>(scratch_.get());
+  const Deadline deadline = CallDeadline();
+  RDMAPS_RETURN_IF_ERROR(WaitReadable(t, plan.involved, deadline));
+  RDMAPS_RETURN_IF_ERROR(pull_.Read(t, runs, {scratch, floats}, scratch_mr_.get(), deadline));
+  internal::GatherFromSpans(t, num_servers(), plan, rows, scratch, out.data());
+  stats_.Update([&](ClientStats& st) {
+    ++st.pulls;
+    ++st.span_pulls;
+    st.rows_pulled += rows.size();
+    st.bytes_staged += out.size_bytes();
+  });
+  return Status::OK();
 }
 
 // ---- push ----------------------------------------------------------------------
@@ -592,10 +667,30 @@ Result<std::uint64_t> ClientImpl::Clock() {
   return clock_;
 }
 
+Status ClientImpl::FlushLocked(Deadline deadline) {
+  // Every server this worker pushed to has applied up to pushed_seq: the
+  // control block is published after the rows (and their seals) changed, so
+  // any READ posted after we saw it returns the new rows.
+  std::vector<std::uint32_t> all(links_.size());
+  for (std::uint32_t i = 0; i < all.size(); ++i) all[i] = i;
+  return links_.WaitForClocks(
+      0, all, clock_, [] { return std::string("flushing its pushes"); }, deadline);
+}
+
+Status ClientImpl::Flush() {
+  MutexLock lock(mu_);
+  RDMAPS_RETURN_IF_ERROR(Usable());
+  return FlushLocked(CallDeadline());
+}
+
 Status ClientImpl::Barrier() {
   MutexLock lock(mu_);
   RDMAPS_RETURN_IF_ERROR(Usable());
   const Deadline deadline = CallDeadline();
+  // Arrive only once this worker's pushes are applied: then, when the last
+  // worker arrives, every push made before the barrier is visible, whatever
+  // the tables' staleness (ASP included).
+  RDMAPS_RETURN_IF_ERROR(FlushLocked(deadline));
   ServerLink& s = links_[0];
   auto* result =
       reinterpret_cast<std::uint64_t*>(s.ctrl.get() + internal::RoundUp(s.ctrl_bytes, 8));

@@ -22,14 +22,34 @@ std::uint64_t SlotAddress(const ServerLink& s, std::uint64_t seq) {
 
 }  // namespace
 
-Status PushWriter::DrainOnError(const std::vector<std::uint32_t>& posted, Status st,
-                                Deadline deadline) {
-  if (st.ok()) return st;
-  for (std::uint32_t si : posted) (void)FinishSlot((*links_)[si], deadline);
-  return st;
+Status PushWriter::FinishOldest(ServerLink& s, Deadline deadline) {
+  const ServerLink::SlotInFlight f = s.slots_in_flight.front();
+  s.slots_in_flight.pop_front();
+  RDMAPS_RETURN_IF_ERROR(links_->Drain(s, f.ops, deadline));
+  if (f.ctrl) {
+    s.ctrl_inflight = false;
+    (void)links_->ParseControl(s);  // torn: ignore, a later poll will tell
+    stats_->Update([](ClientStats& st) { ++st.clock_reads; });
+  }
+  return Status::OK();
+}
+
+Status PushWriter::FinishAll(ServerLink& s, Deadline deadline) {
+  while (!s.slots_in_flight.empty()) RDMAPS_RETURN_IF_ERROR(FinishOldest(s, deadline));
+  return Status::OK();
+}
+
+Status PushWriter::MakeRoom(ServerLink& s, Deadline deadline) {
+  while (s.slots_in_flight.size() >= s.push_depth) {
+    RDMAPS_RETURN_IF_ERROR(FinishOldest(s, deadline));
+  }
+  return Status::OK();
 }
 
 Status PushWriter::EnsureCredit(ServerLink& s, Deadline deadline) {
+  if (s.pushed_seq - s.applied_seq < s.dir.ring_slots) return Status::OK();
+  // The control READ riding with a slot in flight may bring the credits.
+  RDMAPS_RETURN_IF_ERROR(FinishAll(s, deadline));
   if (s.pushed_seq - s.applied_seq < s.dir.ring_slots) return Status::OK();
   const auto start = SteadyClock::now();
   stats_->Update([](ClientStats& st) { ++st.credit_waits; });
@@ -53,7 +73,8 @@ Status PushWriter::EnsureCredit(ServerLink& s, Deadline deadline) {
 Status PushWriter::PostSlot(ServerLink& s, SlotHeader h, std::size_t bytes,
                             std::span<const transport::Segment> data) {
   h.seq = s.pushed_seq + 1;
-  std::memcpy(s.push.get(), &h, sizeof(h));
+  std::byte* staged = Staging(s);
+  std::memcpy(staged, &h, sizeof(h));
   CHECK_LE(data.size(), kMaxGatherRuns);
   Op ops[kMaxGatherRuns + 2];
   transport::Segment gather[kMaxGatherRuns + 1];
@@ -62,9 +83,9 @@ Status PushWriter::PostSlot(ServerLink& s, SlotHeader h, std::size_t bytes,
   const std::uint64_t slot = SlotAddress(s, h.seq);
   const std::uint32_t imm = ImmOfSeq(h.seq);
   if (data.empty()) {
-    ops[n++] = Op::WriteWithImm(s.push.get(), s.push_mr.get(), bytes, slot, s.ring.rkey, imm);
+    ops[n++] = Op::WriteWithImm(staged, s.push_mr.get(), bytes, slot, s.ring.rkey, imm);
   } else if (data.size() + 1 <= s.conn->max_segments()) {
-    gather[0] = {s.push.get(), s.push_mr.get(), static_cast<std::uint32_t>(bytes)};
+    gather[0] = {staged, s.push_mr.get(), static_cast<std::uint32_t>(bytes)};
     std::copy(data.begin(), data.end(), gather + 1);
     for (const transport::Segment& seg : data) total += seg.length;
     ops[n++] = Op::WriteWithImmGather({gather, data.size() + 1}, slot, s.ring.rkey, imm);
@@ -75,51 +96,43 @@ Status PushWriter::PostSlot(ServerLink& s, SlotHeader h, std::size_t bytes,
       at += seg.length;
       total += seg.length;
     }
-    ops[n++] = Op::WriteWithImm(s.push.get(), s.push_mr.get(), bytes, slot, s.ring.rkey, imm);
+    ops[n++] = Op::WriteWithImm(staged, s.push_mr.get(), bytes, slot, s.ring.rkey, imm);
   }
   // Half the credits used: refresh them with a READ behind the write, in the
   // same doorbell, so a steady pusher rarely stops to poll.
-  const bool refresh = (h.seq - s.applied_seq) * 2 >= s.dir.ring_slots;
+  const bool refresh = !s.ctrl_inflight && (h.seq - s.applied_seq) * 2 >= s.dir.ring_slots;
   if (refresh) {
     ops[n++] = Op::Read(s.ctrl.get(), s.ctrl_mr.get(), s.ctrl_bytes, s.dir.control.addr,
                         s.dir.control.rkey);
   }
   RDMAPS_RETURN_IF_ERROR(links_->PostOps(s, {ops, n}));
-  s.ctrl_inflight = refresh;
-  s.slot_ops = n;
+  s.ctrl_inflight |= refresh;
+  s.slots_in_flight.push_back({static_cast<std::uint32_t>(n), refresh});
   s.pushed_seq = h.seq;
   stats_->Update([&](ClientStats& st) { st.bytes_written += total; });
   return Status::OK();
 }
 
-Status PushWriter::FinishSlot(ServerLink& s, Deadline deadline) {
-  const bool ctrl = s.ctrl_inflight;
-  const std::size_t n = s.slot_ops;
-  s.ctrl_inflight = false;
-  s.slot_ops = 0;
-  RDMAPS_RETURN_IF_ERROR(links_->Drain(s, n, deadline));
-  if (ctrl) {
-    (void)links_->ParseControl(s);  // torn: ignore, a later poll will tell
-    stats_->Update([](ClientStats& st) { ++st.clock_reads; });
-  }
-  return Status::OK();
-}
-
 template <typename HasMore, typename PostNext>
-Status PushWriter::SendInRounds(HasMore&& has_more, PostNext&& post_next, Deadline deadline) {
+Status PushWriter::SendPipelined(HasMore&& has_more, PostNext&& post_next, Deadline deadline) {
   const std::uint32_t S = links_->size();
-  while (true) {
-    std::vector<std::uint32_t> posted;
-    for (std::uint32_t si = 0; si < S; ++si) {
+  Status st;
+  for (bool any = true; any && st.ok();) {
+    any = false;
+    for (std::uint32_t si = 0; si < S && st.ok(); ++si) {
       if (!has_more(si)) continue;
+      any = true;
       ServerLink& s = (*links_)[si];
-      RDMAPS_RETURN_IF_ERROR(DrainOnError(posted, EnsureCredit(s, deadline), deadline));
-      RDMAPS_RETURN_IF_ERROR(DrainOnError(posted, post_next(s), deadline));
-      posted.push_back(si);
+      st = MakeRoom(s, deadline);
+      if (st.ok()) st = EnsureCredit(s, deadline);
+      if (st.ok()) st = post_next(s);
     }
-    if (posted.empty()) return Status::OK();
-    for (std::uint32_t si : posted) RDMAPS_RETURN_IF_ERROR(FinishSlot((*links_)[si], deadline));
   }
+  for (std::uint32_t si = 0; si < S; ++si) {
+    Status f = FinishAll((*links_)[si], deadline);
+    if (st.ok()) st = f;
+  }
+  return st;
 }
 
 Status PushWriter::PushRange(const RemoteTable& t, RowRange range, std::span<const float> grads,
@@ -155,7 +168,7 @@ Status PushWriter::PushRange(const RemoteTable& t, RowRange range, std::span<con
                                     static_cast<std::uint32_t>(bytes)};
       st = PostSlot(s, h, sizeof(SlotHeader), {&data, 1});
     } else {
-      std::memcpy(s.push.get() + sizeof(SlotHeader), src, bytes);
+      std::memcpy(Staging(s) + sizeof(SlotHeader), src, bytes);
       copied += bytes;
       st = PostSlot(s, h, sizeof(SlotHeader) + bytes);
     }
@@ -165,7 +178,7 @@ Status PushWriter::PushRange(const RemoteTable& t, RowRange range, std::span<con
     }
     return st;
   };
-  RDMAPS_RETURN_IF_ERROR(SendInRounds(has_more, post_next, deadline));
+  RDMAPS_RETURN_IF_ERROR(SendPipelined(has_more, post_next, deadline));
   stats_->Update([&](ClientStats& st) {
     st.bytes_staged += copied;
     if (user_mr) ++st.zero_copy_calls;
@@ -199,7 +212,7 @@ Status PushWriter::PushRows(const RemoteTable& t, std::span<const std::uint64_t>
     h.table = t.info.id;
     h.kind = static_cast<std::uint32_t>(SlotKind::kRows);
     h.num_rows = static_cast<std::uint32_t>(n);
-    std::byte* ids = s.push.get() + sizeof(SlotHeader);
+    std::byte* ids = Staging(s) + sizeof(SlotHeader);
     for (std::size_t k = 0; k < n; ++k) std::memcpy(ids + k * 8, &rows[slot_idx[k]], 8);
     // Gradients of consecutive indices are one piece of the caller's
     // buffer: WRITE them from there when there are few pieces.
@@ -230,7 +243,7 @@ Status PushWriter::PushRows(const RemoteTable& t, std::span<const std::uint64_t>
     if (st.ok()) next[si] += n;
     return st;
   };
-  RDMAPS_RETURN_IF_ERROR(SendInRounds(has_more, post_next, deadline));
+  RDMAPS_RETURN_IF_ERROR(SendPipelined(has_more, post_next, deadline));
   stats_->Update([&](ClientStats& st) {
     st.bytes_staged += copied;
     if (zero_copy) ++st.zero_copy_calls;
@@ -239,17 +252,17 @@ Status PushWriter::PushRows(const RemoteTable& t, std::span<const std::uint64_t>
 }
 
 Status PushWriter::SendControlSlot(SlotKind kind, std::uint64_t clock, Deadline deadline) {
-  std::vector<std::uint32_t> posted;
-  for (ServerLink& s : links_->servers()) {
-    RDMAPS_RETURN_IF_ERROR(DrainOnError(posted, EnsureCredit(s, deadline), deadline));
+  std::vector<bool> sent(links_->size(), false);
+  auto has_more = [&](std::uint32_t si) { return !sent[si]; };
+  auto post_next = [&](ServerLink& s) {
     SlotHeader h{};
     h.clock = clock;
     h.kind = static_cast<std::uint32_t>(kind);
     RDMAPS_RETURN_IF_ERROR(PostSlot(s, h, sizeof(SlotHeader)));
-    posted.push_back(s.index);
-  }
-  for (ServerLink& s : links_->servers()) RDMAPS_RETURN_IF_ERROR(FinishSlot(s, deadline));
-  return Status::OK();
+    sent[s.index] = true;
+    return Status::OK();
+  };
+  return SendPipelined(has_more, post_next, deadline);
 }
 
 }  // namespace rdmaps::internal

@@ -1,9 +1,13 @@
 // The push path of a worker: builds push slots (src/ps/wire.h, "Push") and
-// WRITEs them into the worker's ring on each server, one slot per server at
-// a time (servers in parallel), within the credits the ring leaves: at most
+// WRITEs them into the worker's ring on each server, pipelined: up to
+// push_depth slots per server in flight (servers in parallel, round robin),
+// so the transfer of one slot overlaps the next ones and the server's apply
+// of the earlier ones, within the credits the ring leaves: at most
 // ring_slots pushes a server has not applied yet. Credits are refreshed by a
-// READ of the control block riding behind a slot once half are used, and
-// waited for (by polling the control block) only when none is left.
+// READ of the control block riding behind a slot once half are used (one
+// such READ in flight at a time), and waited for (by polling the control
+// block) only when none is left. Every call completes all its slots before
+// it returns, so the connection is idle for the next call.
 //
 // Gradients in a registered caller buffer are WRITTEN from there (gathered
 // behind the slot header, up to kMaxGatherRuns pieces); others are copied
@@ -12,6 +16,7 @@
 // Thread safety: none; the client calls it under its mutex.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -28,6 +33,21 @@ namespace rdmaps::internal {
 // A push WRITEs gradients straight from a registered caller buffer when they
 // are in at most this many pieces; more pieces are gathered by a copy.
 inline constexpr std::size_t kMaxGatherRuns = 8;
+
+// Staging a worker keeps per server for the slots in flight: the pipeline
+// is as deep as this many bytes of slots allow (at least 1, at most
+// kMaxPushDepth and the ring's slots; 16 slots of the default 64 KiB).
+inline constexpr std::size_t kPushStagingBytes = 1 << 20;
+inline constexpr std::uint32_t kMaxPushDepth = 16;
+
+// Slots in flight per server for rings of `ring_slots` slots of
+// `slot_bytes`, on a connection taking `max_outstanding` ops.
+inline std::uint32_t PushPipelineDepth(std::uint32_t slot_bytes, std::uint32_t ring_slots,
+                                       std::size_t max_outstanding) {
+  std::size_t d = kPushStagingBytes / std::max<std::size_t>(slot_bytes, 1);
+  d = std::min<std::size_t>({d, kMaxPushDepth, ring_slots, max_outstanding / (kMaxGatherRuns + 2)});
+  return static_cast<std::uint32_t>(std::max<std::size_t>(d, 1));
+}
 
 class PushWriter {
  public:
@@ -49,28 +69,36 @@ class PushWriter {
   Status SendControlSlot(SlotKind kind, std::uint64_t clock, transport::Deadline deadline);
 
  private:
-  // Waits (polling the control block) until s has a free ring slot.
+  // Waits (completing the slots in flight, then polling the control block)
+  // until s has a free ring slot.
   Status EnsureCredit(ServerLink& s, transport::Deadline deadline);
-  // Sends the next slot as ONE WRITE_WITH_IMM: the first `bytes` of s.push
-  // (the header and whatever payload is staged there), then `data` (pieces
-  // of the caller's registered memory, zero-copy; may be empty), gathered.
-  // Where the connection takes fewer segments, the pieces go first as
-  // WRITEs of their own and the immediate last, so the server sees it only
-  // after every piece's data (transport.h's ordering rule).
+  // Completes the oldest slots in flight until fewer than push_depth are:
+  // then Staging(s) is free.
+  Status MakeRoom(ServerLink& s, transport::Deadline deadline);
+  // Where the next slot of s is built (header, ids, copied gradients).
+  static std::byte* Staging(ServerLink& s) {
+    return s.push.get() + (s.pushed_seq % s.push_depth) * std::size_t{s.dir.slot_bytes};
+  }
+  // Sends the next slot as ONE WRITE_WITH_IMM: the first `bytes` of
+  // Staging(s) (the header, written here, and whatever payload is staged
+  // there), then `data` (pieces of the caller's registered memory,
+  // zero-copy; may be empty), gathered. Where the connection takes fewer
+  // segments, the pieces go first as WRITEs of their own and the immediate
+  // last, so the server sees it only after every piece's data
+  // (transport.h's ordering rule). The slot stays in flight.
   Status PostSlot(ServerLink& s, SlotHeader h, std::size_t bytes,
                   std::span<const transport::Segment> data = {});
-  // Completes the slot PostSlot posted (and its piggybacked control READ).
-  Status FinishSlot(ServerLink& s, transport::Deadline deadline);
-  // Sends slots in rounds of one per server (servers in parallel) until
-  // has_more(server index) is false for all: waits for a credit, then
-  // post_next(link) builds and posts the server's next slot; the round's
-  // slots complete before the next round.
+  // Completes the oldest slot in flight (and its piggybacked control READ).
+  Status FinishOldest(ServerLink& s, transport::Deadline deadline);
+  // Completes every slot in flight on s.
+  Status FinishAll(ServerLink& s, transport::Deadline deadline);
+  // Sends slots round robin, one per server per turn, until has_more(server
+  // index) is false for all: makes room and waits for a credit, then
+  // post_next(link) builds (in Staging) and posts the server's next slot.
+  // Completes every slot before it returns, also on error (so the
+  // connections stay in step).
   template <typename HasMore, typename PostNext>
-  Status SendInRounds(HasMore&& has_more, PostNext&& post_next, transport::Deadline deadline);
-  // On error, completes the slots already posted to `posted` (one each) so
-  // the connections stay in step, and returns `st`.
-  Status DrainOnError(const std::vector<std::uint32_t>& posted, Status st,
-                      transport::Deadline deadline);
+  Status SendPipelined(HasMore&& has_more, PostNext&& post_next, transport::Deadline deadline);
 
   ServerLinks* const links_;
   ClientStatsRecorder* const stats_;

@@ -45,6 +45,9 @@ using transport::DeadlineAfter;
 // A range push of at least this many floats spreads its blocks over cores
 // (TBB); smaller ones are applied on the apply thread alone.
 constexpr std::size_t kParallelFloats = 1 << 16;
+// The apply thread republishes the control block at least every this many
+// slots of a batch (and at its end).
+constexpr std::size_t kPublishEverySlots = 8;
 
 internal::WireRegion Wire(const transport::MemoryRegion& mr) {
   return {reinterpret_cast<std::uint64_t>(mr.data()), mr.size(), mr.rkey(), 0};
@@ -104,6 +107,7 @@ class ServerImpl final : public Server {
 
   transport::Endpoint* TEST_endpoint() const { return endpoint_.get(); }
   Status TEST_SetRow(std::uint32_t table, std::uint64_t row, float value);
+  void TEST_PauseApply(bool paused) { test_paused_.store(paused); }
 
  private:
   Status RegisterAll();
@@ -161,7 +165,8 @@ class ServerImpl final : public Server {
   bool stopped_ RDMAPS_GUARDED_BY(mu_) = false;
 
   std::atomic<bool> stop_{false};
-  std::atomic<int> running_{0};  // background threads still in their loops
+  std::atomic<bool> test_paused_{false};  // TEST_PauseApply
+  std::atomic<int> running_{0};           // background threads still in their loops
   // Serialises Stop(): a signal thread and the owner may both call it, and
   // joining one std::thread from two threads at once is undefined.
   Mutex stop_mu_;
@@ -500,7 +505,11 @@ void ServerImpl::ApplyLoop() {
       continue;
     }
     if (*r == 0) continue;
+    while (test_paused_.load() && !stop_.load()) {  // TEST_PauseApply: hold the batch
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
     bool membership_changed = false;
+    std::size_t since_publish = 0;  // slots applied since the last PublishControl
     {
       MutexLock apply_lock(apply_mu_);
       for (std::size_t i = 0; i < *r; ++i) {
@@ -547,6 +556,12 @@ void ServerImpl::ApplyLoop() {
           continue;
         }
         ++ws.next_seq;
+        // A long batch republishes as it goes, so a pipelining worker gets
+        // its credits (and a Flush its answer) before the batch ends.
+        if (++since_publish == kPublishEverySlots) {
+          PublishControl();
+          since_publish = 0;
+        }
       }
       PublishControl();
     }
@@ -662,6 +677,9 @@ transport::Endpoint* TEST_ServerEndpoint(Server& server) {
 }
 Status TEST_SetRow(Server& server, std::uint32_t table, std::uint64_t row, float value) {
   return static_cast<ServerImpl&>(server).TEST_SetRow(table, row, value);
+}
+void TEST_PauseApply(Server& server, bool paused) {
+  static_cast<ServerImpl&>(server).TEST_PauseApply(paused);
 }
 }  // namespace internal
 

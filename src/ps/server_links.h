@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <span>
@@ -79,8 +80,9 @@ struct ServerLink {
   AlignedBuffer staging;  // pulls
   std::unique_ptr<transport::MemoryRegion> staging_mr;
   std::size_t staging_bytes = 0;
-  AlignedBuffer push;  // one slot
+  AlignedBuffer push;  // push_depth slots of dir.slot_bytes: staging of the slots in flight
   std::unique_ptr<transport::MemoryRegion> push_mr;
+  std::uint32_t push_depth = 1;
   AlignedBuffer ctrl;  // control block copy, then 8 bytes for atomics
   std::unique_ptr<transport::MemoryRegion> ctrl_mr;
   std::size_t ctrl_bytes = 0;
@@ -89,11 +91,17 @@ struct ServerLink {
   std::uint64_t applied_seq = 0;
   std::uint64_t min_clock = 0;
   std::vector<ControlWorker> clocks;
-  // PostSlot added a READ of the control block behind the push (credits ran
-  // low): refreshes applied_seq without an extra round trip.
+  // A READ of the control block rides behind a slot in flight (credits ran
+  // low): refreshes applied_seq without an extra round trip. At most one.
   bool ctrl_inflight = false;
-  // Ops PostSlot posted for the slot in flight (FinishSlot completes them).
-  std::size_t slot_ops = 0;
+  // The slots posted and not yet completed, oldest first (PushWriter):
+  // their op counts, and whether the control READ rides with them. Every
+  // other use of the connection starts after they are completed.
+  struct SlotInFlight {
+    std::uint32_t ops;
+    bool ctrl;
+  };
+  std::deque<SlotInFlight> slots_in_flight;
 };
 
 // "server 1 (host:7000)".

@@ -20,4 +20,8 @@ void TEST_Abandon(Client& client);
 // version, exactly as the apply thread writes a row: data first, then header.
 Status TEST_SetRow(Server& server, std::uint32_t table, std::uint64_t row, float value);
 
+// While paused, the server's apply thread takes no notification: pushes
+// land in the rings and wait there (what a slow or stuck server looks like).
+void TEST_PauseApply(Server& server, bool paused);
+
 }  // namespace rdmaps::internal

@@ -25,9 +25,10 @@
 // the block's rows as they lie in memory. Rows of under kBlockMinRowBytes
 // are blocked to about kCheckBlockBytes (one hash per 2 KiB instead of one
 // per row: XXH3 hashes 256-byte rows at 10 GB/s, 2 KiB at 18), except in
-// tables pulled by scattered ids as a rule (embedding-shaped ones, and
-// inline tables of more than kAutoInlineMaxShardBytes per shard): B = 1 there,
-// so a row READ moves and checks only its own bytes.
+// inline tables pulled by scattered ids as a rule (embedding-shaped ones,
+// and those of more than kAutoInlineMaxShardBytes per shard): B = 1 there,
+// so a row READ moves and checks only its own bytes (rows under 64 bytes:
+// blocks of 256 bytes).
 // RowsPerBlock() says which; servers and clients agree, and the directory
 // carries it. A dense shard keeps rows and headers apart:
 //     [ rows: count x dim floats, dense ][ headers: blocks x BlockHeader ]
@@ -99,7 +100,7 @@ static_assert(std::endian::native == std::endian::little,
 inline constexpr std::uint32_t kHelloMagic = 0x50414d52;      // "RMAP"
 inline constexpr std::uint32_t kBootstrapMagic = 0x544f4f42;  // "BOOT"
 inline constexpr std::uint32_t kDirectoryMagic = 0x52494452;  // "RDIR"
-inline constexpr std::uint32_t kLayoutVersion = 4;
+inline constexpr std::uint32_t kLayoutVersion = 5;
 inline constexpr std::uint32_t kBootstrapImm = 0x80000000u;
 inline constexpr std::size_t kBootstrapSlotBytes = 64;
 inline constexpr std::size_t kCacheLine = 64;
@@ -117,8 +118,7 @@ struct ShardRange {
 };
 
 // Rows of `server` (0 <= server < num_servers, num_servers >= 1).
-inline ShardRange PartitionOf(std::uint64_t rows, std::uint32_t num_servers,
-                              std::uint32_t server) {
+inline ShardRange PartitionOf(std::uint64_t rows, std::uint32_t num_servers, std::uint32_t server) {
   const std::uint64_t base = rows / num_servers;
   const std::uint64_t extra = rows % num_servers;
   const std::uint64_t begin = server * base + (server < extra ? server : extra);
@@ -126,8 +126,7 @@ inline ShardRange PartitionOf(std::uint64_t rows, std::uint32_t num_servers,
 }
 
 // The server owning `row` (row < rows).
-inline std::uint32_t ServerOfRow(std::uint64_t rows, std::uint32_t num_servers,
-                                 std::uint64_t row) {
+inline std::uint32_t ServerOfRow(std::uint64_t rows, std::uint32_t num_servers, std::uint64_t row) {
   const std::uint64_t base = rows / num_servers;
   const std::uint64_t extra = rows % num_servers;
   const std::uint64_t big = extra * (base + 1);  // rows held by the larger shards
@@ -177,7 +176,7 @@ inline constexpr std::uint64_t kAutoEmbeddingMaxRowBytes = 1024;
 // embedding-shaped (pulled by scattered ids, as a rule), else dense.
 // Servers and clients agree.
 inline std::uint32_t ResolveRowLayout(std::uint32_t layout, std::uint64_t rows, std::uint32_t dim,
-                                   std::uint32_t num_servers) {
+                                      std::uint32_t num_servers) {
   if (layout != kLayoutAuto) return layout;
   const std::uint64_t largest = (rows + num_servers - 1) / num_servers;
   if (largest <= kAutoInlineMaxShardBytes / RowBytes(dim)) return kLayoutInline;
@@ -190,19 +189,31 @@ inline std::uint32_t ResolveRowLayout(std::uint32_t layout, std::uint64_t rows, 
 // Rows under this size are checked in blocks of about kCheckBlockBytes.
 inline constexpr std::size_t kBlockMinRowBytes = 1024;
 inline constexpr std::size_t kCheckBlockBytes = 2048;
+// In tables pulled by scattered ids, rows under kTinyRowBytes are checked
+// in blocks of kTinyBlockBytes: a row READ then moves 256 + 16 bytes instead
+// of 16 + 4 (padded to 32) for a 1-float row, which costs an op the same on
+// every transport, while a range pull moves 1.06x its payload instead of 8x.
+inline constexpr std::size_t kTinyRowBytes = 64;
+inline constexpr std::size_t kTinyBlockBytes = 256;
 
 // Rows per checked block of a table whose layout resolved to `layout` (not
-// kLayoutAuto): 1 for rows of kBlockMinRowBytes and more, for
-// embedding-shaped tables (at least kAutoEmbeddingMinRows rows) and for
-// inline tables of more than kAutoInlineMaxShardBytes per shard (the last
-// two are pulled by scattered ids, where a block would multiply the bytes a
-// row READ moves and checks), else kCheckBlockBytes / RowBytes(dim).
+// kLayoutAuto): 1 for rows of kBlockMinRowBytes and more; in inline tables
+// pulled by scattered ids as a rule (embedding-shaped ones, at least
+// kAutoEmbeddingMinRows rows, and those of more than
+// kAutoInlineMaxShardBytes per shard), where a block multiplies the bytes a
+// row READ moves and checks, 1 too, except that rows under kTinyRowBytes
+// are blocked to kTinyBlockBytes; else (dense tables, pulled as ranges, and
+// small inline ones) kCheckBlockBytes / RowBytes(dim). Layout version 5:
+// versions up to 4 checked dense tables of >= 65536 rows and tiny-row embedding
+// tables row by row.
 inline std::uint32_t RowsPerBlock(std::uint32_t layout, std::uint64_t rows, std::uint32_t dim,
                                   std::uint32_t num_servers) {
   const std::size_t row = RowBytes(dim);
-  if (row >= kBlockMinRowBytes || rows >= kAutoEmbeddingMinRows) return 1;
+  if (row >= kBlockMinRowBytes) return 1;
   const std::uint64_t largest = (rows + num_servers - 1) / num_servers;
-  if (layout == kLayoutInline && largest > kAutoInlineMaxShardBytes / row) return 1;
+  const bool scattered = layout == kLayoutInline && (rows >= kAutoEmbeddingMinRows ||
+                                                     largest > kAutoInlineMaxShardBytes / row);
+  if (scattered) return row < kTinyRowBytes ? static_cast<std::uint32_t>(kTinyBlockBytes / row) : 1;
   return static_cast<std::uint32_t>(kCheckBlockBytes / row);
 }
 
@@ -313,7 +324,7 @@ struct DirectoryTable {
   std::uint64_t shard_begin;
   std::uint64_t shard_rows;
   std::uint32_t staleness;
-  std::uint32_t row_bytes;       // RowBytes(dim)
+  std::uint32_t row_bytes;  // RowBytes(dim)
   WireRegion shard;  // the region GeometryOf(layout, shard_rows, dim, rows_per_block) describes
   std::uint64_t headers_offset;  // GeometryOf(...).headers_offset
   std::uint32_t layout;          // kLayoutDense or kLayoutInline
@@ -372,10 +383,10 @@ inline constexpr std::size_t kAtomicsBytes = 64;
 enum class SlotKind : std::uint32_t { kRange = 1, kRows = 2, kClock = 3, kBye = 4 };
 
 struct SlotHeader {
-  std::uint64_t seq;        // 1, 2, ... per (worker, server)
-  std::uint64_t clock;      // worker clock at push time; for kClock the NEW clock
-  std::uint32_t table;      // table id (kRange/kRows)
-  std::uint32_t kind;       // SlotKind
+  std::uint64_t seq;    // 1, 2, ... per (worker, server)
+  std::uint64_t clock;  // worker clock at push time; for kClock the NEW clock
+  std::uint32_t table;  // table id (kRange/kRows)
+  std::uint32_t kind;   // SlotKind
   std::uint32_t num_rows;
   std::uint32_t pad;
   std::uint64_t first_row;  // kRange: global index of the first row

@@ -13,6 +13,7 @@
 #include <future>
 #include <latch>
 #include <mutex>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -20,6 +21,7 @@
 #include "rdmaps/log.h"
 #include "src/ps/initializer.h"
 #include "src/ps/optimizer.h"
+#include "src/ps/test_hooks.h"
 #include "src/ps/wire.h"
 #include "tests/ps/ps_test_util.h"
 
@@ -84,6 +86,150 @@ TEST_P(PsTest, PushIsAppliedAndReadMyWrites) {
     }
   }
   EXPECT_EQ(cl.stats().pushes, 100u);
+}
+
+// Flush() returns only once every server applied this worker's pushes: with
+// the apply threads paused it cannot complete; once they run, it completes
+// and the servers have applied every push exactly once.
+TEST_P(PsTest, FlushReturnsOnceEveryPushIsApplied) {
+  auto c = StartCluster(transport(), 2, 1, {MakeTable(1, "w", 9, 3)});
+  ASSERT_EQ(c.clients.size(), 1u);
+  Client& cl = *c.clients[0];
+  EXPECT_TRUE(cl.Flush().ok());  // nothing pushed: nothing to wait for
+  for (auto& s : c.servers) internal::TEST_PauseApply(*s, true);
+  std::vector<float> g(9 * 3, -1.0f);
+  std::vector<std::uint64_t> ids = {8, 0, 4};
+  std::vector<float> gi(3 * 3, -2.0f);
+  ASSERT_TRUE(cl.Push(1, RowRange{0, 9}, g).ok());
+  ASSERT_TRUE(cl.Push(1, ids, gi).ok());
+  Handle h = cl.FlushAsync();
+  // Paused servers apply nothing, so the flush cannot have finished, and
+  // it polls (waits) rather than returning.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (cl.stats().pull_waits == 0 && std::chrono::steady_clock::now() < until) {
+    std::this_thread::yield();
+  }
+  EXPECT_GT(cl.stats().pull_waits, 0u);
+  EXPECT_FALSE(h.done());
+  for (auto& s : c.servers) EXPECT_EQ(s->stats().pushes_applied, 0u);
+  for (auto& s : c.servers) internal::TEST_PauseApply(*s, false);
+  ASSERT_TRUE(h.WaitFor(std::chrono::seconds(20)).ok());
+  // Applied, each push once (the range push is one slot per server, the
+  // scattered one touches both servers too).
+  std::uint64_t applied = 0;
+  for (auto& s : c.servers) applied += s->stats().pushes_applied;
+  EXPECT_EQ(applied, 4u);
+  for (std::uint32_t si = 0; si < 2; ++si) {
+    const std::uint64_t begin = si == 0 ? 0 : 5, count = si == 0 ? 5 : 4;
+    std::vector<float> local;
+    ASSERT_TRUE(c.servers[si]->ReadLocal(1, RowRange{begin, count}, &local).ok());
+    for (std::uint64_t r = 0; r < count; ++r) {
+      const std::uint64_t row = begin + r;
+      const float want = 1.0f + ((row == 8 || row == 0 || row == 4) ? 2.0f : 0.0f);
+      EXPECT_EQ(local[r * 3], want) << row;
+    }
+  }
+}
+
+// Many scattered ids dense in their span are pulled as the span plus a
+// gather; few sparse ones row by row. Both return exactly the rows a range
+// pull returns, duplicates included, on every layout and across servers.
+TEST_P(PsTest, ScatteredPullsBySpanOrByRowReturnTheSameRows) {
+  TableOptions dense = MakeTable(1, "dense", 3000, 16, kAsp, Initializer::Uniform(-1, 1, 5));
+  TableOptions tiny = MakeTable(2, "tiny", 70000, 1, kAsp, Initializer::Uniform(-1, 1, 6));
+  tiny.layout = RowLayout::kAuto;  // inline, blocks of 64 rows
+  TableOptions emb = MakeTable(3, "emb", 65536, 64, kAsp, Initializer::Uniform(-1, 1, 7));
+  emb.layout = RowLayout::kAuto;  // inline, a row per block
+  auto c = StartCluster(transport(), 2, 1, {dense, tiny, emb});
+  ASSERT_EQ(c.clients.size(), 1u);
+  Client& cl = *c.clients[0];
+  std::mt19937_64 rng(9);
+  struct Case {
+    std::uint32_t table;
+    std::uint64_t rows;
+    std::uint32_t dim;
+    std::size_t ids;
+    bool span;
+  };
+  for (const Case& k : {Case{1, 3000, 16, 5000, true}, Case{2, 70000, 1, 70000, true},
+                        Case{3, 65536, 64, 300, false}}) {
+    std::vector<float> all(k.rows * k.dim);
+    ASSERT_TRUE(cl.Pull(k.table, RowRange{0, k.rows}, all).ok());
+    std::vector<std::uint64_t> ids(k.ids);
+    for (auto& id : ids) id = rng() % k.rows;
+    ids[1] = ids[0];  // a duplicate
+    std::vector<float> out(ids.size() * k.dim);
+    const std::uint64_t spans = cl.stats().span_pulls;
+    ASSERT_TRUE(cl.Pull(k.table, ids, out).ok());
+    EXPECT_EQ(cl.stats().span_pulls - spans, k.span ? 1u : 0u) << k.table;
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      for (std::uint32_t d = 0; d < k.dim; ++d) {
+        ASSERT_EQ(out[i * k.dim + d], all[ids[i] * k.dim + d]) << k.table << " " << i;
+      }
+    }
+  }
+}
+
+// A push larger than a slot is pipelined: many slots in flight per server
+// (and a control READ riding behind them), applied as they land. Every
+// slot is applied exactly once, from registered and from staged gradients,
+// and each PushPull sees its own push.
+TEST_P(PsTest, PipelinedLargePushesApplyEverySlotOnce) {
+  // 16 KiB slots carry 3 rows of 1024 floats: a 64-row push is 22 slots per
+  // server, more than the ring's 8.
+  auto c = StartCluster(transport(), 2, 1, {MakeTable(1, "w", 128, 1024)});
+  ASSERT_EQ(c.clients.size(), 1u);
+  Client& cl = *c.clients[0];
+  std::vector<float> reg(128 * 1024, -1.0f), out(128 * 1024);
+  std::vector<float> staged(128 * 1024, -1.0f);
+  ASSERT_TRUE(cl.RegisterBuffer(reg).ok());
+  ASSERT_TRUE(cl.RegisterBuffer(out).ok());
+  constexpr int kRounds = 20;
+  for (int round = 1; round <= kRounds; ++round) {
+    const std::vector<float>& g = round % 2 ? reg : staged;
+    ASSERT_TRUE(cl.PushPull(1, RowRange{0, 128}, g, out).ok());
+    for (std::size_t i = 0; i < out.size(); i += 97) ASSERT_EQ(out[i], round) << i;
+  }
+  ASSERT_TRUE(cl.Flush().ok());
+  std::uint64_t applied = 0;
+  for (auto& s : c.servers) applied += s->stats().pushes_applied;
+  EXPECT_EQ(applied, kRounds * 2u * 22u);
+  EXPECT_EQ(cl.stats().torn_retries, 0u);
+  for (auto& s : c.servers) EXPECT_EQ(s->stats().protocol_errors, 0u);
+}
+
+// Under ASP a pull never waits for other workers; Barrier() still makes
+// every push made before it visible to every pull after it. Worker 0 pushes
+// while the server's apply is paused; worker 1's barrier cannot complete
+// before that push is applied, so its pull sees it.
+TEST_P(PsTest, BarrierMakesEveryPushBeforeItVisibleUnderAsp) {
+  auto c = StartCluster(transport(), 1, 2, {MakeTable(1, "w", 4, 2, kAsp)});
+  ASSERT_EQ(c.clients.size(), 2u);
+  internal::TEST_PauseApply(*c.servers[0], true);
+  std::vector<float> g(4 * 2, -3.0f), out(4 * 2, -1.0f);
+  ASSERT_TRUE(c.clients[0]->Push(1, RowRange{0, 4}, g).ok());
+  std::atomic<bool> puller_done{false};
+  Status b0, b1, pull;
+  std::thread w0([&] { b0 = c.clients[0]->Barrier(); });
+  std::thread w1([&] {
+    b1 = c.clients[1]->Barrier();
+    if (b1.ok()) pull = c.clients[1]->Pull(1, RowRange{0, 4}, out);
+    puller_done.store(true);
+  });
+  // Resume the apply once worker 0 waits for it (or, were the barrier not
+  // to wait, once worker 1 already pulled: then the check below fails).
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (c.clients[0]->stats().pull_waits == 0 && !puller_done.load() &&
+         std::chrono::steady_clock::now() < until) {
+    std::this_thread::yield();
+  }
+  internal::TEST_PauseApply(*c.servers[0], false);
+  w0.join();
+  w1.join();
+  ASSERT_TRUE(b0.ok()) << b0;
+  ASSERT_TRUE(b1.ok()) << b1;
+  ASSERT_TRUE(pull.ok()) << pull;
+  for (float v : out) EXPECT_EQ(v, 3.0f);
 }
 
 TEST_P(PsTest, ScatteredPushAppliesDuplicatesEachTime) {
@@ -627,6 +773,27 @@ TEST_P(PsTest, AsyncHandlesAndCallbacks) {
   // Argument errors arrive through the handle too.
   Handle bad = cl.PullAsync(7, RowRange{0, 1}, out);
   EXPECT_EQ(bad.WaitFor(std::chrono::seconds(10)).code(), StatusCode::kInvalidArgument);
+  // PushPull, and the scattered forms with callbacks.
+  std::vector<float> g2(9 * 3, -1.0f), out2(9 * 3);
+  Handle pp = cl.PushPullAsync(1, RowRange{0, 9}, g2, out2);
+  ASSERT_TRUE(pp.WaitFor(std::chrono::seconds(10)).ok());
+  for (float v : out2) EXPECT_EQ(v, 3.0f);  // sees its own push
+  const std::vector<std::uint64_t> ids = {8, 1, 8};
+  std::vector<float> gi(3 * 3, -1.0f), oi(3 * 3);
+  std::promise<Status> pushed, pulled, both;
+  cl.PushAsync(1, ids, gi, [&](const Status& s) { pushed.set_value(s); });
+  cl.PullAsync(1, ids, oi, [&](const Status& s) { pulled.set_value(s); });
+  cl.PushPullAsync(1, RowRange{0, 9}, g2, out2, [&](const Status& s) { both.set_value(s); });
+  for (std::promise<Status>* pr : {&pushed, &pulled, &both}) {
+    auto f = pr->get_future();
+    ASSERT_EQ(f.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+    EXPECT_TRUE(f.get().ok());
+  }
+  EXPECT_EQ(oi[0], 5.0f);  // row 8: 3, then twice +1
+  EXPECT_EQ(oi[3], 4.0f);  // row 1
+  EXPECT_EQ(out2[8 * 3], 6.0f);
+  EXPECT_EQ(out2[1 * 3], 5.0f);
+  EXPECT_TRUE(cl.FlushAsync().WaitFor(std::chrono::seconds(10)).ok());
 }
 
 // rdmaps-server's signal thread and its main thread may both call Stop() while

@@ -208,9 +208,10 @@ TEST(ShardLayoutTest, SmallRowsAreCheckedInBlocksExceptInTablesPulledByScattered
   EXPECT_EQ(RowsPerBlock(kLayoutDense, 1000, 64, 1), kCheckBlockBytes / 256);
   EXPECT_EQ(RowsPerBlock(kLayoutDense, 1000, 255, 1), 2u);
   EXPECT_EQ(RowsPerBlock(kLayoutDense, 65535, 1, 1), kCheckBlockBytes / 4);
-  // Embedding-shaped tables, whatever their layout: one row per block.
-  EXPECT_EQ(RowsPerBlock(kLayoutDense, 65536, 1, 1), 1u);
-  EXPECT_EQ(RowsPerBlock(kLayoutDense, 1 << 20, 16, 64), 1u);
+  // Dense tables are pulled as ranges: blocked whatever their row count
+  // (layout version 3 checked those of >= 65536 rows row by row).
+  EXPECT_EQ(RowsPerBlock(kLayoutDense, 65536, 1, 1), kCheckBlockBytes / 4);
+  EXPECT_EQ(RowsPerBlock(kLayoutDense, 1 << 20, 16, 64), kCheckBlockBytes / 64);
   // Inline tables: blocked while every shard holds at most 64 KiB of rows,
   // one row per block beyond (pulled by scattered ids).
   EXPECT_EQ(RowsPerBlock(kLayoutInline, 256, 64, 1), kCheckBlockBytes / 256);
@@ -218,6 +219,11 @@ TEST(ShardLayoutTest, SmallRowsAreCheckedInBlocksExceptInTablesPulledByScattered
   EXPECT_EQ(RowsPerBlock(kLayoutInline, 512, 64, 2), kCheckBlockBytes / 256);
   EXPECT_EQ(RowsPerBlock(kLayoutInline, 513, 64, 2), 1u);
   EXPECT_EQ(RowsPerBlock(kLayoutInline, 1 << 20, 16, 1), 1u);
+  // ... except rows under 64 bytes, blocked to 256 bytes (a 1-float row
+  // inline would move 32 bytes for 4 in a range pull).
+  EXPECT_EQ(RowsPerBlock(kLayoutInline, 1 << 20, 1, 1), kTinyBlockBytes / 4);
+  EXPECT_EQ(RowsPerBlock(kLayoutInline, 65536, 15, 1), kTinyBlockBytes / 60);
+  EXPECT_EQ(RowsPerBlock(kLayoutInline, 257, 8, 1), kCheckBlockBytes / 32);  // small: blocked
 }
 
 TEST(CheckedRowTest, RowAndSeparatelyReadHeaderAgreeOnlyForOneWholeVersion) {
@@ -239,8 +245,7 @@ TEST(CheckedRowTest, RowAndSeparatelyReadHeaderAgreeOnlyForOneWholeVersion) {
       std::memcpy(mix.data() + l * 16, src.data() + l * 16, 64);
     }
     EXPECT_EQ(VerifyRow(h1, mix.data(), floats * 4), mask == 0) << "mask " << mask;
-    EXPECT_EQ(VerifyRow(h2, mix.data(), floats * 4), mask == (1u << lines) - 1)
-        << "mask " << mask;
+    EXPECT_EQ(VerifyRow(h2, mix.data(), floats * 4), mask == (1u << lines) - 1) << "mask " << mask;
   }
   // A torn header (version of one, checksum of the other) matches nothing.
   const BlockHeader torn{h2.version, h1.checksum};

@@ -313,7 +313,13 @@ Status EndpointCore::Serve(Inbound& in) {
         "still being sent; the peer's op cannot complete");
   }
   bool drained = false;  // The last recv left the socket empty.
-  for (int round = 0; round < 16; ++round) {
+  // At most kRounds reads from the socket per call (fairness between peers);
+  // the last round still executes what the reads before it brought into rx,
+  // because epoll (level-triggered on the socket) would not call again for
+  // requests that already left the socket.
+  constexpr int kRounds = 16;
+  for (int round = 0;; ++round) {
+    const bool last = round + 1 >= kRounds;
     if (in.phase == Inbound::Phase::kDraining) {
       RDMAPS_ASSIGN_OR_RETURN(bool sent, in.tx.Flush(in.fd.get()));
       if (!sent) return Status::OK();
@@ -329,6 +335,7 @@ Status EndpointCore::Serve(Inbound& in) {
       }
     }
     if (in.in_payload) {
+      if (last) return Status::OK();  // rx is empty: the rest is in the socket
       bool blocked = false;
       RDMAPS_RETURN_IF_ERROR(ContinuePayload(in, &blocked));
       if (blocked) break;
@@ -394,7 +401,9 @@ Status EndpointCore::Serve(Inbound& in) {
     if (in.in_payload) continue;
     // epoll is level-triggered: a recv now would most likely say EAGAIN.
     if (drained) return Status::OK();
-    // Need more bytes for the next header.
+    // Need more bytes for the next header (what rx holds is not a whole
+    // request, so epoll calls again when they arrive).
+    if (last) return Status::OK();
     if (in.rx_begin == in.rx_end) {
       in.rx_begin = in.rx_end = 0;
     } else if (in.rx_begin > kRxBufferBytes / 2) {

@@ -1,0 +1,102 @@
+#include "src/ps/scatter_plan.h"
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+
+namespace rdmaps::internal {
+
+PullCosts CostsOf(std::string_view kind) {
+  // tcp loopback: a scattered pull of 1M one-row runs took 0.45 us per run
+  // (request, response framing, completion, check and copy), a 4 MiB range
+  // pull 0.38 ns per byte; a gathered row costs a few ns (random reads of
+  // the scratch). fake: a READ is a memcpy under a lock. verbs: rxe ops cost
+  // tens of us in the TCG VM (docs/ps.md), an HCA about 1-2 us per op in a
+  // batch and 0.1 ns per byte: either way far from the crossover for the
+  // shapes we know, so one set (an HCA's, conservative for rxe) is used.
+  if (kind == "fake") return {0.25, 0.0001, 0.004};
+  if (kind == "verbs") return {1.5, 0.0001, 0.004};
+  return {0.45, 0.00038, 0.004};
+}
+
+namespace {
+
+std::uint32_t ServerOf(const RemoteTable& t, std::uint32_t num_servers, std::uint64_t row) {
+  return num_servers == 1 ? 0 : ServerOfRow(t.info.rows, num_servers, row);
+}
+
+// Remote bytes a READ of shard-local rows [lo, hi] moves (whole blocks,
+// headers included).
+std::uint64_t SpanBytes(const ShardGeometry& g, std::uint64_t lo, std::uint64_t hi) {
+  const std::uint64_t blocks = g.block_of(hi) - g.block_of(lo) + 1;
+  if (g.inline_headers()) return blocks * g.block_stride;
+  return blocks * (g.rows_per_block * g.row_bytes + sizeof(BlockHeader));
+}
+
+}  // namespace
+
+SpanPlan PlanScatteredPull(const RemoteTable& t, std::uint32_t num_servers,
+                           std::span<const std::uint64_t> rows, const PullCosts& costs) {
+  SpanPlan p;
+  const std::uint32_t S = num_servers;
+  p.lo.assign(S, std::numeric_limits<std::uint64_t>::max());
+  p.hi.assign(S, 0);
+  p.scratch_row.assign(S, 0);
+  std::vector<std::uint64_t> runs(S, 0), n(S, 0);
+  std::uint32_t prev_server = S;
+  std::uint64_t prev_local = 0;
+  for (std::uint64_t id : rows) {
+    const std::uint32_t si = ServerOf(t, S, id);
+    const std::uint64_t local = id - t.shards[si].begin;
+    if (si != prev_server || local != prev_local + 1) ++runs[si];
+    prev_server = si;
+    prev_local = local;
+    p.lo[si] = std::min(p.lo[si], local);
+    p.hi[si] = std::max(p.hi[si], local);
+    ++n[si];
+  }
+  std::uint64_t span_bytes = 0;
+  for (std::uint32_t si = 0; si < S; ++si) {
+    if (n[si] == 0) continue;
+    p.involved.push_back(si);
+    const ShardGeometry& g = t.shards[si].geo;
+    // Per row: each run READs its blocks (one, as a rule) and their header.
+    const std::uint64_t run_bytes =
+        g.inline_headers() ? g.block_stride : g.rows_per_block * g.row_bytes + sizeof(BlockHeader);
+    p.per_row_us += static_cast<double>(runs[si]) *
+                    (costs.op_us + static_cast<double>(run_bytes) * costs.byte_us);
+    const std::uint64_t bytes = SpanBytes(g, p.lo[si], p.hi[si]);
+    span_bytes += bytes;
+    p.span_us += static_cast<double>(bytes / (256 * 1024) + 1) * costs.op_us +
+                 static_cast<double>(bytes) * costs.byte_us +
+                 static_cast<double>(n[si]) * costs.gather_row_us;
+    p.scratch_row[si] = p.scratch_rows;
+    p.scratch_rows += p.hi[si] - p.lo[si] + 1;
+  }
+  p.use_span = span_bytes <= kSpanMaxBytes && p.span_us < p.per_row_us;
+  return p;
+}
+
+void GatherFromSpans(const RemoteTable& t, std::uint32_t num_servers, const SpanPlan& plan,
+                     std::span<const std::uint64_t> rows, const float* scratch, float* out) {
+  const std::uint32_t dim = t.info.dim;
+  const std::uint32_t S = num_servers;
+  if (S == 1) {
+    const std::uint64_t first = t.shards[0].begin + plan.lo[0];
+    if (dim == 1) {
+      for (std::size_t i = 0; i < rows.size(); ++i) out[i] = scratch[rows[i] - first];
+      return;
+    }
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+      std::memcpy(out + i * dim, scratch + (rows[i] - first) * dim, dim * sizeof(float));
+    }
+    return;
+  }
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const std::uint32_t si = ServerOf(t, S, rows[i]);
+    const std::uint64_t at = plan.scratch_row[si] + (rows[i] - t.shards[si].begin - plan.lo[si]);
+    std::memcpy(out + i * dim, scratch + at * dim, dim * sizeof(float));
+  }
+}
+
+}  // namespace rdmaps::internal
