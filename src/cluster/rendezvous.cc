@@ -189,8 +189,9 @@ Status PublishFile(const std::string& path, const std::string& address) {
     std::ofstream out(tmp, std::ios::trunc);
     out << address << "\n";
     if (!out) {
-      return Status(StatusCode::kIOError, "rendezvous: cannot write " + tmp +
-                     "; --rendezvous=file:PATH needs a writable directory every rank sees");
+      return Status(StatusCode::kIOError,
+                    "rendezvous: cannot write " + tmp +
+                        "; --rendezvous=file:PATH needs a writable directory every rank sees");
     }
   }
   if (rename(tmp.c_str(), path.c_str()) != 0) {
@@ -275,10 +276,10 @@ Result<RendezvousResult> RunRoot(const ClusterLayout& layout, std::string_view s
     std::string who = ranked ? RankName(true, S, h.rank) : std::string(RoleName(Role(h.role)));
     who += " from " + j.peer;
     if (h.version != kRendezvousVersion) {
-      answer_error(j, FailedPreconditionError(
-                          "rendezvous protocol version " + std::to_string(h.version) +
-                          " != root's " + std::to_string(kRendezvousVersion) +
-                          "; run the same rdmaps version everywhere"));
+      answer_error(
+          j, FailedPreconditionError("rendezvous protocol version " + std::to_string(h.version) +
+                                     " != root's " + std::to_string(kRendezvousVersion) +
+                                     "; run the same rdmaps version everywhere"));
       RDMAPS_LOG(WARNING) << "rendezvous: refused " << who << ": protocol version " << h.version;
       return Status::OK();
     }
@@ -293,11 +294,11 @@ Result<RendezvousResult> RunRoot(const ClusterLayout& layout, std::string_view s
     if (static_cast<int>(h.num_servers) != S || static_cast<int>(h.num_workers) != W ||
         (ranked && static_cast<int>(h.world_size) != layout.world_size)) {
       return InvalidArgumentError(
-          "rendezvous: " + who + " has a different job shape: " +
-          std::to_string(h.num_servers) + " ps + " + std::to_string(h.num_workers) +
-          " workers (world " + std::to_string(h.world_size) + "), root has " +
-          std::to_string(S) + " ps + " + std::to_string(W) + " workers (world " +
-          std::to_string(layout.world_size) + "); give every process the same --num_servers");
+          "rendezvous: " + who + " has a different job shape: " + std::to_string(h.num_servers) +
+          " ps + " + std::to_string(h.num_workers) + " workers (world " +
+          std::to_string(h.world_size) + "), root has " + std::to_string(S) + " ps + " +
+          std::to_string(W) + " workers (world " + std::to_string(layout.world_size) +
+          "); give every process the same --num_servers");
     }
     if (ranked) {
       if (h.rank <= 0 || h.rank >= layout.world_size) {
@@ -332,7 +333,8 @@ Result<RendezvousResult> RunRoot(const ClusterLayout& layout, std::string_view s
     if (Clock::now() >= deadline) break;
     std::vector<pollfd> pfds;
     pfds.push_back({listener.get(), POLLIN, 0});
-    for (auto& j : conns) pfds.push_back({j.fd.get(), static_cast<short>(j.fd.get() >= 0 ? POLLIN : 0), 0});
+    for (auto& j : conns)
+      pfds.push_back({j.fd.get(), static_cast<short>(j.fd.get() >= 0 ? POLLIN : 0), 0});
     int r = poll(pfds.data(), pfds.size(), std::min(MillisUntil(deadline), 1000));
     if (r < 0 && errno != EINTR) return ErrnoError("rendezvous: poll", errno);
     if (r <= 0) continue;
@@ -346,8 +348,8 @@ Result<RendezvousResult> RunRoot(const ClusterLayout& layout, std::string_view s
         Joiner j;
         j.fd = Fd(c);
         char host[NI_MAXHOST] = "?", serv[NI_MAXSERV] = "?";
-        getnameinfo(reinterpret_cast<sockaddr*>(&ss), len, host, sizeof(host), serv,
-                    sizeof(serv), NI_NUMERICHOST | NI_NUMERICSERV);
+        getnameinfo(reinterpret_cast<sockaddr*>(&ss), len, host, sizeof(host), serv, sizeof(serv),
+                    NI_NUMERICHOST | NI_NUMERICSERV);
         j.peer = std::string(host) + ":" + serv;
         conns.push_back(std::move(j));
       }
@@ -372,16 +374,15 @@ Result<RendezvousResult> RunRoot(const ClusterLayout& layout, std::string_view s
       }
       if (j.hello) continue;  // Nothing more is expected; ignore.
       j.in.append(buf, static_cast<std::size_t>(n));
-      if (j.in.size() < sizeof(HelloHeader)) continue;
-      j.header = DecodeHello(j.in.data());
-      if (j.header.magic != kRendezvousHelloMagic || j.header.addr_len > kMaxRendezvousAddress) {
-        RDMAPS_LOG(WARNING) << "rendezvous: dropped " << j.peer
-                            << ": not an rdmaps rendezvous hello";
-        answer_error(j, InvalidArgumentError("not an rdmaps rendezvous hello"));
+      Result<std::optional<ParsedHello>> parsed = ParseRendezvousHello(j.in);
+      if (!parsed.ok()) {
+        RDMAPS_LOG(WARNING) << "rendezvous: dropped " << j.peer << ": " << parsed.status();
+        answer_error(j, parsed.status());
         continue;
       }
-      if (j.in.size() < sizeof(HelloHeader) + j.header.addr_len) continue;
-      j.address = j.in.substr(sizeof(HelloHeader), j.header.addr_len);
+      if (!parsed->has_value()) continue;
+      j.header = (*parsed)->header;
+      j.address = std::move((*parsed)->address);
       j.hello = true;
       failure = on_hello(ci);
     }
@@ -408,8 +409,8 @@ Result<RendezvousResult> RunRoot(const ClusterLayout& layout, std::string_view s
                 std::to_string(W) + " workers";
       count = expected - arrived();
     }
-    failure = TimedOutError("rendezvous at " + where + " (" + layout.source + "): " +
-                            std::to_string(count) + " process(es) never arrived within " +
+    failure = TimedOutError("rendezvous at " + where + " (" + layout.source +
+                            "): " + std::to_string(count) + " process(es) never arrived within " +
                             Seconds(Clock::now() - start) + ": " + missing +
                             "; check that they were started, and with the same layout");
   }
@@ -422,7 +423,8 @@ Result<RendezvousResult> RunRoot(const ClusterLayout& layout, std::string_view s
   }
 
   // Everyone is here: assemble the lists.
-  std::vector<std::string> servers(static_cast<std::size_t>(S)), workers(static_cast<std::size_t>(W));
+  std::vector<std::string> servers(static_cast<std::size_t>(S)),
+      workers(static_cast<std::size_t>(W));
   std::vector<std::pair<std::size_t, int>> assignment;  // conn -> index
   if (ranked) {
     servers[0] = std::string(self_address);
@@ -476,8 +478,7 @@ Result<RendezvousResult> RunRoot(const ClusterLayout& layout, std::string_view s
   for (const auto& w : workers) body += w + "\n";
   for (auto [ci, idx] : assignment) {
     Joiner& j = conns[ci];
-    Status s = SendAll(j.fd.get(),
-                       EncodeAnswer(Status::OK(), Role(j.header.role), idx, S, W, body),
+    Status s = SendAll(j.fd.get(), EncodeAnswer(Status::OK(), Role(j.header.role), idx, S, W, body),
                        Clock::now() + std::chrono::seconds(2));
     if (!s.ok()) RDMAPS_LOG(WARNING) << "rendezvous: answering " << j.peer << ": " << s;
   }
@@ -522,8 +523,8 @@ Result<RendezvousResult> RunJoin(const ClusterLayout& layout, std::string_view s
                                  TimePoint deadline) {
   const TimePoint start = Clock::now();
   const bool ranked = layout.rank >= 0;
-  std::string me = ranked ? RankName(true, layout.num_servers, layout.rank)
-                          : std::string(RoleName(layout.role));
+  std::string me =
+      ranked ? RankName(true, layout.num_servers, layout.rank) : std::string(RoleName(layout.role));
   std::string root_name = ranked ? "rank 0" : "the scheduler";
   std::string address(self_address.empty() ? layout.advertise_host : self_address);
   if (address.size() > kMaxRendezvousAddress) {
@@ -550,7 +551,8 @@ Result<RendezvousResult> RunJoin(const ClusterLayout& layout, std::string_view s
       if (!(in >> line)) {
         last = NotFoundError("the rendezvous file " + layout.rendezvous.substr(5) +
                              " does not exist yet");
-        std::this_thread::sleep_for(std::min<std::chrono::nanoseconds>(backoff, deadline - Clock::now()));
+        std::this_thread::sleep_for(
+            std::min<std::chrono::nanoseconds>(backoff, deadline - Clock::now()));
         backoff = std::min(backoff * 2, std::chrono::milliseconds(200));
         continue;
       }
@@ -561,7 +563,8 @@ Result<RendezvousResult> RunJoin(const ClusterLayout& layout, std::string_view s
     auto fd = ConnectOnce(*hp, deadline);
     if (!fd.ok()) {
       last = fd.status();
-      std::this_thread::sleep_for(std::min<std::chrono::nanoseconds>(backoff, deadline - Clock::now()));
+      std::this_thread::sleep_for(
+          std::min<std::chrono::nanoseconds>(backoff, deadline - Clock::now()));
       backoff = std::min(backoff * 2, std::chrono::milliseconds(200));
       continue;
     }
@@ -574,9 +577,8 @@ Result<RendezvousResult> RunJoin(const ClusterLayout& layout, std::string_view s
                            " but got no answer within " + Seconds(Clock::now() - start) +
                            "; the root names missing ranks in its own log");
     }
-    AnswerHeader w;
-    std::memcpy(&w, hdr, sizeof(w));
-    if (!s.ok() || be32toh(w.magic) != kRendezvousAnswerMagic) {
+    const AnswerHeader w = DecodeAnswerHeader(hdr);
+    if (!s.ok() || w.magic != kRendezvousAnswerMagic) {
       Status bad = s.ok() ? FailedPreconditionError("rendezvous: " + root +
                                                     " is not an rdmaps rendezvous root (bad magic)")
                           : s;
@@ -591,38 +593,20 @@ Result<RendezvousResult> RunJoin(const ClusterLayout& layout, std::string_view s
       }
       return bad;
     }
-    if (be16toh(w.version) != kRendezvousVersion) {
-      return FailedPreconditionError(
-          "rendezvous protocol version mismatch: root " + root + " speaks " +
-          std::to_string(be16toh(w.version)) + ", this process " +
-          std::to_string(kRendezvousVersion) + "; run the same rdmaps version everywhere");
+    if (w.version != kRendezvousVersion) {
+      return FailedPreconditionError("rendezvous protocol version mismatch: root " + root +
+                                     " speaks " + std::to_string(w.version) + ", this process " +
+                                     std::to_string(kRendezvousVersion) +
+                                     "; run the same rdmaps version everywhere");
     }
-    std::uint32_t body_len = be32toh(w.body_len);
-    if (body_len > (1u << 24)) return DataLossError("rendezvous: oversized answer");
-    std::string body(body_len, '\0');
+    if (w.body_len > kMaxRendezvousBody) return DataLossError("rendezvous: oversized answer");
+    std::string body(w.body_len, '\0');
     RDMAPS_RETURN_IF_ERROR(RecvAll(fd->get(), body.data(), body.size(), answer_by, root));
-    auto code = static_cast<StatusCode>(w.code);
-    if (code != StatusCode::kOk) return Status(code, body);
-    RendezvousResult out;
-    out.role = static_cast<Role>(w.role);
-    out.index = static_cast<std::int32_t>(be32toh(static_cast<std::uint32_t>(w.index)));
-    int S = static_cast<int>(be32toh(w.num_servers));
-    int W = static_cast<int>(be32toh(w.num_workers));
-    std::istringstream lines(body);
-    std::string line;
-    std::vector<std::string> all;
-    while (std::getline(lines, line)) all.push_back(line);
-    if (static_cast<int>(all.size()) != S + W) {
-      return DataLossError("rendezvous: answer lists " + std::to_string(all.size()) +
-                           " addresses, expected " + std::to_string(S + W));
-    }
-    out.servers.assign(all.begin(), all.begin() + S);
-    out.workers.assign(all.begin() + S, all.end());
-    return out;
+    return ParseRendezvousAnswer(w, body, root);
   }
   return TimedOutError("rendezvous: " + me + " could not reach " + root_name + " at " + root +
-                       " within " + Seconds(Clock::now() - start) + " (last error: " +
-                       last.ToString() + "); is " + root_name +
+                       " within " + Seconds(Clock::now() - start) +
+                       " (last error: " + last.ToString() + "); is " + root_name +
                        " running, and is its port reachable from here?");
 }
 
@@ -635,6 +619,94 @@ std::uint64_t TokenHash(std::string_view token) {
     h *= 1099511628211ull;
   }
   return h;
+}
+
+Result<std::optional<ParsedHello>> ParseRendezvousHello(std::string_view in) {
+  if (in.size() < sizeof(HelloHeader)) return std::optional<ParsedHello>();
+  ParsedHello out;
+  out.header = DecodeHello(in.data());
+  const HelloHeader& h = out.header;
+  if (h.magic != kRendezvousHelloMagic) {
+    return InvalidArgumentError("not an rdmaps rendezvous hello (bad magic)");
+  }
+  if (h.addr_len > kMaxRendezvousAddress) {
+    return InvalidArgumentError("rendezvous hello: address of " + std::to_string(h.addr_len) +
+                                " bytes exceeds the limit of " +
+                                std::to_string(kMaxRendezvousAddress));
+  }
+  if (h.role > static_cast<std::uint8_t>(Role::kScheduler)) {
+    return InvalidArgumentError("rendezvous hello: unknown role " + std::to_string(h.role));
+  }
+  if (in.size() < sizeof(HelloHeader) + h.addr_len) return std::optional<ParsedHello>();
+  out.address = std::string(in.substr(sizeof(HelloHeader), h.addr_len));
+  return std::optional<ParsedHello>(std::move(out));
+}
+
+AnswerHeader DecodeAnswerHeader(const char* bytes) {
+  AnswerHeader w;
+  std::memcpy(&w, bytes, sizeof(w));
+  AnswerHeader h{};
+  h.magic = be32toh(w.magic);
+  h.version = be16toh(w.version);
+  h.code = w.code;
+  h.role = w.role;
+  h.index = static_cast<std::int32_t>(be32toh(static_cast<std::uint32_t>(w.index)));
+  h.num_servers = be32toh(w.num_servers);
+  h.num_workers = be32toh(w.num_workers);
+  h.body_len = be32toh(w.body_len);
+  return h;
+}
+
+Result<RendezvousResult> ParseRendezvousAnswer(const AnswerHeader& h, std::string_view body,
+                                               std::string_view root) {
+  const std::string from = "rendezvous: answer from " + std::string(root);
+  if (h.body_len != body.size() || body.size() > kMaxRendezvousBody) {
+    return DataLossError(from + " has a body of " + std::to_string(body.size()) +
+                         " bytes, its header says " + std::to_string(h.body_len));
+  }
+  if (h.code > static_cast<std::uint8_t>(StatusCode::kInternal)) {
+    return DataLossError(from + " carries unknown status code " + std::to_string(h.code));
+  }
+  if (h.code != 0) {
+    // The root's own error, cut so that a hostile root cannot flood a log.
+    return Status(static_cast<StatusCode>(h.code), std::string(body.substr(0, 4096)));
+  }
+  // Counts of at most 2^24 (one line each in a body of at most 2^24 bytes)
+  // and an index inside its role: no sum or subscript below can wrap.
+  if (h.num_servers < 1 || h.num_servers > kMaxRendezvousBody || h.num_workers < 1 ||
+      h.num_workers > kMaxRendezvousBody) {
+    return DataLossError(from + " gives " + std::to_string(h.num_servers) + " servers and " +
+                         std::to_string(h.num_workers) + " workers");
+  }
+  if (h.role != static_cast<std::uint8_t>(Role::kServer) &&
+      h.role != static_cast<std::uint8_t>(Role::kWorker)) {
+    return DataLossError(from + " assigns unknown role " + std::to_string(h.role));
+  }
+  const std::uint32_t of =
+      h.role == static_cast<std::uint8_t>(Role::kServer) ? h.num_servers : h.num_workers;
+  if (h.index < 0 || static_cast<std::uint32_t>(h.index) >= of) {
+    return DataLossError(from + " assigns index " + std::to_string(h.index) + " of " +
+                         std::to_string(of));
+  }
+  std::vector<std::string> all;
+  std::size_t start = 0;
+  while (start < body.size()) {
+    std::size_t nl = body.find('\n', start);
+    if (nl == std::string_view::npos) nl = body.size();
+    all.emplace_back(body.substr(start, nl - start));
+    start = nl + 1;
+  }
+  const std::uint64_t expected = std::uint64_t{h.num_servers} + h.num_workers;
+  if (all.size() != expected) {
+    return DataLossError(from + " lists " + std::to_string(all.size()) + " addresses, expected " +
+                         std::to_string(expected));
+  }
+  RendezvousResult out;
+  out.role = static_cast<Role>(h.role);
+  out.index = h.index;
+  out.servers.assign(all.begin(), all.begin() + h.num_servers);
+  out.workers.assign(all.begin() + h.num_servers, all.end());
+  return out;
 }
 
 Result<RendezvousResult> RunRendezvous(const ClusterLayout& layout, std::string_view self_address,

@@ -11,8 +11,10 @@
 #include <set>
 #include <sstream>
 
+#include "src/base/checked.h"
 #include "src/base/log.h"
 #include "src/cluster/host_lists.h"
+#include "src/cluster/json_parse.h"
 #include "src/cluster/rendezvous.h"
 
 extern char** environ;
@@ -265,11 +267,9 @@ MaybeCluster ClusterFromOptions(const ClusterOptions& o) {
     }
     std::stringstream ss;
     ss << in.rdbuf();
-    nlohmann::json j = nlohmann::json::parse(ss.str(), nullptr, /*allow_exceptions=*/false);
-    if (j.is_discarded()) {
-      return Result<ClusterLayout>(InvalidArgumentError("cluster_spec: " + Quote(o.cluster_spec) +
-                                                        " is not valid JSON: " + Quote(ss.str())));
-    }
+    auto parsed = internal::ParseJsonLimited(ss.str(), "cluster_spec " + Quote(o.cluster_spec));
+    if (!parsed.ok()) return Result<ClusterLayout>(parsed.status());
+    nlohmann::json j = std::move(*parsed);
     // Accept a bare ClusterSpec or one wrapped in {"cluster": ...}.
     if (j.is_object() && j.contains("cluster")) j = j.at("cluster");
     return FromClusterSpecJson(j, *role, o.task_index, o, src, detail + " file=" + o.cluster_spec);
@@ -328,8 +328,10 @@ MaybeCluster ClusterFromTfConfig(const ClusterOptions& o, const Environment& env
   const std::string* tf = Find(env, "TF_CONFIG");
   if (!tf || tf->empty()) return std::nullopt;
   const std::string src = "TF_CONFIG";
-  nlohmann::json j = nlohmann::json::parse(*tf, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) {
+  auto parsed = internal::ParseJsonLimited(*tf, "TF_CONFIG");
+  if (!parsed.ok()) return Result<ClusterLayout>(parsed.status());
+  const nlohmann::json j = std::move(*parsed);
+  if (!j.is_object()) {
     return Result<ClusterLayout>(
         InvalidArgumentError("TF_CONFIG is not a JSON object: " + Quote(*tf)));
   }
@@ -351,8 +353,14 @@ MaybeCluster ClusterFromTfConfig(const ClusterOptions& o, const Environment& env
   int index = 0;
   if (task.contains("index")) {
     const auto& ij = task.at("index");
-    if (ij.is_number_integer()) {
-      index = ij.get<int>();
+    if (ij.is_number_unsigned() || ij.is_number_integer()) {
+      // Refused, not truncated, when it does not fit an int (2^32 is not 0).
+      auto narrowed =
+          ij.is_number_unsigned()
+              ? internal::CheckedNarrow<int>(ij.get<std::uint64_t>(), "TF_CONFIG task.index")
+              : internal::CheckedNarrow<int>(ij.get<std::int64_t>(), "TF_CONFIG task.index");
+      if (!narrowed.ok()) return Result<ClusterLayout>(narrowed.status());
+      index = *narrowed;
     } else if (ij.is_string()) {
       auto c = ParseCount("TF_CONFIG task.index", ij.get<std::string>());
       if (!c.ok()) return Result<ClusterLayout>(c.status());
@@ -366,6 +374,7 @@ MaybeCluster ClusterFromTfConfig(const ClusterOptions& o, const Environment& env
     return Result<ClusterLayout>(
         InvalidArgumentError("TF_CONFIG task index " + std::to_string(index) + " is negative"));
   }
+  const int task_index = index;
   Role role;
   if (type == "ps") {
     role = Role::kServer;
@@ -373,14 +382,23 @@ MaybeCluster ClusterFromTfConfig(const ClusterOptions& o, const Environment& env
     role = Role::kWorker;
     if (type == "worker" && j.at("cluster").is_object() && j.at("cluster").contains("chief") &&
         j.at("cluster").at("chief").is_array()) {
-      index += static_cast<int>(j.at("cluster").at("chief").size());  // chief is worker 0
+      // chief is worker 0
+      const auto shifted = internal::CheckedAdd<std::int64_t>(
+          index, static_cast<std::int64_t>(j.at("cluster").at("chief").size()));
+      auto narrowed = internal::CheckedNarrow<int>(shifted.value_or(-1), "TF_CONFIG worker index");
+      if (!shifted || !narrowed.ok()) {
+        return Result<ClusterLayout>(InvalidArgumentError(
+            "TF_CONFIG task index " + std::to_string(index) + " is out of range"));
+      }
+      index = *narrowed;
     }
   } else {
     return Result<ClusterLayout>(
         InvalidArgumentError("TF_CONFIG task type " + Quote(type) +
                              " is not one rdmaps runs; use \"ps\", \"worker\" or \"chief\""));
   }
-  std::string detail = "task " + type + ":" + std::to_string(task.value("index", 0));
+  // (task.value("index", 0) would throw on a string index.)
+  std::string detail = "task " + type + ":" + std::to_string(task_index);
   return FromClusterSpecJson(j.at("cluster"), role, index, o, src, detail);
 }
 

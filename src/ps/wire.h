@@ -85,7 +85,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <type_traits>
+
+#include "src/base/checked.h"
 
 namespace rdmaps::internal {
 
@@ -113,8 +116,7 @@ struct ShardRange {
 };
 
 // Rows of `server` (0 <= server < num_servers, num_servers >= 1).
-inline ShardRange PartitionOf(std::uint64_t rows, std::uint32_t num_servers,
-                              std::uint32_t server) {
+inline ShardRange PartitionOf(std::uint64_t rows, std::uint32_t num_servers, std::uint32_t server) {
   const std::uint64_t base = rows / num_servers;
   const std::uint64_t extra = rows % num_servers;
   const std::uint64_t begin = server * base + (server < extra ? server : extra);
@@ -122,8 +124,7 @@ inline ShardRange PartitionOf(std::uint64_t rows, std::uint32_t num_servers,
 }
 
 // The server owning `row` (row < rows).
-inline std::uint32_t ServerOfRow(std::uint64_t rows, std::uint32_t num_servers,
-                                 std::uint64_t row) {
+inline std::uint32_t ServerOfRow(std::uint64_t rows, std::uint32_t num_servers, std::uint64_t row) {
   const std::uint64_t base = rows / num_servers;
   const std::uint64_t extra = rows % num_servers;
   const std::uint64_t big = extra * (base + 1);  // rows held by the larger shards
@@ -173,7 +174,7 @@ inline constexpr std::uint64_t kAutoEmbeddingMaxRowBytes = 1024;
 // embedding-shaped (pulled by scattered ids, as a rule), else dense.
 // Servers and clients agree.
 inline std::uint32_t ResolveRowLayout(std::uint32_t layout, std::uint64_t rows, std::uint32_t dim,
-                                   std::uint32_t num_servers) {
+                                      std::uint32_t num_servers) {
   if (layout != kLayoutAuto) return layout;
   const std::uint64_t largest = (rows + num_servers - 1) / num_servers;
   if (largest <= kAutoInlineMaxShardBytes / RowBytes(dim)) return kLayoutInline;
@@ -238,6 +239,17 @@ struct ShardGeometry {
     return inline_headers() ? block * block_stride : headers_offset + block * sizeof(BlockHeader);
   }
 };
+
+// The most bytes a table of `rows` x `dim` can take on one server in either
+// layout (rows, padding and block headers; at most rows * (RowBytes + 32) +
+// 64), or std::nullopt when that does not fit 64 bits. Tables and
+// directories whose bound exceeds kMaxTableBytes are refused before any
+// geometry is computed, so GeometryOf's arithmetic cannot wrap.
+inline constexpr std::uint64_t kMaxTableBytes = std::uint64_t{1} << 48;  // 256 TiB
+inline constexpr std::uint32_t kMaxDim = 1u << 24;
+inline std::optional<std::uint64_t> TableBytesBound(std::uint64_t rows, std::uint32_t dim) {
+  return CheckedAdd(CheckedMul<std::uint64_t>(rows, RowBytes(dim) + 32), std::uint64_t{64});
+}
 
 inline ShardGeometry GeometryOf(std::uint32_t layout, std::uint64_t rows, std::uint32_t dim,
                                 std::uint32_t rows_per_block) {
@@ -309,7 +321,7 @@ struct DirectoryTable {
   std::uint64_t shard_begin;
   std::uint64_t shard_rows;
   std::uint32_t staleness;
-  std::uint32_t row_bytes;       // RowBytes(dim)
+  std::uint32_t row_bytes;  // RowBytes(dim)
   WireRegion shard;  // the region GeometryOf(layout, shard_rows, dim, rows_per_block) describes
   std::uint64_t headers_offset;  // GeometryOf(...).headers_offset
   std::uint32_t layout;          // kLayoutDense or kLayoutInline
@@ -329,6 +341,10 @@ inline std::size_t DirectoryBytes(std::uint32_t num_tables, std::uint32_t num_wo
   return sizeof(DirectoryHeader) + num_tables * sizeof(DirectoryTable) +
          num_workers * sizeof(DirectoryWorker);
 }
+
+// A directory a worker accepts is at most this long (BootstrapMsg::directory
+// .length is checked against it before the worker allocates the copy).
+inline constexpr std::uint64_t kMaxDirectoryBytes = std::uint64_t{64} << 20;
 
 // ---- Control block -----------------------------------------------------------
 
@@ -359,10 +375,10 @@ inline constexpr std::size_t kAtomicsBytes = 64;
 enum class SlotKind : std::uint32_t { kRange = 1, kRows = 2, kClock = 3, kBye = 4 };
 
 struct SlotHeader {
-  std::uint64_t seq;        // 1, 2, ... per (worker, server)
-  std::uint64_t clock;      // worker clock at push time; for kClock the NEW clock
-  std::uint32_t table;      // table id (kRange/kRows)
-  std::uint32_t kind;       // SlotKind
+  std::uint64_t seq;    // 1, 2, ... per (worker, server)
+  std::uint64_t clock;  // worker clock at push time; for kClock the NEW clock
+  std::uint32_t table;  // table id (kRange/kRows)
+  std::uint32_t kind;   // SlotKind
   std::uint32_t num_rows;
   std::uint32_t pad;
   std::uint64_t first_row;  // kRange: global index of the first row
