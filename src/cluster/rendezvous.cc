@@ -189,9 +189,8 @@ Status PublishFile(const std::string& path, const std::string& address) {
     std::ofstream out(tmp, std::ios::trunc);
     out << address << "\n";
     if (!out) {
-      return Status(StatusCode::kIOError,
-                    "rendezvous: cannot write " + tmp +
-                        "; --rendezvous=file:PATH needs a writable directory every rank sees");
+      return Status(StatusCode::kIOError, "rendezvous: cannot write " + tmp +
+                     "; --rendezvous=file:PATH needs a writable directory every rank sees");
     }
   }
   if (rename(tmp.c_str(), path.c_str()) != 0) {
@@ -276,10 +275,10 @@ Result<RendezvousResult> RunRoot(const ClusterLayout& layout, std::string_view s
     std::string who = ranked ? RankName(true, S, h.rank) : std::string(RoleName(Role(h.role)));
     who += " from " + j.peer;
     if (h.version != kRendezvousVersion) {
-      answer_error(
-          j, FailedPreconditionError("rendezvous protocol version " + std::to_string(h.version) +
-                                     " != root's " + std::to_string(kRendezvousVersion) +
-                                     "; run the same rdmaps version everywhere"));
+      answer_error(j, FailedPreconditionError(
+                          "rendezvous protocol version " + std::to_string(h.version) +
+                          " != root's " + std::to_string(kRendezvousVersion) +
+                          "; run the same rdmaps version everywhere"));
       RDMAPS_LOG(WARNING) << "rendezvous: refused " << who << ": protocol version " << h.version;
       return Status::OK();
     }
@@ -294,11 +293,11 @@ Result<RendezvousResult> RunRoot(const ClusterLayout& layout, std::string_view s
     if (static_cast<int>(h.num_servers) != S || static_cast<int>(h.num_workers) != W ||
         (ranked && static_cast<int>(h.world_size) != layout.world_size)) {
       return InvalidArgumentError(
-          "rendezvous: " + who + " has a different job shape: " + std::to_string(h.num_servers) +
-          " ps + " + std::to_string(h.num_workers) + " workers (world " +
-          std::to_string(h.world_size) + "), root has " + std::to_string(S) + " ps + " +
-          std::to_string(W) + " workers (world " + std::to_string(layout.world_size) +
-          "); give every process the same --num_servers");
+          "rendezvous: " + who + " has a different job shape: " +
+          std::to_string(h.num_servers) + " ps + " + std::to_string(h.num_workers) +
+          " workers (world " + std::to_string(h.world_size) + "), root has " +
+          std::to_string(S) + " ps + " + std::to_string(W) + " workers (world " +
+          std::to_string(layout.world_size) + "); give every process the same --num_servers");
     }
     if (ranked) {
       if (h.rank <= 0 || h.rank >= layout.world_size) {
@@ -333,8 +332,7 @@ Result<RendezvousResult> RunRoot(const ClusterLayout& layout, std::string_view s
     if (Clock::now() >= deadline) break;
     std::vector<pollfd> pfds;
     pfds.push_back({listener.get(), POLLIN, 0});
-    for (auto& j : conns)
-      pfds.push_back({j.fd.get(), static_cast<short>(j.fd.get() >= 0 ? POLLIN : 0), 0});
+    for (auto& j : conns) pfds.push_back({j.fd.get(), static_cast<short>(j.fd.get() >= 0 ? POLLIN : 0), 0});
     int r = poll(pfds.data(), pfds.size(), std::min(MillisUntil(deadline), 1000));
     if (r < 0 && errno != EINTR) return ErrnoError("rendezvous: poll", errno);
     if (r <= 0) continue;
@@ -348,8 +346,8 @@ Result<RendezvousResult> RunRoot(const ClusterLayout& layout, std::string_view s
         Joiner j;
         j.fd = Fd(c);
         char host[NI_MAXHOST] = "?", serv[NI_MAXSERV] = "?";
-        getnameinfo(reinterpret_cast<sockaddr*>(&ss), len, host, sizeof(host), serv, sizeof(serv),
-                    NI_NUMERICHOST | NI_NUMERICSERV);
+        getnameinfo(reinterpret_cast<sockaddr*>(&ss), len, host, sizeof(host), serv,
+                    sizeof(serv), NI_NUMERICHOST | NI_NUMERICSERV);
         j.peer = std::string(host) + ":" + serv;
         conns.push_back(std::move(j));
       }
@@ -409,8 +407,8 @@ Result<RendezvousResult> RunRoot(const ClusterLayout& layout, std::string_view s
                 std::to_string(W) + " workers";
       count = expected - arrived();
     }
-    failure = TimedOutError("rendezvous at " + where + " (" + layout.source +
-                            "): " + std::to_string(count) + " process(es) never arrived within " +
+    failure = TimedOutError("rendezvous at " + where + " (" + layout.source + "): " +
+                            std::to_string(count) + " process(es) never arrived within " +
                             Seconds(Clock::now() - start) + ": " + missing +
                             "; check that they were started, and with the same layout");
   }
@@ -423,8 +421,7 @@ Result<RendezvousResult> RunRoot(const ClusterLayout& layout, std::string_view s
   }
 
   // Everyone is here: assemble the lists.
-  std::vector<std::string> servers(static_cast<std::size_t>(S)),
-      workers(static_cast<std::size_t>(W));
+  std::vector<std::string> servers(static_cast<std::size_t>(S)), workers(static_cast<std::size_t>(W));
   std::vector<std::pair<std::size_t, int>> assignment;  // conn -> index
   if (ranked) {
     servers[0] = std::string(self_address);
@@ -478,7 +475,8 @@ Result<RendezvousResult> RunRoot(const ClusterLayout& layout, std::string_view s
   for (const auto& w : workers) body += w + "\n";
   for (auto [ci, idx] : assignment) {
     Joiner& j = conns[ci];
-    Status s = SendAll(j.fd.get(), EncodeAnswer(Status::OK(), Role(j.header.role), idx, S, W, body),
+    Status s = SendAll(j.fd.get(),
+                       EncodeAnswer(Status::OK(), Role(j.header.role), idx, S, W, body),
                        Clock::now() + std::chrono::seconds(2));
     if (!s.ok()) RDMAPS_LOG(WARNING) << "rendezvous: answering " << j.peer << ": " << s;
   }
@@ -523,8 +521,8 @@ Result<RendezvousResult> RunJoin(const ClusterLayout& layout, std::string_view s
                                  TimePoint deadline) {
   const TimePoint start = Clock::now();
   const bool ranked = layout.rank >= 0;
-  std::string me =
-      ranked ? RankName(true, layout.num_servers, layout.rank) : std::string(RoleName(layout.role));
+  std::string me = ranked ? RankName(true, layout.num_servers, layout.rank)
+                          : std::string(RoleName(layout.role));
   std::string root_name = ranked ? "rank 0" : "the scheduler";
   std::string address(self_address.empty() ? layout.advertise_host : self_address);
   if (address.size() > kMaxRendezvousAddress) {
@@ -551,8 +549,7 @@ Result<RendezvousResult> RunJoin(const ClusterLayout& layout, std::string_view s
       if (!(in >> line)) {
         last = NotFoundError("the rendezvous file " + layout.rendezvous.substr(5) +
                              " does not exist yet");
-        std::this_thread::sleep_for(
-            std::min<std::chrono::nanoseconds>(backoff, deadline - Clock::now()));
+        std::this_thread::sleep_for(std::min<std::chrono::nanoseconds>(backoff, deadline - Clock::now()));
         backoff = std::min(backoff * 2, std::chrono::milliseconds(200));
         continue;
       }
@@ -563,8 +560,7 @@ Result<RendezvousResult> RunJoin(const ClusterLayout& layout, std::string_view s
     auto fd = ConnectOnce(*hp, deadline);
     if (!fd.ok()) {
       last = fd.status();
-      std::this_thread::sleep_for(
-          std::min<std::chrono::nanoseconds>(backoff, deadline - Clock::now()));
+      std::this_thread::sleep_for(std::min<std::chrono::nanoseconds>(backoff, deadline - Clock::now()));
       backoff = std::min(backoff * 2, std::chrono::milliseconds(200));
       continue;
     }
@@ -605,8 +601,8 @@ Result<RendezvousResult> RunJoin(const ClusterLayout& layout, std::string_view s
     return ParseRendezvousAnswer(w, body, root);
   }
   return TimedOutError("rendezvous: " + me + " could not reach " + root_name + " at " + root +
-                       " within " + Seconds(Clock::now() - start) +
-                       " (last error: " + last.ToString() + "); is " + root_name +
+                       " within " + Seconds(Clock::now() - start) + " (last error: " +
+                       last.ToString() + "); is " + root_name +
                        " running, and is its port reachable from here?");
 }
 

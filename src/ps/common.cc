@@ -5,6 +5,8 @@
 
 #include "src/ps/wire.h"
 
+#include <set>
+
 namespace rdmaps::internal {
 
 Status ValidateTables(const std::vector<TableOptions>& tables) {

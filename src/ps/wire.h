@@ -116,7 +116,8 @@ struct ShardRange {
 };
 
 // Rows of `server` (0 <= server < num_servers, num_servers >= 1).
-inline ShardRange PartitionOf(std::uint64_t rows, std::uint32_t num_servers, std::uint32_t server) {
+inline ShardRange PartitionOf(std::uint64_t rows, std::uint32_t num_servers,
+                              std::uint32_t server) {
   const std::uint64_t base = rows / num_servers;
   const std::uint64_t extra = rows % num_servers;
   const std::uint64_t begin = server * base + (server < extra ? server : extra);
@@ -124,7 +125,8 @@ inline ShardRange PartitionOf(std::uint64_t rows, std::uint32_t num_servers, std
 }
 
 // The server owning `row` (row < rows).
-inline std::uint32_t ServerOfRow(std::uint64_t rows, std::uint32_t num_servers, std::uint64_t row) {
+inline std::uint32_t ServerOfRow(std::uint64_t rows, std::uint32_t num_servers,
+                                 std::uint64_t row) {
   const std::uint64_t base = rows / num_servers;
   const std::uint64_t extra = rows % num_servers;
   const std::uint64_t big = extra * (base + 1);  // rows held by the larger shards
@@ -174,7 +176,7 @@ inline constexpr std::uint64_t kAutoEmbeddingMaxRowBytes = 1024;
 // embedding-shaped (pulled by scattered ids, as a rule), else dense.
 // Servers and clients agree.
 inline std::uint32_t ResolveRowLayout(std::uint32_t layout, std::uint64_t rows, std::uint32_t dim,
-                                      std::uint32_t num_servers) {
+                                   std::uint32_t num_servers) {
   if (layout != kLayoutAuto) return layout;
   const std::uint64_t largest = (rows + num_servers - 1) / num_servers;
   if (largest <= kAutoInlineMaxShardBytes / RowBytes(dim)) return kLayoutInline;
@@ -321,7 +323,7 @@ struct DirectoryTable {
   std::uint64_t shard_begin;
   std::uint64_t shard_rows;
   std::uint32_t staleness;
-  std::uint32_t row_bytes;  // RowBytes(dim)
+  std::uint32_t row_bytes;       // RowBytes(dim)
   WireRegion shard;  // the region GeometryOf(layout, shard_rows, dim, rows_per_block) describes
   std::uint64_t headers_offset;  // GeometryOf(...).headers_offset
   std::uint32_t layout;          // kLayoutDense or kLayoutInline
@@ -375,10 +377,10 @@ inline constexpr std::size_t kAtomicsBytes = 64;
 enum class SlotKind : std::uint32_t { kRange = 1, kRows = 2, kClock = 3, kBye = 4 };
 
 struct SlotHeader {
-  std::uint64_t seq;    // 1, 2, ... per (worker, server)
-  std::uint64_t clock;  // worker clock at push time; for kClock the NEW clock
-  std::uint32_t table;  // table id (kRange/kRows)
-  std::uint32_t kind;   // SlotKind
+  std::uint64_t seq;        // 1, 2, ... per (worker, server)
+  std::uint64_t clock;      // worker clock at push time; for kClock the NEW clock
+  std::uint32_t table;      // table id (kRange/kRows)
+  std::uint32_t kind;       // SlotKind
   std::uint32_t num_rows;
   std::uint32_t pad;
   std::uint64_t first_row;  // kRange: global index of the first row
