@@ -5,8 +5,6 @@
 
 #include "src/ps/wire.h"
 
-#include <set>
-
 namespace rdmaps::internal {
 
 Status ValidateTables(const std::vector<TableOptions>& tables) {

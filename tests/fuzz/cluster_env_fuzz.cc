@@ -14,14 +14,32 @@
 
 namespace {
 
-constexpr const char* kNames[] = {
-    "TF_CONFIG",        "RDMAPS_ROLE",          "RDMAPS_TASK_INDEX",   "RDMAPS_PS_HOSTS",
-    "RDMAPS_WORKER_HOSTS", "RDMAPS_NUM_WORKERS", "DMLC_ROLE",           "DMLC_PS_ROOT_URI",
-    "DMLC_PS_ROOT_PORT", "DMLC_NUM_SERVER",     "DMLC_NUM_WORKER",     "RANK",
-    "WORLD_SIZE",       "LOCAL_WORLD_SIZE",     "MASTER_ADDR",         "MASTER_PORT",
-    "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_RANK",        "PMI_SIZE",
-    "SLURM_PROCID",     "SLURM_NTASKS",         "SLURM_JOB_NODELIST",  "SLURM_JOB_ID",
-    "RDMAPS_NUM_SERVERS", "RDMAPS_RENDEZVOUS"};
+constexpr const char* kNames[] = {"TF_CONFIG",
+                                  "RDMAPS_ROLE",
+                                  "RDMAPS_TASK_INDEX",
+                                  "RDMAPS_PS_HOSTS",
+                                  "RDMAPS_WORKER_HOSTS",
+                                  "RDMAPS_NUM_WORKERS",
+                                  "DMLC_ROLE",
+                                  "DMLC_PS_ROOT_URI",
+                                  "DMLC_PS_ROOT_PORT",
+                                  "DMLC_NUM_SERVER",
+                                  "DMLC_NUM_WORKER",
+                                  "RANK",
+                                  "WORLD_SIZE",
+                                  "LOCAL_WORLD_SIZE",
+                                  "MASTER_ADDR",
+                                  "MASTER_PORT",
+                                  "OMPI_COMM_WORLD_RANK",
+                                  "OMPI_COMM_WORLD_SIZE",
+                                  "PMI_RANK",
+                                  "PMI_SIZE",
+                                  "SLURM_PROCID",
+                                  "SLURM_NTASKS",
+                                  "SLURM_JOB_NODELIST",
+                                  "SLURM_JOB_ID",
+                                  "RDMAPS_NUM_SERVERS",
+                                  "RDMAPS_RENDEZVOUS"};
 
 }  // namespace
 
@@ -47,8 +65,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (!layout.ok()) return 0;
   RDMAPS_FUZZ_ASSERT(layout->num_servers >= 1 && layout->num_workers >= 1);
   if (!layout->needs_rendezvous) {
-    const int of = layout->role == rdmaps::Role::kServer ? layout->num_servers
-                                                         : layout->num_workers;
+    const int of =
+        layout->role == rdmaps::Role::kServer ? layout->num_servers : layout->num_workers;
     RDMAPS_FUZZ_ASSERT(layout->index >= 0 && layout->index < of);
   }
   (void)layout->ToString();

@@ -45,13 +45,12 @@ inline void QuietLogs() {
 }
 
 // The fuzzers' oracle: an accepted input broke a promise of the parser.
-#define RDMAPS_FUZZ_ASSERT(cond)                                              \
-  do {                                                                        \
-    if (!(cond)) {                                                            \
-      __builtin_fprintf(stderr, "fuzz assertion failed: %s (%s:%d)\n", #cond, \
-                        __FILE__, __LINE__);                                  \
-      std::abort();                                                           \
-    }                                                                         \
+#define RDMAPS_FUZZ_ASSERT(cond)                                                                   \
+  do {                                                                                             \
+    if (!(cond)) {                                                                                 \
+      __builtin_fprintf(stderr, "fuzz assertion failed: %s (%s:%d)\n", #cond, __FILE__, __LINE__); \
+      std::abort();                                                                                \
+    }                                                                                              \
   } while (0)
 
 }  // namespace rdmaps::fuzz

@@ -158,12 +158,19 @@ void TcpFrames() {
   h.peer_id.set(3);
   h.token_len.set(6);
   // Selector 0 (hello), the endpoint's version, then the bytes read.
-  Seed().Add(std::uint8_t{0}).Add(std::uint8_t{rdmaps::transport::kProtocolVersion}).Add(h)
-      .Add(std::string("secret")).Write("tcp_frames", "hello_ops");
+  Seed()
+      .Add(std::uint8_t{0})
+      .Add(std::uint8_t{rdmaps::transport::kProtocolVersion})
+      .Add(h)
+      .Add(std::string("secret"))
+      .Write("tcp_frames", "hello_ops");
   h.role = static_cast<std::uint8_t>(tcp::HelloRole::kReverse);
   h.session.set(0x1234);
   h.token_len.set(0);
-  Seed().Add(std::uint8_t{0}).Add(std::uint8_t{rdmaps::transport::kProtocolVersion}).Add(h)
+  Seed()
+      .Add(std::uint8_t{0})
+      .Add(std::uint8_t{rdmaps::transport::kProtocolVersion})
+      .Add(h)
       .Write("tcp_frames", "hello_reverse");
   // Selector 1 (request), region base, then the request.
   auto request = [](tcp::WireOp op, std::uint64_t addr, std::uint32_t len) {
@@ -176,24 +183,44 @@ void TcpFrames() {
     return r;
   };
   const std::uint64_t base = 0x7f0000001000;
-  Seed().Add(std::uint8_t{1}).Add(base).Add(request(tcp::WireOp::kRead, base + 64, 128))
+  Seed()
+      .Add(std::uint8_t{1})
+      .Add(base)
+      .Add(request(tcp::WireOp::kRead, base + 64, 128))
       .Write("tcp_frames", "read_inside");
-  Seed().Add(std::uint8_t{1}).Add(base).Add(request(tcp::WireOp::kWrite, base, 256))
+  Seed()
+      .Add(std::uint8_t{1})
+      .Add(base)
+      .Add(request(tcp::WireOp::kWrite, base, 256))
       .Write("tcp_frames", "write_whole_region");
-  Seed().Add(std::uint8_t{1}).Add(base).Add(request(tcp::WireOp::kFetchAdd, base + 8, 8))
+  Seed()
+      .Add(std::uint8_t{1})
+      .Add(base)
+      .Add(request(tcp::WireOp::kFetchAdd, base + 8, 8))
       .Write("tcp_frames", "fetch_add");
-  Seed().Add(std::uint8_t{1}).Add(base).Add(request(tcp::WireOp::kRead, ~0ull - 7, 16))
+  Seed()
+      .Add(std::uint8_t{1})
+      .Add(base)
+      .Add(request(tcp::WireOp::kRead, ~0ull - 7, 16))
       .Write("tcp_frames", "read_wraps");
   // Selector 2 (response): expected opcode - 1, expected length, response.
   tcp::ResponseWire r{};
   r.magic = tcp::kResponseMagic;
   r.opcode = 1;
   r.length.set(128);
-  Seed().Add(std::uint8_t{2}).Add(std::uint8_t{0}).Add(std::uint16_t{128}).Add(r)
+  Seed()
+      .Add(std::uint8_t{2})
+      .Add(std::uint8_t{0})
+      .Add(std::uint16_t{128})
+      .Add(r)
       .Write("tcp_frames", "read_response");
   r.status = 5;
   r.length.set(40);
-  Seed().Add(std::uint8_t{2}).Add(std::uint8_t{0}).Add(std::uint16_t{128}).Add(r)
+  Seed()
+      .Add(std::uint8_t{2})
+      .Add(std::uint8_t{0})
+      .Add(std::uint16_t{128})
+      .Add(r)
       .Write("tcp_frames", "error_response");
 }
 

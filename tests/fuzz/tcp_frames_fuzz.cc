@@ -38,8 +38,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       const std::uint64_t addr = req.remote_addr.get(), len = req.length.get();
       if (!tcp::RegionContains(base, region.size(), addr, len)) break;
       RDMAPS_FUZZ_ASSERT(len <= tcp::kMaxOpBytes);
-      std::vector<std::uint8_t> copy(region.begin() + static_cast<std::ptrdiff_t>(addr - base),
-                                     region.begin() + static_cast<std::ptrdiff_t>(addr - base + len));
+      std::vector<std::uint8_t> copy(
+          region.begin() + static_cast<std::ptrdiff_t>(addr - base),
+          region.begin() + static_cast<std::ptrdiff_t>(addr - base + len));
       break;
     }
     case 2: {

@@ -14,8 +14,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       {"TF_CONFIG", std::string(reinterpret_cast<const char*>(data), size)}};
   auto layout = rdmaps::ResolveCluster({}, env);
   if (!layout.ok()) return 0;
-  const int of =
-      layout->role == rdmaps::Role::kServer ? layout->num_servers : layout->num_workers;
+  const int of = layout->role == rdmaps::Role::kServer ? layout->num_servers : layout->num_workers;
   RDMAPS_FUZZ_ASSERT(layout->index >= 0 && layout->index < of);
   return 0;
 }
