@@ -6,7 +6,8 @@
 
 namespace rdmaps::internal {
 
-Result<nlohmann::json> ParseJsonLimited(std::string_view text, std::string_view what) {
+Result<nlohmann::json> ParseJsonLimited(std::string_view text, std::string_view what,
+                                        std::string_view invalid) {
   if (text.size() > kMaxJsonBytes) {
     return InvalidArgumentError(std::string(what) + ": " + std::to_string(text.size()) +
                                 " bytes of JSON exceed the limit of " +
@@ -31,7 +32,8 @@ Result<nlohmann::json> ParseJsonLimited(std::string_view text, std::string_view 
                                 std::to_string(kMaxJsonDepth) + " levels deep: " + Quote(text));
   }
   if (j.is_discarded()) {
-    return InvalidArgumentError(std::string(what) + ": not valid JSON: " + Quote(text));
+    return InvalidArgumentError(std::string(what) + " " + std::string(invalid) + ": " +
+                                Quote(text));
   }
   return j;
 }

@@ -18,8 +18,10 @@ namespace rdmaps::internal {
 inline constexpr int kMaxJsonDepth = 32;
 inline constexpr std::size_t kMaxJsonBytes = std::size_t{16} << 20;
 
-// The JSON value in `text`; InvalidArgument "`what`: ..." naming the cause
-// (not JSON, nested deeper than kMaxJsonDepth, longer than kMaxJsonBytes).
-Result<nlohmann::json> ParseJsonLimited(std::string_view text, std::string_view what);
+// The JSON value in `text`; InvalidArgument naming `what` and the cause:
+// "`what` `invalid`: 'text'" for text that is not JSON, or nested deeper
+// than kMaxJsonDepth, or longer than kMaxJsonBytes.
+Result<nlohmann::json> ParseJsonLimited(std::string_view text, std::string_view what,
+                                        std::string_view invalid = "is not valid JSON");
 
 }  // namespace rdmaps::internal

@@ -328,7 +328,7 @@ MaybeCluster ClusterFromTfConfig(const ClusterOptions& o, const Environment& env
   const std::string* tf = Find(env, "TF_CONFIG");
   if (!tf || tf->empty()) return std::nullopt;
   const std::string src = "TF_CONFIG";
-  auto parsed = internal::ParseJsonLimited(*tf, "TF_CONFIG");
+  auto parsed = internal::ParseJsonLimited(*tf, "TF_CONFIG", "is not a JSON object");
   if (!parsed.ok()) return Result<ClusterLayout>(parsed.status());
   const nlohmann::json j = std::move(*parsed);
   if (!j.is_object()) {

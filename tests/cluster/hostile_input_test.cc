@@ -87,7 +87,8 @@ TEST(TablesJsonLimitsTest, DeepNestingIsRefusedWithAClearError) {
 }
 
 TEST(JsonParseTest, ReportsInvalidJsonAndOversizedText) {
-  ExpectInvalid(internal::ParseJsonLimited("{", "TF_CONFIG").status(), "TF_CONFIG: not valid JSON");
+  ExpectInvalid(internal::ParseJsonLimited("{", "TF_CONFIG").status(),
+                "TF_CONFIG is not valid JSON");
   ExpectInvalid(
       internal::ParseJsonLimited(std::string(internal::kMaxJsonBytes + 1, ' '), "x").status(),
       "exceed the limit");
