@@ -22,12 +22,15 @@ class Bytes {
   T Take() {
     T v{};
     const std::size_t n = left_ < sizeof(T) ? left_ : sizeof(T);
+    if (n == 0) return v;  // (p_ may be null: libFuzzer's empty input)
     std::memcpy(&v, p_, n);
     p_ += n;
     left_ -= n;
     return v;
   }
-  std::string_view Rest() const { return {p_, left_}; }
+  std::string_view Rest() const {
+    return left_ == 0 ? std::string_view() : std::string_view(p_, left_);
+  }
 
  private:
   const char* p_;

@@ -23,7 +23,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   }
   char header[sizeof(in::AnswerHeader)] = {};
   const std::string_view rest = bytes.Rest();
-  std::memcpy(header, rest.data(), std::min(rest.size(), sizeof(header)));
+  if (!rest.empty()) std::memcpy(header, rest.data(), std::min(rest.size(), sizeof(header)));
   in::AnswerHeader h = in::DecodeAnswerHeader(header);
   const std::string_view body = rest.size() > sizeof(header) ? rest.substr(sizeof(header)) : "";
   h.body_len = static_cast<std::uint32_t>(body.size());  // as RunJoin reads it
