@@ -460,7 +460,14 @@ MaybeCluster ClusterFromDmlc(const ClusterOptions& o, const Environment& env) {
   }
   layout.needs_rendezvous = true;
   layout.rendezvous = o.rendezvous.empty() ? JoinHostPort(uri, *port) : o.rendezvous;
-  layout.world_size = *ns + *nw;
+  // (Each at most INT_MAX: the sum is checked, then bounded below.)
+  const auto world = internal::CheckedAdd(*ns, *nw);
+  if (!world) {
+    return Result<ClusterLayout>(InvalidArgumentError(
+        "DMLC: DMLC_NUM_SERVER=" + std::to_string(*ns) + " + DMLC_NUM_WORKER=" +
+        std::to_string(*nw) + " overflows"));
+  }
+  layout.world_size = *world;
   layout.advertise_host = AdvertiseHost(o, IsLoopbackHost(uri), Find(env, "DMLC_NODE_HOST"));
   layout.listen_address = JoinHostPort(layout.advertise_host, 0);
   return Result<ClusterLayout>(std::move(layout));
@@ -602,6 +609,7 @@ MaybeCluster ClusterFromRanks(const ClusterOptions& o, const Environment& env) {
 
 ClusterLayout LoopbackCluster(const ClusterOptions& o) {
   ClusterLayout layout;
+
   layout.source = "loopback";
   layout.source_detail = "no layout configured";
   layout.role = o.default_role == Role::kScheduler ? Role::kWorker : o.default_role;
@@ -618,6 +626,12 @@ ClusterLayout LoopbackCluster(const ClusterOptions& o) {
 }  // namespace internal
 
 Result<ClusterLayout> ResolveCluster(const ClusterOptions& options, const Environment& env) {
+  constexpr int kMaxProcesses = 1 << 20;
+  if (options.num_servers > kMaxProcesses || options.num_workers > kMaxProcesses) {
+    return InvalidArgumentError("num_servers=" + std::to_string(options.num_servers) +
+                                " / num_workers=" + std::to_string(options.num_workers) +
+                                " exceed the limit of " + std::to_string(kMaxProcesses));
+  }
   using Source = MaybeCluster (*)(const ClusterOptions&, const Environment&);
   static constexpr Source kSources[] = {
       [](const ClusterOptions& o, const Environment&) { return internal::ClusterFromOptions(o); },
@@ -635,6 +649,15 @@ Result<ClusterLayout> ResolveCluster(const ClusterOptions& options, const Enviro
       found ? std::move(*found) : Result<ClusterLayout>(internal::LoopbackCluster(options));
   if (!result.ok()) return result;
   ClusterLayout& layout = *result;
+  // Counts size lists and loops (the rendezvous waits for world_size - 1
+  // processes): bounded, whatever the source said.
+  if (layout.num_servers > kMaxProcesses || layout.num_workers > kMaxProcesses ||
+      layout.world_size > kMaxProcesses) {
+    return InvalidArgumentError(layout.source + ": " + std::to_string(layout.num_servers) +
+                                " servers, " + std::to_string(layout.num_workers) +
+                                " workers, world size " + std::to_string(layout.world_size) +
+                                " exceed the limit of " + std::to_string(kMaxProcesses));
+  }
   if (const auto* t = Find(env, "RDMAPS_TRANSPORT")) layout.transport = *t;
   layout.job_token = options.job_token;
   if (layout.job_token.empty()) {

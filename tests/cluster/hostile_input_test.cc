@@ -136,6 +136,25 @@ TEST(EnvCountLimitsTest, CountsBeyondAnIntAreRefused) {
   ExpectInvalid(internal::ParseCount("WORLD_SIZE", "-1").status(), "WORLD_SIZE");
 }
 
+TEST(EnvCountLimitsTest, WorldSizesBeyondTheLimitAreRefused) {
+  ExpectInvalid(ResolveCluster({}, {{"DMLC_ROLE", "worker"},
+                                    {"DMLC_PS_ROOT_URI", "10.0.0.1"},
+                                    {"DMLC_PS_ROOT_PORT", "9000"},
+                                    {"DMLC_NUM_SERVER", "2147483647"},
+                                    {"DMLC_NUM_WORKER", "2147483647"}})
+                    .status(),
+                "overflows");
+  ExpectInvalid(ResolveCluster({}, {{"RANK", "1"},
+                                    {"WORLD_SIZE", "2000000000"},
+                                    {"MASTER_ADDR", "10.0.0.1"},
+                                    {"MASTER_PORT", "29500"}})
+                    .status(),
+                "exceed the limit of 1048576");
+  ClusterOptions o;
+  o.num_servers = 2000000000;
+  ExpectInvalid(ResolveCluster(o, {}).status(), "num_servers=2000000000");
+}
+
 // --- Rendezvous messages -----------------------------------------------------
 
 internal::AnswerHeader Answer(std::uint8_t role, std::int32_t index, std::uint32_t S,
