@@ -24,7 +24,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const SlotHeader h = in.Take<SlotHeader>();
   std::vector<std::byte> payload(t.slot_bytes - sizeof(SlotHeader));
   const std::string_view rest = in.Rest();
-  if (!rest.empty()) {
+  if (!rest.empty() && !payload.empty()) {
     std::memcpy(payload.data(), rest.data(), std::min(rest.size(), payload.size()));
   }
   if (CheckDataSlot(h, payload, t) != nullptr) return 0;
