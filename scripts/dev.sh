@@ -4,7 +4,10 @@
 #   scripts/dev.sh demo    install what is missing, build what the demo runs, run it
 #   scripts/dev.sh test    install what is missing, build, run every test
 #                          (plain g++ build with -Werror, then ASan+UBSan, then TSan
-#                          built with clang, whose -Wthread-safety checks lock rules)
+#                          built with clang, whose -Wthread-safety checks lock rules;
+#                          that clang tree also builds the libFuzzer binaries of
+#                          tests/fuzz, with ASan+UBSan, and fuzzes each for a few
+#                          seconds: ctest label fuzz)
 #   scripts/dev.sh deps    only install the Debian packages
 #   scripts/dev.sh build   only configure and build (build/)
 #
@@ -17,7 +20,7 @@ jobs="${RDMAPS_JOBS:-$(nproc)}"
 
 # Debian 12 packages the build, the tests and the VM harness need.
 packages=(
-  build-essential cmake ninja-build pkg-config g++ clang libclang-rt-14-dev
+  build-essential cmake ninja-build pkg-config g++ clang libclang-rt-14-dev libfuzzer-14-dev
   libgflags-dev libgoogle-glog-dev libgtest-dev libgmock-dev libbenchmark-dev
   libtbb-dev libeigen3-dev nlohmann-json3-dev libxxhash-dev
   libibverbs-dev librdmacm-dev rdma-core ibverbs-providers ibverbs-utils rdmacm-utils perftest
@@ -85,7 +88,7 @@ case "$cmd" in
       build "$here/build-asan" -DRDMAPS_SANITIZE='address;undefined' -DRDMAPS_BUILD_PERF=OFF \
         -DCMAKE_BUILD_TYPE=Debug
       ASAN_OPTIONS=detect_leaks=1 run_tests "$here/build-asan" -LE 'vm|slow|install'
-      echo "dev.sh: ThreadSanitizer, built with clang (-Wthread-safety -Werror)"
+      echo "dev.sh: ThreadSanitizer, built with clang (-Wthread-safety -Werror), and short fuzz runs"
       CXX_FOR_BUILD=clang++ build "$here/build-tsan" -DRDMAPS_SANITIZE=thread -DRDMAPS_BUILD_PERF=OFF \
         -DCMAKE_BUILD_TYPE=RelWithDebInfo
       run_tests "$here/build-tsan" -LE 'vm|slow|install'

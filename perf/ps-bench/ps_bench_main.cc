@@ -28,6 +28,7 @@
 #include "src/ps/wire.h"
 #include "src/ps/memory.h"
 #include "src/ps/optimizer.h"
+#include "tools/common/exit.h"
 #include "tools/common/flags.h"
 #include "transport/transport.h"
 
@@ -80,7 +81,7 @@ Stats Summarise(std::vector<double> us) {
 void Check(const Status& s, const char* what) {
   if (!s.ok()) {
     std::fprintf(stderr, "ps-bench: %s: %s\n", what, s.ToString().c_str());
-    std::exit(1);
+    std::exit(tools::ExitCodeOf(s));  // 2 for a configuration error
   }
 }
 
@@ -372,5 +373,5 @@ int Main() {
 int main(int argc, char** argv) {
   gflags::SetUsageMessage("ps-bench: parameter-server pull/push vs raw transport ops");
   rdmaps::tools::ParseCommandLineFlags(&argc, &argv);
-  return rdmaps::Main();
+  return rdmaps::tools::GuardedMain("ps-bench", [] { return rdmaps::Main(); });
 }

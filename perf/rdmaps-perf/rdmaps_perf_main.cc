@@ -22,6 +22,7 @@
 #include "perf/rdmaps-perf/perf_report.h"
 #include "perf/rdmaps-perf/perf_runner.h"
 #include "src/base/host_port.h"
+#include "tools/common/exit.h"
 
 DEFINE_string(transport, "tcp", "Transport backend: tcp, fake, verbs or auto");
 DEFINE_string(op, "read", "Operation: read, write, write_imm or atomic");
@@ -64,7 +65,7 @@ int Usage(const std::string& message) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int RealMain(int argc, char** argv) {
   gflags::SetUsageMessage(
       "one-sided transport benchmark, perftest style.\n"
       "  server:   rdmaps-perf --transport=tcp [-p PORT]\n"
@@ -181,4 +182,9 @@ int main(int argc, char** argv) {
   }
   reporter.Finish();
   return 0;
+}
+
+int main(int argc, char** argv) {
+  // No exception reaches std::terminate (tools/common/exit.h).
+  return rdmaps::tools::GuardedMain("rdmaps-perf", [&] { return RealMain(argc, argv); });
 }

@@ -46,6 +46,7 @@
 #include "src/base/fd.h"
 #include "src/base/host_port.h"
 #include "perf/rdmaps-perf/perf_report.h"
+#include "tools/common/exit.h"
 
 DEFINE_string(mode, "both", "lat (ping-pong), bw (stream) or both");
 DEFINE_string(size, "",
@@ -486,4 +487,7 @@ int Main(int argc, char** argv) {
 }  // namespace
 }  // namespace rdmaps::perf
 
-int main(int argc, char** argv) { return rdmaps::perf::Main(argc, argv); }
+int main(int argc, char** argv) {
+  return rdmaps::tools::GuardedMain("socket-baseline",
+                                    [&] { return rdmaps::perf::Main(argc, argv); });
+}

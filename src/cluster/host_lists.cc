@@ -65,6 +65,11 @@ Status ExpandOne(std::string_view whole, std::string_view name, std::vector<std:
       return InvalidArgumentError("Slurm node list " + Quote(whole) + ": unmatched ']' in " +
                                   Quote(name));
     }
+    // Bracket groups multiply ("a[0-99999]b[0-99999]"): bound the total.
+    if (out->size() >= kMaxSlurmNodes) {
+      return InvalidArgumentError("Slurm node list " + Quote(whole) + " expands to more than " +
+                                  std::to_string(kMaxSlurmNodes) + " nodes");
+    }
     out->push_back(std::string(name));
     return Status::OK();
   }

@@ -7,6 +7,7 @@
 // Thread safety: pure functions.
 #pragma once
 
+#include <cstddef>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -22,6 +23,8 @@ Result<std::vector<std::string>> ParseHostList(std::string_view text, std::strin
 // Slurm's compressed host list: "node[01-03,7],gpu5" ->
 // node01 node02 node03 node7 gpu5. Zero padding is kept; several bracket
 // groups in one name expand as a product ("r[1-2]n[1-2]").
+// At most kMaxSlurmNodes names (InvalidArgument beyond).
+inline constexpr std::size_t kMaxSlurmNodes = 65536;
 Result<std::vector<std::string>> ExpandSlurmNodeList(std::string_view text);
 
 // A non-negative integer; InvalidArgument "`name`=`text` is not ..." else.

@@ -372,16 +372,15 @@ Result<RendezvousResult> RunRoot(const ClusterLayout& layout, std::string_view s
       }
       if (j.hello) continue;  // Nothing more is expected; ignore.
       j.in.append(buf, static_cast<std::size_t>(n));
-      if (j.in.size() < sizeof(HelloHeader)) continue;
-      j.header = DecodeHello(j.in.data());
-      if (j.header.magic != kRendezvousHelloMagic || j.header.addr_len > kMaxRendezvousAddress) {
-        RDMAPS_LOG(WARNING) << "rendezvous: dropped " << j.peer
-                            << ": not an rdmaps rendezvous hello";
-        answer_error(j, InvalidArgumentError("not an rdmaps rendezvous hello"));
+      Result<std::optional<ParsedHello>> parsed = ParseRendezvousHello(j.in);
+      if (!parsed.ok()) {
+        RDMAPS_LOG(WARNING) << "rendezvous: dropped " << j.peer << ": " << parsed.status();
+        answer_error(j, parsed.status());
         continue;
       }
-      if (j.in.size() < sizeof(HelloHeader) + j.header.addr_len) continue;
-      j.address = j.in.substr(sizeof(HelloHeader), j.header.addr_len);
+      if (!parsed->has_value()) continue;
+      j.header = (*parsed)->header;
+      j.address = std::move((*parsed)->address);
       j.hello = true;
       failure = on_hello(ci);
     }
@@ -574,9 +573,8 @@ Result<RendezvousResult> RunJoin(const ClusterLayout& layout, std::string_view s
                            " but got no answer within " + Seconds(Clock::now() - start) +
                            "; the root names missing ranks in its own log");
     }
-    AnswerHeader w;
-    std::memcpy(&w, hdr, sizeof(w));
-    if (!s.ok() || be32toh(w.magic) != kRendezvousAnswerMagic) {
+    const AnswerHeader w = DecodeAnswerHeader(hdr);
+    if (!s.ok() || w.magic != kRendezvousAnswerMagic) {
       Status bad = s.ok() ? FailedPreconditionError("rendezvous: " + root +
                                                     " is not an rdmaps rendezvous root (bad magic)")
                           : s;
@@ -591,34 +589,16 @@ Result<RendezvousResult> RunJoin(const ClusterLayout& layout, std::string_view s
       }
       return bad;
     }
-    if (be16toh(w.version) != kRendezvousVersion) {
-      return FailedPreconditionError(
-          "rendezvous protocol version mismatch: root " + root + " speaks " +
-          std::to_string(be16toh(w.version)) + ", this process " +
-          std::to_string(kRendezvousVersion) + "; run the same rdmaps version everywhere");
+    if (w.version != kRendezvousVersion) {
+      return FailedPreconditionError("rendezvous protocol version mismatch: root " + root +
+                                     " speaks " + std::to_string(w.version) + ", this process " +
+                                     std::to_string(kRendezvousVersion) +
+                                     "; run the same rdmaps version everywhere");
     }
-    std::uint32_t body_len = be32toh(w.body_len);
-    if (body_len > (1u << 24)) return DataLossError("rendezvous: oversized answer");
-    std::string body(body_len, '\0');
+    if (w.body_len > kMaxRendezvousBody) return DataLossError("rendezvous: oversized answer");
+    std::string body(w.body_len, '\0');
     RDMAPS_RETURN_IF_ERROR(RecvAll(fd->get(), body.data(), body.size(), answer_by, root));
-    auto code = static_cast<StatusCode>(w.code);
-    if (code != StatusCode::kOk) return Status(code, body);
-    RendezvousResult out;
-    out.role = static_cast<Role>(w.role);
-    out.index = static_cast<std::int32_t>(be32toh(static_cast<std::uint32_t>(w.index)));
-    int S = static_cast<int>(be32toh(w.num_servers));
-    int W = static_cast<int>(be32toh(w.num_workers));
-    std::istringstream lines(body);
-    std::string line;
-    std::vector<std::string> all;
-    while (std::getline(lines, line)) all.push_back(line);
-    if (static_cast<int>(all.size()) != S + W) {
-      return DataLossError("rendezvous: answer lists " + std::to_string(all.size()) +
-                           " addresses, expected " + std::to_string(S + W));
-    }
-    out.servers.assign(all.begin(), all.begin() + S);
-    out.workers.assign(all.begin() + S, all.end());
-    return out;
+    return ParseRendezvousAnswer(w, body, root);
   }
   return TimedOutError("rendezvous: " + me + " could not reach " + root_name + " at " + root +
                        " within " + Seconds(Clock::now() - start) + " (last error: " +
@@ -635,6 +615,94 @@ std::uint64_t TokenHash(std::string_view token) {
     h *= 1099511628211ull;
   }
   return h;
+}
+
+Result<std::optional<ParsedHello>> ParseRendezvousHello(std::string_view in) {
+  if (in.size() < sizeof(HelloHeader)) return std::optional<ParsedHello>();
+  ParsedHello out;
+  out.header = DecodeHello(in.data());
+  const HelloHeader& h = out.header;
+  if (h.magic != kRendezvousHelloMagic) {
+    return InvalidArgumentError("not an rdmaps rendezvous hello (bad magic)");
+  }
+  if (h.addr_len > kMaxRendezvousAddress) {
+    return InvalidArgumentError("rendezvous hello: address of " + std::to_string(h.addr_len) +
+                                " bytes exceeds the limit of " +
+                                std::to_string(kMaxRendezvousAddress));
+  }
+  if (h.role > static_cast<std::uint8_t>(Role::kScheduler)) {
+    return InvalidArgumentError("rendezvous hello: unknown role " + std::to_string(h.role));
+  }
+  if (in.size() < sizeof(HelloHeader) + h.addr_len) return std::optional<ParsedHello>();
+  out.address = std::string(in.substr(sizeof(HelloHeader), h.addr_len));
+  return std::optional<ParsedHello>(std::move(out));
+}
+
+AnswerHeader DecodeAnswerHeader(const char* bytes) {
+  AnswerHeader w;
+  std::memcpy(&w, bytes, sizeof(w));
+  AnswerHeader h{};
+  h.magic = be32toh(w.magic);
+  h.version = be16toh(w.version);
+  h.code = w.code;
+  h.role = w.role;
+  h.index = static_cast<std::int32_t>(be32toh(static_cast<std::uint32_t>(w.index)));
+  h.num_servers = be32toh(w.num_servers);
+  h.num_workers = be32toh(w.num_workers);
+  h.body_len = be32toh(w.body_len);
+  return h;
+}
+
+Result<RendezvousResult> ParseRendezvousAnswer(const AnswerHeader& h, std::string_view body,
+                                               std::string_view root) {
+  const std::string from = "rendezvous: answer from " + std::string(root);
+  if (h.body_len != body.size() || body.size() > kMaxRendezvousBody) {
+    return DataLossError(from + " has a body of " + std::to_string(body.size()) +
+                         " bytes, its header says " + std::to_string(h.body_len));
+  }
+  if (h.code > static_cast<std::uint8_t>(StatusCode::kInternal)) {
+    return DataLossError(from + " carries unknown status code " + std::to_string(h.code));
+  }
+  if (h.code != 0) {
+    // The root's own error, cut so that a hostile root cannot flood a log.
+    return Status(static_cast<StatusCode>(h.code), std::string(body.substr(0, 4096)));
+  }
+  // Counts of at most 2^24 (one line each in a body of at most 2^24 bytes)
+  // and an index inside its role: no sum or subscript below can wrap.
+  if (h.num_servers < 1 || h.num_servers > kMaxRendezvousBody || h.num_workers < 1 ||
+      h.num_workers > kMaxRendezvousBody) {
+    return DataLossError(from + " gives " + std::to_string(h.num_servers) + " servers and " +
+                         std::to_string(h.num_workers) + " workers");
+  }
+  if (h.role != static_cast<std::uint8_t>(Role::kServer) &&
+      h.role != static_cast<std::uint8_t>(Role::kWorker)) {
+    return DataLossError(from + " assigns unknown role " + std::to_string(h.role));
+  }
+  const std::uint32_t of =
+      h.role == static_cast<std::uint8_t>(Role::kServer) ? h.num_servers : h.num_workers;
+  if (h.index < 0 || static_cast<std::uint32_t>(h.index) >= of) {
+    return DataLossError(from + " assigns index " + std::to_string(h.index) + " of " +
+                         std::to_string(of));
+  }
+  std::vector<std::string> all;
+  std::size_t start = 0;
+  while (start < body.size()) {
+    std::size_t nl = body.find('\n', start);
+    if (nl == std::string_view::npos) nl = body.size();
+    all.emplace_back(body.substr(start, nl - start));
+    start = nl + 1;
+  }
+  const std::uint64_t expected = std::uint64_t{h.num_servers} + h.num_workers;
+  if (all.size() != expected) {
+    return DataLossError(from + " lists " + std::to_string(all.size()) + " addresses, expected " +
+                         std::to_string(expected));
+  }
+  RendezvousResult out;
+  out.role = static_cast<Role>(h.role);
+  out.index = h.index;
+  out.servers.assign(all.begin(), all.begin() + h.num_servers);
+  out.workers.assign(all.begin() + h.num_servers, all.end());
+  return out;
 }
 
 Result<RendezvousResult> RunRendezvous(const ClusterLayout& layout, std::string_view self_address,

@@ -27,6 +27,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -75,6 +76,30 @@ struct RendezvousResult {
   std::vector<std::string> servers;
   std::vector<std::string> workers;
 };
+
+// The pure parsers of the two messages (tests/fuzz/rendezvous_fuzz.cc drives
+// them with arbitrary bytes).
+//
+// What `in` (the bytes a joiner sent so far) holds: std::nullopt while the
+// Hello is incomplete; InvalidArgument when it is not a Hello (bad magic,
+// address longer than kMaxRendezvousAddress, unknown role); else the header
+// in host byte order and the address.
+struct ParsedHello {
+  HelloHeader header{};
+  std::string address;
+};
+Result<std::optional<ParsedHello>> ParseRendezvousHello(std::string_view in);
+
+// The largest answer body a joiner accepts.
+inline constexpr std::uint32_t kMaxRendezvousBody = 1u << 24;
+// The answer header as received (big-endian) in host byte order.
+AnswerHeader DecodeAnswerHeader(const char* bytes);
+// The result an answer (header in host order, body) carries: the root's
+// error as is (a code of its own), or the role, index and address lists,
+// every count and index checked against the others; DataLoss when the
+// answer is malformed. `root` names the root in messages.
+Result<RendezvousResult> ParseRendezvousAnswer(const AnswerHeader& header, std::string_view body,
+                                               std::string_view root);
 
 // FNV-1a 64 of the job token: stable across builds and machines.
 std::uint64_t TokenHash(std::string_view token);

@@ -11,9 +11,11 @@
 #include <set>
 #include <sstream>
 
+#include "src/base/checked.h"
 #include "src/base/log.h"
 #include "src/cluster/host_lists.h"
 #include "src/cluster/interfaces.h"
+#include "src/cluster/json_parse.h"
 #include "src/cluster/rendezvous.h"
 
 extern char** environ;
@@ -291,11 +293,9 @@ MaybeCluster ClusterFromOptions(const ClusterOptions& o) {
     }
     std::stringstream ss;
     ss << in.rdbuf();
-    nlohmann::json j = nlohmann::json::parse(ss.str(), nullptr, /*allow_exceptions=*/false);
-    if (j.is_discarded()) {
-      return Result<ClusterLayout>(InvalidArgumentError("cluster_spec: " + Quote(o.cluster_spec) +
-                                                        " is not valid JSON: " + Quote(ss.str())));
-    }
+    auto parsed = internal::ParseJsonLimited(ss.str(), "cluster_spec " + Quote(o.cluster_spec));
+    if (!parsed.ok()) return Result<ClusterLayout>(parsed.status());
+    nlohmann::json j = std::move(*parsed);
     // Accept a bare ClusterSpec or one wrapped in {"cluster": ...}.
     if (j.is_object() && j.contains("cluster")) j = j.at("cluster");
     return FromClusterSpecJson(j, *role, o.task_index, o, src, detail + " file=" + o.cluster_spec);
@@ -354,8 +354,10 @@ MaybeCluster ClusterFromTfConfig(const ClusterOptions& o, const Environment& env
   const std::string* tf = Find(env, "TF_CONFIG");
   if (!tf || tf->empty()) return std::nullopt;
   const std::string src = "TF_CONFIG";
-  nlohmann::json j = nlohmann::json::parse(*tf, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) {
+  auto parsed = internal::ParseJsonLimited(*tf, "TF_CONFIG", "is not a JSON object");
+  if (!parsed.ok()) return Result<ClusterLayout>(parsed.status());
+  const nlohmann::json j = std::move(*parsed);
+  if (!j.is_object()) {
     return Result<ClusterLayout>(
         InvalidArgumentError("TF_CONFIG is not a JSON object: " + Quote(*tf)));
   }
@@ -377,8 +379,14 @@ MaybeCluster ClusterFromTfConfig(const ClusterOptions& o, const Environment& env
   int index = 0;
   if (task.contains("index")) {
     const auto& ij = task.at("index");
-    if (ij.is_number_integer()) {
-      index = ij.get<int>();
+    if (ij.is_number_unsigned() || ij.is_number_integer()) {
+      // Refused, not truncated, when it does not fit an int (2^32 is not 0).
+      auto narrowed =
+          ij.is_number_unsigned()
+              ? internal::CheckedNarrow<int>(ij.get<std::uint64_t>(), "TF_CONFIG task.index")
+              : internal::CheckedNarrow<int>(ij.get<std::int64_t>(), "TF_CONFIG task.index");
+      if (!narrowed.ok()) return Result<ClusterLayout>(narrowed.status());
+      index = *narrowed;
     } else if (ij.is_string()) {
       auto c = ParseCount("TF_CONFIG task.index", ij.get<std::string>());
       if (!c.ok()) return Result<ClusterLayout>(c.status());
@@ -400,7 +408,15 @@ MaybeCluster ClusterFromTfConfig(const ClusterOptions& o, const Environment& env
     role = Role::kWorker;
     if (type == "worker" && j.at("cluster").is_object() && j.at("cluster").contains("chief") &&
         j.at("cluster").at("chief").is_array()) {
-      index += static_cast<int>(j.at("cluster").at("chief").size());  // chief is worker 0
+      // chief is worker 0
+      const auto shifted = internal::CheckedAdd<std::int64_t>(
+          index, static_cast<std::int64_t>(j.at("cluster").at("chief").size()));
+      auto narrowed = internal::CheckedNarrow<int>(shifted.value_or(-1), "TF_CONFIG worker index");
+      if (!shifted || !narrowed.ok()) {
+        return Result<ClusterLayout>(InvalidArgumentError(
+            "TF_CONFIG task index " + std::to_string(index) + " is out of range"));
+      }
+      index = *narrowed;
     }
   } else if (type == "evaluator") {
     // TFJob's Evaluator: outside the cluster spec and the training.
@@ -519,7 +535,14 @@ MaybeCluster ClusterFromDmlc(const ClusterOptions& o, const Environment& env) {
   }
   layout.needs_rendezvous = true;
   layout.rendezvous = o.rendezvous.empty() ? JoinHostPort(uri, *port) : o.rendezvous;
-  layout.world_size = *ns + *nw;
+  // (Each at most INT_MAX: the sum is checked, then bounded below.)
+  const auto world = internal::CheckedAdd(*ns, *nw);
+  if (!world) {
+    return Result<ClusterLayout>(InvalidArgumentError(
+        "DMLC: DMLC_NUM_SERVER=" + std::to_string(*ns) + " + DMLC_NUM_WORKER=" +
+        std::to_string(*nw) + " overflows"));
+  }
+  layout.world_size = *world;
   auto advertise = AdvertiseHost(o, env, IsLoopbackHost(uri), Find(env, "DMLC_NODE_HOST"));
   if (!advertise.ok()) return Result<ClusterLayout>(advertise.status().WithContext(src));
   layout.advertise_host = std::move(*advertise);
@@ -669,6 +692,7 @@ MaybeCluster ClusterFromRanks(const ClusterOptions& o, const Environment& env) {
 
 ClusterLayout LoopbackCluster(const ClusterOptions& o) {
   ClusterLayout layout;
+
   layout.source = "loopback";
   layout.source_detail = "no layout configured";
   layout.role = o.default_role == Role::kScheduler ? Role::kWorker : o.default_role;
@@ -685,6 +709,12 @@ ClusterLayout LoopbackCluster(const ClusterOptions& o) {
 }  // namespace internal
 
 Result<ClusterLayout> ResolveCluster(const ClusterOptions& options, const Environment& env) {
+  constexpr int kMaxProcesses = 1 << 20;
+  if (options.num_servers > kMaxProcesses || options.num_workers > kMaxProcesses) {
+    return InvalidArgumentError("num_servers=" + std::to_string(options.num_servers) +
+                                " / num_workers=" + std::to_string(options.num_workers) +
+                                " exceed the limit of " + std::to_string(kMaxProcesses));
+  }
   using Source = MaybeCluster (*)(const ClusterOptions&, const Environment&);
   static constexpr Source kSources[] = {
       [](const ClusterOptions& o, const Environment&) { return internal::ClusterFromOptions(o); },
@@ -702,6 +732,15 @@ Result<ClusterLayout> ResolveCluster(const ClusterOptions& options, const Enviro
       found ? std::move(*found) : Result<ClusterLayout>(internal::LoopbackCluster(options));
   if (!result.ok()) return result;
   ClusterLayout& layout = *result;
+  // Counts size lists and loops (the rendezvous waits for world_size - 1
+  // processes): bounded, whatever the source said.
+  if (layout.num_servers > kMaxProcesses || layout.num_workers > kMaxProcesses ||
+      layout.world_size > kMaxProcesses) {
+    return InvalidArgumentError(layout.source + ": " + std::to_string(layout.num_servers) +
+                                " servers, " + std::to_string(layout.num_workers) +
+                                " workers, world size " + std::to_string(layout.world_size) +
+                                " exceed the limit of " + std::to_string(kMaxProcesses));
+  }
   if (const auto* t = Find(env, "RDMAPS_TRANSPORT")) layout.transport = *t;
   layout.job_token = options.job_token;
   if (layout.job_token.empty()) {

@@ -7,6 +7,8 @@
 #include <sstream>
 
 #include "rdmaps/cluster.h"
+#include "src/base/checked.h"
+#include "src/cluster/json_parse.h"
 #include "src/ps/table_names.h"
 
 namespace rdmaps {
@@ -44,17 +46,23 @@ Status Get(const json& obj, const char* key, const std::string& where, T* out) {
     }
     *out = v.get<std::string>();
   } else if constexpr (std::is_floating_point_v<T>) {
+    static_assert(std::is_same_v<T, float>);
     if (!v.is_number()) {
       return InvalidArgumentError("tables: " + where + " \"" + key + "\" must be a number, got " +
                                   Quote(v));
     }
-    *out = v.get<T>();
+    // 1e39 would become inf as a float.
+    RDMAPS_ASSIGN_OR_RETURN(*out, internal::CheckedFiniteFloat(
+                                      v.get<double>(), "tables: " + where + " \"" + key + "\""));
   } else {
     if (!v.is_number_unsigned() && !(v.is_number_integer() && v.get<long long>() >= 0)) {
       return InvalidArgumentError("tables: " + where + " \"" + key +
                                   "\" must be a non-negative integer, got " + Quote(v));
     }
-    *out = v.get<T>();
+    // Refused, not truncated, when it does not fit (dim 2^32+1 is not 1).
+    RDMAPS_ASSIGN_OR_RETURN(*out,
+                            internal::CheckedNarrow<T>(v.get<std::uint64_t>(),
+                                                       "tables: " + where + " \"" + key + "\""));
   }
   return Status::OK();
 }
@@ -105,11 +113,7 @@ Status ParseOptimizer(const json& j, const std::string& where, OptimizerOptions*
 }  // namespace
 
 Result<std::vector<TableOptions>> ParseTablesJson(std::string_view text) {
-  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) {
-    std::string s(text.substr(0, 200));
-    return InvalidArgumentError("tables: not valid JSON: '" + s + "'");
-  }
+  RDMAPS_ASSIGN_OR_RETURN(json j, internal::ParseJsonLimited(text, "tables"));
   if (j.is_object()) {
     RDMAPS_RETURN_IF_ERROR(CheckKeys(j, {"tables"}, "the top level"));
     if (!j.contains("tables")) {
@@ -150,7 +154,10 @@ Result<std::vector<TableOptions>> ParseTablesJson(std::string_view text) {
       } else if (s.is_string() && s.get<std::string>() == "bsp") {
         o.staleness = kBsp;
       } else if (s.is_number_unsigned()) {
-        o.staleness = s.get<std::uint32_t>();
+        // Staleness 2^32 is not 0 (BSP): refused.
+        RDMAPS_ASSIGN_OR_RETURN(o.staleness,
+                                internal::CheckedNarrow<std::uint32_t>(
+                                    s.get<std::uint64_t>(), "tables: " + where + " \"staleness\""));
       } else {
         return InvalidArgumentError("tables: " + where + " staleness " + Quote(s) +
                                     " is not \"bsp\", \"asp\" or a non-negative integer");

@@ -19,6 +19,7 @@
 #include <deque>
 #include <functional>
 #include <string_view>
+#include <system_error>
 #include <thread>
 
 #include "src/base/log.h"
@@ -330,6 +331,14 @@ Status ClientImpl::ReadDirectories(Deadline deadline) {
           ServerName(s) + " sent a bootstrap message for server index " +
           std::to_string(b.server_index) +
           ": the worker's server list order must match each server's --server_index");
+    }
+    // The length is the server's word: bounded before it sizes anything.
+    if (b.directory.length < sizeof(internal::DirectoryHeader) ||
+        b.directory.length > internal::kMaxDirectoryBytes) {
+      return DataLossError(ServerName(s) + " announces a directory of " +
+                           std::to_string(b.directory.length) + " bytes (limit " +
+                           std::to_string(internal::kMaxDirectoryBytes) +
+                           "); it is not an rdmaps server of this build");
     }
     auto dir_buf = internal::AllocateRegionMemory(b.directory.length);
     if (!dir_buf) return ResourceExhaustedError("allocating the directory copy failed");
@@ -802,9 +811,15 @@ void TEST_Abandon(Client& client) { static_cast<ClientImpl&>(client).TEST_Abando
 }  // namespace internal
 
 Result<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
-  auto client = std::make_unique<ClientImpl>(options);
-  RDMAPS_RETURN_IF_ERROR(client->Init());
-  return std::unique_ptr<Client>(std::move(client));
+  try {
+    auto client = std::make_unique<ClientImpl>(options);
+    RDMAPS_RETURN_IF_ERROR(client->Init());
+    return std::unique_ptr<Client>(std::move(client));
+  } catch (const std::bad_alloc&) {
+    return ResourceExhaustedError("rdmaps client: out of memory while connecting");
+  } catch (const std::system_error& e) {
+    return InternalError(std::string("rdmaps client: cannot start its threads: ") + e.what());
+  }
 }
 
 }  // namespace rdmaps

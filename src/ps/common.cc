@@ -1,6 +1,9 @@
 #include "src/ps/common.h"
 
+#include <cmath>
 #include <set>
+
+#include "src/ps/wire.h"
 
 namespace rdmaps::internal {
 
@@ -25,6 +28,21 @@ Status ValidateTables(const std::vector<TableOptions>& tables) {
       return InvalidArgumentError(who + ": dim " + std::to_string(t.dim) +
                                   " is too large (max 2^24 floats per row); split the tensor "
                                   "into more rows");
+    }
+    const std::optional<std::uint64_t> bytes = TableBytesBound(t.rows, t.dim);
+    if (!bytes || *bytes > kMaxTableBytes) {
+      return InvalidArgumentError(who + ": rows " + std::to_string(t.rows) + " x dim " +
+                                  std::to_string(t.dim) + " is too large (more than " +
+                                  std::to_string(kMaxTableBytes) +
+                                  " bytes on one server); use fewer rows or a smaller dim");
+    }
+    if (!std::isfinite(t.optimizer.learning_rate) || !std::isfinite(t.optimizer.momentum) ||
+        !std::isfinite(t.optimizer.initial_accumulator) || !std::isfinite(t.optimizer.epsilon) ||
+        !std::isfinite(t.init.value) || !std::isfinite(t.init.low) || !std::isfinite(t.init.high) ||
+        !std::isfinite(t.init.mean) || !std::isfinite(t.init.stddev)) {
+      return InvalidArgumentError(who +
+                                  ": optimizer and initializer parameters must be finite "
+                                  "(no inf or NaN)");
     }
     if (t.layout != RowLayout::kDense && t.layout != RowLayout::kInline &&
         t.layout != RowLayout::kAuto) {

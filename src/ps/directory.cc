@@ -75,8 +75,15 @@ Status CheckTable(const DirectoryHeader& h, const DirectoryTable& d, std::string
                                    "' is not the range partition and layout this client "
                                    "computes; run the same rdmaps build everywhere");
   };
-  // (Before the geometry: RowsPerBlock divides by the row size.)
-  if (d.dim == 0 || d.row_bytes != RowBytes(d.dim)) return not_computed();
+  // (Before the geometry: RowsPerBlock divides by the row size, and
+  // GeometryOf's products must not wrap.)
+  if (d.dim == 0 || d.dim > kMaxDim || d.row_bytes != RowBytes(d.dim)) return not_computed();
+  const std::optional<std::uint64_t> bound = TableBytesBound(d.rows, d.dim);
+  if (d.rows == 0 || !bound || *bound > kMaxTableBytes) {
+    return DataLossError(std::string(who) + ": table '" + name + "' has " + std::to_string(d.rows) +
+                         " rows of dim " + std::to_string(d.dim) + ", more than " +
+                         std::to_string(kMaxTableBytes) + " bytes; the directory is corrupt");
+  }
   const ShardRange expect = PartitionOf(d.rows, h.num_servers, h.server_index);
   const ShardGeometry g = ShardGeometryOf(d.layout, d.rows, d.dim, h.num_servers, h.server_index);
   if (d.shard_begin != expect.begin || d.shard_rows != expect.count ||

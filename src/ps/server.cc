@@ -16,6 +16,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <optional>
+#include <system_error>
 #include <thread>
 #include <unordered_map>
 
@@ -26,6 +27,7 @@
 #include "src/ps/initializer.h"
 #include "src/ps/memory.h"
 #include "src/ps/optimizer.h"
+#include "src/ps/push_slot.h"
 #include "src/ps/test_hooks.h"
 #include "src/ps/wire.h"
 #include "transport/transport.h"
@@ -192,6 +194,14 @@ Status ValidateServerOptions(const ServerOptions& o) {
                                 " must be a multiple of 64 (slots are cache-line aligned)");
   }
   RDMAPS_RETURN_IF_ERROR(internal::ValidateTables(o.tables));
+  if (o.tables.size() > (1u << 20) ||
+      internal::DirectoryBytes(static_cast<std::uint32_t>(o.tables.size()), o.num_workers) >
+          internal::kMaxDirectoryBytes) {
+    return InvalidArgumentError("ServerOptions: " + std::to_string(o.tables.size()) +
+                                " tables and " + std::to_string(o.num_workers) +
+                                " workers make a directory larger than workers accept (" +
+                                std::to_string(internal::kMaxDirectoryBytes) + " bytes)");
+  }
   for (const TableOptions& t : o.tables) {
     if (internal::SlotRowCapacity(o.push_slot_bytes, t.dim, true) == 0 ||
         o.push_slot_bytes < sizeof(SlotHeader)) {
@@ -414,11 +424,14 @@ bool ServerImpl::ApplySlot(std::uint32_t w, const SlotHeader& h, const std::byte
   if (it == table_index_.end()) return false;
   TableState& t = tables_[it->second];
   const std::uint32_t dim = t.options.dim;
-  const std::uint64_t cap =
-      internal::SlotRowCapacity(options_.push_slot_bytes, dim, kind == SlotKind::kRows);
-  if (h.num_rows == 0 || h.num_rows > cap) return false;
+  // Every number of the slot is the worker's: checked (without wrapping)
+  // before any of it is used.
+  const internal::SlotTable target{t.shard, dim, options_.push_slot_bytes};
+  if (internal::CheckDataSlot(h, {payload, options_.push_slot_bytes - sizeof(SlotHeader)},
+                              target) != nullptr) {
+    return false;
+  }
   if (kind == SlotKind::kRange) {
-    if (h.first_row < t.shard.begin || h.first_row + h.num_rows > t.shard.end()) return false;
     const auto* g = reinterpret_cast<const float*>(payload);
     const std::uint64_t first = h.first_row - t.shard.begin;
     const std::uint64_t end = first + h.num_rows;
@@ -443,10 +456,7 @@ bool ServerImpl::ApplySlot(std::uint32_t w, const SlotHeader& h, const std::byte
     }
   } else {
     std::vector<std::uint64_t> ids(h.num_rows);
-    std::memcpy(ids.data(), payload, ids.size() * 8);
-    for (std::uint64_t id : ids) {
-      if (id < t.shard.begin || id >= t.shard.end()) return false;
-    }
+    std::memcpy(ids.data(), payload, ids.size() * 8);  // (CheckDataSlot checked them)
     const auto* g = reinterpret_cast<const float*>(payload + ids.size() * 8);
     // Sequential: ids may repeat, and each occurrence is its own step. Then
     // each block touched is sealed once.
@@ -684,9 +694,19 @@ void TEST_PauseApply(Server& server, bool paused) {
 }  // namespace internal
 
 Result<std::unique_ptr<Server>> Server::Start(const ServerOptions& options) {
-  auto server = std::make_unique<ServerImpl>(options);
-  RDMAPS_RETURN_IF_ERROR(server->Init());
-  return std::unique_ptr<Server>(std::move(server));
+  // Option checks come first, before any vector is sized by them.
+  RDMAPS_RETURN_IF_ERROR(ValidateServerOptions(options));
+  try {
+    auto server = std::make_unique<ServerImpl>(options);
+    RDMAPS_RETURN_IF_ERROR(server->Init());
+    return std::unique_ptr<Server>(std::move(server));
+  } catch (const std::bad_alloc&) {
+    return ResourceExhaustedError(
+        "rdmaps server: out of memory while setting up its tables (optimizer state and shard "
+        "memory); use fewer/smaller tables or more servers");
+  } catch (const std::system_error& e) {
+    return InternalError(std::string("rdmaps server: cannot start its threads: ") + e.what());
+  }
 }
 
 }  // namespace rdmaps

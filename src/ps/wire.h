@@ -90,7 +90,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <type_traits>
+
+#include "src/base/checked.h"
 
 namespace rdmaps::internal {
 
@@ -254,6 +257,17 @@ struct ShardGeometry {
   }
 };
 
+// The most bytes a table of `rows` x `dim` can take on one server in either
+// layout (rows, padding and block headers; at most rows * (RowBytes + 32) +
+// 64), or std::nullopt when that does not fit 64 bits. Tables and
+// directories whose bound exceeds kMaxTableBytes are refused before any
+// geometry is computed, so GeometryOf's arithmetic cannot wrap.
+inline constexpr std::uint64_t kMaxTableBytes = std::uint64_t{1} << 48;  // 256 TiB
+inline constexpr std::uint32_t kMaxDim = 1u << 24;
+inline std::optional<std::uint64_t> TableBytesBound(std::uint64_t rows, std::uint32_t dim) {
+  return CheckedAdd(CheckedMul<std::uint64_t>(rows, RowBytes(dim) + 32), std::uint64_t{64});
+}
+
 inline ShardGeometry GeometryOf(std::uint32_t layout, std::uint64_t rows, std::uint32_t dim,
                                 std::uint32_t rows_per_block) {
   ShardGeometry g;
@@ -344,6 +358,10 @@ inline std::size_t DirectoryBytes(std::uint32_t num_tables, std::uint32_t num_wo
   return sizeof(DirectoryHeader) + num_tables * sizeof(DirectoryTable) +
          num_workers * sizeof(DirectoryWorker);
 }
+
+// A directory a worker accepts is at most this long (BootstrapMsg::directory
+// .length is checked against it before the worker allocates the copy).
+inline constexpr std::uint64_t kMaxDirectoryBytes = std::uint64_t{64} << 20;
 
 // ---- Control block -----------------------------------------------------------
 

@@ -256,6 +256,31 @@ TEST(DirectoryTest, RefusesAShardItDoesNotCompute) {
                 StatusCode::kFailedPrecondition, want);
 }
 
+// Regression: a table of 2^60 rows x 16 made GeometryOf wrap to a few
+// bytes, so a short region passed the length check.
+TEST(DirectoryTest, RefusesATableWhoseSizeWrapsSixtyFourBits) {
+  const std::uint64_t rows = std::uint64_t{1} << 60;
+  Directory dir = ServerDirectory(1, 0, 1, {Table(1, "huge", 1000, 16, RowLayout::kDense)});
+  DirectoryTable& d = dir.tables[0];
+  d.rows = rows;
+  d.shard_rows = rows;
+  const ShardGeometry g = ShardGeometryOf(kLayoutDense, rows, 16, 1, 0);
+  d.headers_offset = g.headers_offset;
+  d.rows_per_block = g.rows_per_block;
+  d.block_stride = static_cast<std::uint32_t>(g.block_stride);
+  d.shard.length = 4096;
+  ASSERT_LE(g.bytes, 4096u) << "the wrap this test guards against no longer happens";
+  ExpectRefused(Parse(Encode(dir), 1, 0, 1).status(), StatusCode::kDataLoss, "bytes");
+}
+
+TEST(DirectoryTest, RefusesADimBeyondTheLimit) {
+  Status s = ParseChanged([](Directory& dir) {
+    dir.tables[0].dim = kMaxDim + 1;
+    dir.tables[0].row_bytes = static_cast<std::uint32_t>(RowBytes(kMaxDim + 1));
+  });
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s;
+}
+
 TEST(DirectoryTest, RefusesATableListedTwice) {
   ExpectRefused(ParseChanged([](Directory& d) { d.tables.push_back(d.tables[0]); }),
                 StatusCode::kDataLoss, "server 1 (h:1): directory lists table 1 twice");

@@ -6,12 +6,14 @@
 // no particular backend) and runs on fake, tcp and verbs.
 #include "tests/ps/ps_suite.h"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <atomic>
 #include <future>
 #include <latch>
+#include <limits>
 #include <mutex>
 #include <random>
 #include <string>
@@ -281,6 +283,16 @@ TEST_P(PsTest, ServerRejectsBadOptions) {
   EXPECT_EQ(Server::Start(o).status().code(), StatusCode::kInvalidArgument);
   o = MakeServerOptions(transport(), 0, 1, 1, {MakeTable(1, "w", 8, 100000)});
   EXPECT_EQ(Server::Start(o).status().code(), StatusCode::kInvalidArgument);  // slot too small
+  // Regression: 2^60 rows x 16 wrapped the shard size to a few KiB, and
+  // initialising the rows wrote past the allocation.
+  o = MakeServerOptions(transport(), 0, 1, 1, {MakeTable(1, "w", std::uint64_t{1} << 60, 16)});
+  Status s = Server::Start(o).status();
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(s.message(), ::testing::HasSubstr("1152921504606846976"));
+  // Regression: a learning rate of inf (1e39 as a float) was accepted.
+  o = MakeServerOptions(transport(), 0, 1, 1, {MakeTable(1, "w", 8, 4)});
+  o.tables[0].optimizer.learning_rate = std::numeric_limits<float>::infinity();
+  EXPECT_EQ(Server::Start(o).status().code(), StatusCode::kInvalidArgument);
 }
 
 // RowLayout::kAuto: inline while the largest shard holds at most 64 KiB of

@@ -19,7 +19,9 @@ namespace rdmaps::tools {
 
 // gflags::ParseCommandLineFlags(argc, argv, /*remove_flags=*/true), except
 // that --help/--helpfull and --helpshort print the lists above (to stdout)
-// and exit 1, as gflags' do.
+// and exit 1, as gflags' do, and that an unknown flag, a numeric flag whose
+// value does not fit its type (gflags' int32/uint64 range) or a double flag
+// that is not a finite number exits 2 (tools/common/exit.h) quoting it.
 void ParseCommandLineFlags(int* argc, char*** argv);
 
 }  // namespace rdmaps::tools

@@ -43,6 +43,7 @@
 
 #include "rdmaps/transports.h"
 #include "src/base/host_port.h"
+#include "tools/common/exit.h"
 #include "tools/common/flags.h"
 
 DEFINE_uint64(memory, 256ull << 20,
@@ -518,5 +519,6 @@ int main(int argc, char** argv) {
     std::cerr << "rdmaps-doctor: unexpected argument '" << argv[1] << "' (see --help)\n";
     return 2;
   }
-  return rdmaps::doctor::Main();
+  // No exception reaches std::terminate (tools/common/exit.h).
+  return rdmaps::tools::GuardedMain("rdmaps-doctor", [] { return rdmaps::doctor::Main(); });
 }

@@ -109,7 +109,22 @@ Outcome CheckOptions(const LaunchOptions& o) {
     return kExitConfig;
   }
   if (o.servers < 1 || o.workers < 1) {
-    std::cerr << "rdmaps-local: --servers and --workers must be at least 1\n";
+    std::cerr << "rdmaps-local: --servers and --workers must be at least 1 (got --servers="
+              << o.servers << " --workers=" << o.workers << ")\n";
+    return kExitConfig;
+  }
+  // Each is a process on this machine.
+  constexpr int kMaxProcesses = 1024;
+  if (o.servers > kMaxProcesses || o.workers > kMaxProcesses) {
+    std::cerr << "rdmaps-local: --servers=" << o.servers << " --workers=" << o.workers
+              << " exceeds the limit of " << kMaxProcesses << " processes each\n";
+    return kExitConfig;
+  }
+  if (o.startup_timeout.count() < 0 || o.timeout.count() < 0 || o.grace.count() < 0) {
+    std::cerr << "rdmaps-local: --startup_timeout_s, --timeout_s and --grace_s must not be "
+                 "negative (got "
+              << o.startup_timeout.count() << ", " << o.timeout.count() << ", " << o.grace.count()
+              << ")\n";
     return kExitConfig;
   }
   if (o.layout_env != "rdmaps" && o.layout_env != "tf_config") {

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "tools/common/exit.h"
 #include "tools/common/flags.h"
 #include "tools/local/launch.h"
 
@@ -83,5 +84,6 @@ int main(int argc, char** argv) {
   options.grace = std::chrono::seconds(FLAGS_grace_s);
   options.omit_worker = FLAGS_omit_worker;
   options.print_layout = FLAGS_print_layout;
-  return rdmaps::local::Launch(options);
+  // No exception reaches std::terminate (tools/common/exit.h).
+  return rdmaps::tools::GuardedMain("rdmaps-local", [&] { return rdmaps::local::Launch(options); });
 }

@@ -44,6 +44,7 @@
 #include "rdmaps/server.h"
 #include "rdmaps/tables_json.h"
 #include "src/base/fd.h"
+#include "tools/common/exit.h"
 #include "tools/common/flags.h"
 
 // ClusterLayout (see include/rdmaps/cluster.h).
@@ -459,7 +460,8 @@ int main(int argc, char** argv) {
   // glog installs a SIGTERM handler too; SIGTERM is blocked and taken by
   // sigwait, but restore the default so nothing can turn it into a "crash".
   signal(SIGTERM, SIG_DFL);
-  int rc = RealMain(signals);
+  // No exception reaches std::terminate (tools/common/exit.h).
+  int rc = rdmaps::tools::GuardedMain("rdmaps-server", [&] { return RealMain(signals); });
   google::ShutdownGoogleLogging();
   return rc;
 }

@@ -18,8 +18,10 @@
 #include <glog/logging.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
 #include <iostream>
+#include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -28,6 +30,7 @@
 #include "rdmaps/cluster.h"
 #include "rdmaps/server.h"
 #include "rdmaps/tables_json.h"
+#include "tools/common/exit.h"
 #include "tools/common/flags.h"
 #include "tools/train/idx.h"
 #include "tools/train/inproc_job.h"
@@ -77,6 +80,9 @@ DEFINE_bool(print_tables, false, "print the model's tables as JSON and exit");
 namespace rdmaps::train {
 namespace {
 
+// Wider layers than this are a typo (a 784 x 65536 layer is 200 MB).
+constexpr int kMaxHiddenWidth = 1 << 16;
+
 Result<ModelSpec> ModelFromFlags() {
   ModelSpec spec;
   if (FLAGS_model == "softmax") return spec;
@@ -93,8 +99,12 @@ Result<ModelSpec> ModelFromFlags() {
       width = 0;
     }
     if (width <= 0) {
-      return InvalidArgumentError("--hidden=" + FLAGS_hidden +
-                                  ": widths must be positive integers, e.g. 128 or 256,128");
+      return InvalidArgumentError("--hidden='" + FLAGS_hidden + "': width '" + item +
+                                  "' is not a positive integer; e.g. 128 or 256,128");
+    }
+    if (width > kMaxHiddenWidth) {
+      return InvalidArgumentError("--hidden='" + FLAGS_hidden + "': width " + item +
+                                  " exceeds the limit of " + std::to_string(kMaxHiddenWidth));
     }
     spec.hidden.push_back(width);
   }
@@ -224,6 +234,19 @@ Status Serve(const ClusterOptions& lo, ClusterLayout layout, const std::string& 
 
 Status Run() {
   RDMAPS_ASSIGN_OR_RETURN(ModelSpec spec, ModelFromFlags());
+  // (A double beyond the float range would become inf, or be undefined.)
+  if (!(std::fabs(FLAGS_lr) <= std::numeric_limits<float>::max())) {
+    return InvalidArgumentError("--lr=" + std::to_string(FLAGS_lr) +
+                                " is not a finite 32-bit float (|lr| <= 3.4e38)");
+  }
+  if (FLAGS_wait_timeout_ms <= 0 || FLAGS_inproc_servers < 0 || FLAGS_inproc_workers < 0 ||
+      FLAGS_eval_every < 0) {
+    return InvalidArgumentError(
+        "--wait_timeout_ms must be positive and --inproc_servers, --inproc_workers, "
+        "--eval_every non-negative (got " +
+        std::to_string(FLAGS_wait_timeout_ms) + ", " + std::to_string(FLAGS_inproc_servers) + ", " +
+        std::to_string(FLAGS_inproc_workers) + ", " + std::to_string(FLAGS_eval_every) + ")");
+  }
   RDMAPS_ASSIGN_OR_RETURN(
       const OptimizerOptions opt,
       TrainOptimizer(FLAGS_optimizer, static_cast<float>(FLAGS_lr), spec.hidden.empty()));
@@ -349,10 +372,8 @@ int main(int argc, char** argv) {
   rdmaps::tools::ParseCommandLineFlags(&argc, &argv);
   google::InitGoogleLogging(argv[0]);
   FLAGS_logtostderr = true;
-  const rdmaps::Status s = rdmaps::train::Run();
-  if (!s.ok()) {
-    std::fprintf(stderr, "rdmaps-train: %s\n", s.ToString().c_str());
-    return 1;
-  }
-  return 0;
+  // Exit 2 for a configuration error, 1 for any other (tools/common/exit.h).
+  return rdmaps::tools::GuardedMain("rdmaps-train", [] {
+    return rdmaps::tools::ReportStatus("rdmaps-train", rdmaps::train::Run());
+  });
 }

@@ -16,6 +16,7 @@
 
 #include "src/base/log.h"
 #include "transport/racy_copy.h"
+#include "transport/tcp/tcp_frames.h"
 #include "transport/tcp/tcp_internal.h"
 
 namespace rdmaps::transport::tcp {
@@ -215,7 +216,7 @@ Status EndpointCore::Execute(Inbound& in, const RequestWire& req) {
     refuse = PermissionDeniedError("region rkey " + Hex(rkey) + " at peer " +
                                    std::to_string(options_.peer_id) + " lacks " + right +
                                    "; register it with that access right");
-  } else if (addr < base || len > e->size || addr - base > e->size - len) {
+  } else if (!RegionContains(base, e->size, addr, len)) {
     refuse =
         OutOfRangeError("[" + Hex(addr) + ", +" + std::to_string(len) +
                         ") is outside region rkey " + Hex(rkey) + " [" + Hex(base) + ", +" +
@@ -346,24 +347,7 @@ Status EndpointCore::Serve(Inbound& in) {
            in.rx_end - in.rx_begin >= sizeof(RequestWire)) {
       RequestWire req;
       std::memcpy(&req, in.rx.get() + in.rx_begin, sizeof(req));
-      if (req.magic != kRequestMagic) {
-        return InvalidArgumentError("malformed request: bad magic " + Hex(req.magic) +
-                                    " (garbage on the stream?)");
-      }
-      if (req.opcode < static_cast<std::uint8_t>(WireOp::kRead) ||
-          req.opcode > static_cast<std::uint8_t>(WireOp::kCompareSwap)) {
-        return InvalidArgumentError("malformed request: unknown opcode " +
-                                    std::to_string(req.opcode));
-      }
-      if (req.length.get() > kMaxOpBytes) {
-        return InvalidArgumentError("malformed request: length " +
-                                    std::to_string(req.length.get()) + " exceeds the limit of " +
-                                    std::to_string(kMaxOpBytes) + " bytes");
-      }
-      if (req.opcode >= static_cast<std::uint8_t>(WireOp::kFetchAdd) && req.length.get() != 8) {
-        return InvalidArgumentError("malformed request: atomic of length " +
-                                    std::to_string(req.length.get()));
-      }
+      RDMAPS_RETURN_IF_ERROR(CheckRequest(req));
       if (in.tx.owned_bytes() > kMaxTxBacklog) {
         RDMAPS_ASSIGN_OR_RETURN(bool sent, in.tx.Flush(in.fd.get()));
         if (!sent) return Status::OK();
@@ -566,22 +550,9 @@ void TcpConnection::ReadResponses() {
         std::memcpy(&header_, rx_.get() + rx_begin_, sizeof(header_));
         rx_begin_ += sizeof(header_);
         const Pending& p = pending_.front();
-        const bool ok_status = header_.status == 0;
-        const std::uint32_t len = header_.length.get();
-        std::string malformed;
-        if (header_.magic != kResponseMagic) {
-          malformed = "bad magic";
-        } else if (header_.opcode != static_cast<std::uint8_t>(ToWire(p.type))) {
-          malformed = "response for a different op";
-        } else if (header_.status > static_cast<std::uint8_t>(StatusCode::kInternal)) {
-          malformed = "unknown status";
-        } else if (ok_status && p.type == OpType::kRead && len != p.length) {
-          malformed = "READ response of the wrong length";
-        } else if (ok_status && p.type != OpType::kRead && len != 0) {
-          malformed = "unexpected payload";
-        } else if (!ok_status && len > kMaxMessageBytes) {
-          malformed = "oversized error message";
-        }
+        const char* bad = CheckResponse(header_, {static_cast<std::uint8_t>(ToWire(p.type)),
+                                                  static_cast<std::uint32_t>(p.length)});
+        const std::string malformed = bad ? bad : "";
         if (!malformed.empty()) {
           RDMAPS_LOG(WARNING) << "tcp transport: malformed response from " << Describe() << ": "
                               << malformed << "; closing the connection";

@@ -17,6 +17,7 @@
 #include <random>
 
 #include "src/base/log.h"
+#include "transport/tcp/tcp_frames.h"
 #include "transport/tcp/tcp_internal.h"
 
 namespace rdmaps::transport::tcp {
@@ -486,33 +487,32 @@ Status EndpointCore::HandleHello(const std::shared_ptr<Inbound>& in) {
     return UnavailableError(std::string("recv during the handshake: ") + std::strerror(errno));
   }
   in->rx_end += static_cast<std::size_t>(r);
-  std::size_t avail = in->rx_end - in->rx_begin;
-  if (avail < 4) return Status::OK();
-  HelloWire h;
-  std::memcpy(&h, in->rx.get(), std::min(avail, sizeof(h)));
-  if (h.magic.get() != kHelloMagic) {
-    return InvalidArgumentError("bad handshake magic (not an rdmaps tcp peer?)");
+  const std::size_t avail = in->rx_end - in->rx_begin;
+  HelloWire h{};
+  std::string_view token;
+  switch (ParseHello({reinterpret_cast<const char*>(in->rx.get()), avail}, protocol_version(), &h,
+                     &token)) {
+    case HelloParse::kNeedMore:
+      return Status::OK();
+    case HelloParse::kBadMagic:
+      return InvalidArgumentError("bad handshake magic (not an rdmaps tcp peer?)");
+    case HelloParse::kVersion: {
+      std::string msg =
+          "protocol version mismatch: peer speaks " + std::to_string(h.version.get()) +
+          ", this endpoint (peer " + std::to_string(options_.peer_id) + ") speaks " +
+          std::to_string(protocol_version()) + "; run the same rdmaps release on every node";
+      Reply(*in, StatusCode::kFailedPrecondition, msg, 0);
+      return FailedPreconditionError(msg);
+    }
+    case HelloParse::kMalformed: {
+      std::string msg = "malformed handshake (bad role, token or user-data length)";
+      Reply(*in, StatusCode::kInvalidArgument, msg, 0);
+      return InvalidArgumentError(msg);
+    }
+    case HelloParse::kComplete:
+      break;
   }
-  if (avail < sizeof(HelloWire)) return Status::OK();
-  if (h.version.get() != protocol_version()) {
-    std::string msg = "protocol version mismatch: peer speaks " + std::to_string(h.version.get()) +
-                      ", this endpoint (peer " + std::to_string(options_.peer_id) + ") speaks " +
-                      std::to_string(protocol_version()) +
-                      "; run the same rdmaps release on every node";
-    Reply(*in, StatusCode::kFailedPrecondition, msg, 0);
-    return FailedPreconditionError(msg);
-  }
-  const std::size_t token_len = h.token_len.get();
-  if (token_len > kMaxTokenBytes || h.user_data_len > kMaxHandshakeUserData ||
-      (h.role != static_cast<std::uint8_t>(HelloRole::kOps) &&
-       h.role != static_cast<std::uint8_t>(HelloRole::kReverse))) {
-    std::string msg = "malformed handshake (bad role, token or user-data length)";
-    Reply(*in, StatusCode::kInvalidArgument, msg, 0);
-    return InvalidArgumentError(msg);
-  }
-  if (avail < sizeof(HelloWire) + token_len) return Status::OK();
-  std::string_view token(reinterpret_cast<const char*>(in->rx.get()) + sizeof(HelloWire),
-                         token_len);
+  const std::size_t token_len = token.size();
   const std::uint32_t peer_id = h.peer_id.get();
   if (token != options_.job_token) {
     std::string msg = "job token mismatch: peer " + std::to_string(peer_id) + " at " +

@@ -1,0 +1,53 @@
+// The tcp backend's checks of frames that arrive from a peer (tcp_wire.h),
+// as pure functions over the bytes: the acceptor's Hello, the target's
+// Request and the initiator's Response, and the region bounds a request is
+// served within. The progress threads call them before acting on any
+// number of a frame; tests/fuzz/tcp_frames_fuzz.cc drives them with
+// arbitrary bytes.
+//
+// Thread safety: pure functions.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+#include "rdmaps/status.h"
+#include "transport/tcp/tcp_wire.h"
+
+namespace rdmaps::transport::tcp {
+
+// What the first bytes of a socket say, before the token is compared.
+enum class HelloParse {
+  kNeedMore,   // fewer bytes than the Hello (and its token) so far
+  kBadMagic,   // not an rdmaps tcp peer: close without a reply
+  kVersion,    // another protocol version: reply FailedPrecondition
+  kMalformed,  // bad role, token or user-data length: reply InvalidArgument
+  kComplete,   // HelloWire and its token_len bytes of token are all here
+};
+
+// Classifies `bytes` (what the acceptor has read so far, from the first
+// byte) against this endpoint's `version`. On kComplete, `*hello` is the
+// header and `*token` views the token inside `bytes`.
+HelloParse ParseHello(std::string_view bytes, std::uint16_t version, HelloWire* hello,
+                      std::string_view* token);
+
+// OK when `req` may be executed: known magic and opcode, length within
+// kMaxOpBytes and exactly 8 for atomics. InvalidArgument naming the fault
+// otherwise (the target then closes the socket).
+Status CheckRequest(const RequestWire& req);
+
+// True when [addr, addr + len) lies inside the region [base, base + size),
+// computed without wrapping.
+bool RegionContains(std::uint64_t base, std::uint64_t size, std::uint64_t addr, std::uint64_t len);
+
+// What the initiator expects of the response to its oldest pending op.
+struct ExpectedResponse {
+  std::uint8_t opcode = 0;   // WireOp of the request
+  std::uint32_t length = 0;  // bytes a READ asked for
+};
+
+// nullptr when `r` is a well-formed response to `want`; else the reason
+// (the initiator then fails the connection).
+const char* CheckResponse(const ResponseWire& r, const ExpectedResponse& want);
+
+}  // namespace rdmaps::transport::tcp
