@@ -72,7 +72,15 @@ SteadyClock::time_point CoarseNowCeil();
 
 // Wire protocol version carried in every handshake. Peers with different
 // versions refuse each other with FailedPrecondition.
-inline constexpr std::uint16_t kProtocolVersion = 1;
+inline constexpr std::uint16_t kProtocolVersion = 2;
+// The longest EndpointOptions::job_token (it never travels).
+inline constexpr std::size_t kMaxJobTokenBytes = 1024;
+// What a PermissionDenied from a handshake tells the user to do.
+inline constexpr const char* kJobSecretFix =
+    "start every process of the job with the same job secret (the tools read "
+    "RDMAPS_JOB_SECRET_FILE, then RDMAPS_JOB_SECRET, else derive it from the launcher's job id and "
+    "the per-user key ~/.config/rdmaps/key; see docs/security.md), or every one with "
+    "--insecure / RDMAPS_INSECURE=1";  // 2: challenge-response handshakes
 
 // Bytes of caller data a handshake can carry (verbs private data is 56 bytes;
 // the rest is our header).
@@ -329,8 +337,15 @@ class Connection {
 struct EndpointOptions {
   // "tcp", "fake", "verbs" or "auto".
   std::string transport = "tcp";
-  // Peers must present the same token; a mismatch is PermissionDenied.
+  // The job secret. Peers prove they know the same one with a
+  // challenge-response MAC (src/base/secret.h); it never travels. A
+  // mismatch is PermissionDenied on both sides. Empty is refused by Create
+  // unless `insecure`.
   std::string job_token;
+  // Run with the empty secret, a well-known key: anyone who reaches the
+  // endpoint gets in. Logged at WARNING by Create. Peers must agree (an
+  // insecure and a secure endpoint refuse each other).
+  bool insecure = false;
   // This endpoint's id, sent to peers in the handshake.
   std::uint32_t peer_id = 0;
   // An op without an answer for this long fails with TimedOut, and its

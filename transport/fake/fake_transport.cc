@@ -38,7 +38,9 @@
 #include <utility>
 #include <vector>
 
+#include "src/base/log.h"
 #include "src/base/mutex.h"
+#include "src/base/secret.h"
 #include "transport/racy_copy.h"
 
 namespace rdmaps::transport::fake {
@@ -757,12 +759,37 @@ class FakeEndpoint final : public Endpoint {
                               "' in this process; call Listen on the server endpoint first "
                               "(fake endpoints reach only endpoints of the same process)");
     }
-    if (target->options.job_token != this->options().job_token) {
-      return PermissionDeniedError(
-          "job token mismatch with the endpoint on '" + std::string(address) + "' (peer " +
-          std::to_string(target->options.peer_id) +
-          "): it refused this endpoint's token; start every process of the job with the same "
-          "job token");
+    // The challenge-response of the real backends, with the same MACs: each
+    // side checks the other's MAC with its own key (src/base/secret.h).
+    {
+      const SecretKey mine_key = SecretKey::FromSecret(this->options().job_token);
+      const SecretKey their_key = SecretKey::FromSecret(target->options.job_token);
+      HandshakeTranscript t;
+      t.protocol = "fake";
+      t.version = kProtocolVersion;
+      t.connector_nonce = RandomNonce();
+      t.acceptor_nonce = RandomNonce();
+      t.connector_id = this->options().peer_id;
+      t.acceptor_id = target->options.peer_id;
+      t.bound = options.user_data;
+      t.direction = MacDirection::kAcceptor;
+      const Mac from_acceptor = HandshakeMac(their_key, t);
+      if (!ConstantTimeEqual(HandshakeMac(mine_key, t), from_acceptor)) {
+        RDMAPS_LOG(WARNING) << "fake transport: peer " << this->options().peer_id
+                            << " refused endpoint " << target->options.peer_id << " on '" << address
+                            << "': our proof of the job secret did not verify; " << kJobSecretFix;
+        return PermissionDeniedError(
+            "job secret mismatch: peer " + std::to_string(target->options.peer_id) + " on '" +
+            std::string(address) +
+            "' did not prove knowledge of this job's secret (MAC "
+            "mismatch; this process is peer " +
+            std::to_string(this->options().peer_id) + "); " + kJobSecretFix);
+      }
+      t.direction = MacDirection::kConnector;
+      if (!ConstantTimeEqual(HandshakeMac(their_key, t), HandshakeMac(mine_key, t))) {
+        return PermissionDeniedError("job secret mismatch: refused by '" + std::string(address) +
+                                     "'; " + kJobSecretFix);
+      }
     }
     std::uint16_t mine, theirs;
     std::string my_name;
