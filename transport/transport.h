@@ -276,6 +276,11 @@ bool IsRemoteAccessError(const Status& s);
 // Who is on the other end of a Connection, from the handshake.
 struct PeerInfo {
   std::uint32_t peer_id = 0;
+  // Names this connection among the endpoint's (non-zero on the accepting
+  // side): its notifications carry the same value, so a consumer attributes
+  // an immediate or a disconnect to the connection it authenticated, not to
+  // whichever connection claimed the same peer_id.
+  std::uint64_t connection = 0;
   std::string address;                  // "host:port" as seen locally, or a fake name.
   std::vector<std::uint8_t> user_data;  // <= kMaxHandshakeUserData bytes.
 };
@@ -290,6 +295,7 @@ struct Notification {
   std::uint32_t peer_id = 0;
   std::uint32_t imm = 0;
   std::uint32_t length = 0;  // Bytes the WRITE_WITH_IMM carried.
+  std::uint64_t connection = 0;  // PeerInfo::connection of the accepted connection
 };
 
 class Connection {

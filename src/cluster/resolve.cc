@@ -14,6 +14,7 @@
 #include "src/base/log.h"
 #include "src/cluster/host_lists.h"
 #include "src/cluster/rendezvous.h"
+#include "src/cluster/secret.h"
 
 extern char** environ;
 
@@ -618,10 +619,12 @@ Result<ClusterLayout> ResolveCluster(const ClusterOptions& options, const Enviro
   if (!result.ok()) return result;
   ClusterLayout& layout = *result;
   if (const auto* t = Find(env, "RDMAPS_TRANSPORT")) layout.transport = *t;
-  layout.job_token = options.job_token;
-  if (layout.job_token.empty()) {
-    if (const auto* t = Find(env, "RDMAPS_JOB_TOKEN")) layout.job_token = *t;
-  }
+  // The job secret (src/cluster/secret.h says from where, in which order).
+  RDMAPS_ASSIGN_OR_RETURN(internal::JobSecret secret,
+                          internal::ResolveJobSecret(options, env, layout));
+  layout.job_token = std::move(secret.value);
+  layout.insecure = secret.insecure;
+  layout.secret_source = std::move(secret.source);
   RDMAPS_LOG(INFO) << "rdmaps layout: using " << layout.source << " (" << layout.source_detail
                    << "): " << layout.name() << " of " << layout.num_servers << " ps + "
                    << layout.num_workers << " workers"

@@ -125,7 +125,13 @@ struct Side {
   bool closed = false;            // This side called Close().
 };
 
+std::uint64_t NextLinkId() {
+  static std::atomic<std::uint64_t> next{0};
+  return ++next;
+}
+
 struct Link {
+  const std::uint64_t id = NextLinkId();  // PeerInfo::connection
   Mutex mu;
   std::condition_variable cv;  // Wakes Wait() on either side.
   Side sides[2];
@@ -175,6 +181,7 @@ void BreakLocked(Link& link, int quiet_side, const Status& reason,
       Notification n;
       n.kind = Notification::Kind::kDisconnected;
       n.peer_id = link.sides[1 - s].peer_id;
+      n.connection = link.id;
       out->push_back({side.core.lock(), n});
     }
   }
@@ -248,7 +255,7 @@ std::uint32_t RightFor(OpType t) {
 
 // Executes one op against `target`. Runs without Link::mu.
 Status Execute(const PendingOp& p, const std::shared_ptr<Core>& target,
-               std::uint32_t initiator_peer_id) {
+               std::uint32_t initiator_peer_id, std::uint64_t link_id) {
   if (p.fail) {
     const Faults& f = p.faults->faults;
     return Status(f.fail_code, "fake fault injection: op #" + std::to_string(p.seq) + " (" +
@@ -323,6 +330,7 @@ Status Execute(const PendingOp& p, const std::shared_ptr<Core>& target,
         Notification n;
         n.kind = Notification::Kind::kImmediate;
         n.peer_id = initiator_peer_id;
+        n.connection = link_id;
         n.imm = op.imm;
         n.length = static_cast<std::uint32_t>(op.length);
         Notify(target, n);
@@ -629,7 +637,7 @@ class FakeConnection final : public Connection {
         const std::uint32_t my_id = me.peer_id;
         lk.Unlock();
         // `head` stays valid: only this thread pushes or pops `pending`.
-        status = Execute(head, target, my_id);
+        status = Execute(head, target, my_id, link_->id);
         lk.Lock();
       }
       const Op& op = head.op;
@@ -814,9 +822,9 @@ class FakeEndpoint final : public Endpoint {
     link->sides[1].core = target;
     link->sides[1].peer_id = target->options.peer_id;
 
-    PeerInfo to_server{target->options.peer_id, std::string(address), {}};
+    PeerInfo to_server{target->options.peer_id, link->id, std::string(address), {}};
     PeerInfo to_client{
-        this->options().peer_id,
+        this->options().peer_id, link->id,
         my_name.empty() ? "fake-peer-" + std::to_string(this->options().peer_id) : my_name,
         options.user_data};
     auto client = std::make_unique<FakeConnection>(link, 0, core_.get(), std::move(to_server),

@@ -457,6 +457,7 @@ void EndpointCore::CloseInbound(const std::shared_ptr<Inbound>& in, const std::s
     Notification n;
     n.kind = Notification::Kind::kDisconnected;
     n.peer_id = in->peer_id;
+    n.connection = in->session;
     PushNotification(n);
   }
   graveyard_.push_back(in);
@@ -617,6 +618,7 @@ Status EndpointCore::HandleProof(const std::shared_ptr<Inbound>& in) {
     Session s;
     s.ops = in;
     s.peer.peer_id = peer_id;
+    s.peer.connection = session;
     s.peer.address = in->peer_address;
     s.peer.user_data = hello.user_data;
     s.deadline = in->deadline;
@@ -750,6 +752,7 @@ class TcpEndpoint final : public Endpoint {
     served->fd = std::move(rev);
     served->phase = Inbound::Phase::kServing;
     served->peer_id = peer.peer_id;
+    served->session = r1.session;
     served->peer_address = peer.address;
     served->paired = true;
     core_->AdoptServed(served);

@@ -401,6 +401,7 @@ void VerbsEndpoint::HandleConnectRequest(CmEvent& ev) {
     Reject(idp, kRejectNoResources);
     return;  // conn's destructor destroys the id
   }
+  conn->set_connection_from_qp();
   AcceptWire rep{};
   rep.magic = htobe32(kAcceptMagic);
   rep.version = htobe16(version_.load());
@@ -464,6 +465,7 @@ void VerbsEndpoint::HandleCmEvent(CmEvent& ev) {
         Notification n;
         n.kind = Notification::Kind::kDisconnected;
         n.peer_id = conn->peer().peer_id;
+        n.connection = conn->qp_num();
         shared_->notifications.push_back(n);
         shared_->notes_cv.notify_all();
       }

@@ -236,6 +236,8 @@ class VerbsConnection final : public Connection {
   std::uint32_t qp_num() const { return qp_num_; }
   // Takes Shared::mu: the progress thread reads peer ids of registered QPs.
   void set_peer_id(std::uint32_t id);
+  // PeerInfo::connection := the QP number (after Init).
+  void set_connection_from_qp();
   std::uint32_t max_inline() const { return max_inline_; }
 
  private:
