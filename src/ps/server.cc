@@ -528,10 +528,8 @@ void ServerImpl::ApplyLoop() {
                                                                          : "ring write")
               << " of a connection that claimed worker " << w
               << " but is not the one it bootstrapped on";
-          if (n.kind != transport::Notification::Kind::kDisconnected) {
-            MutexLock lock(mu_);
-            ++stats_.protocol_errors;
-          }
+          MutexLock lock(mu_);
+          ++stats_.unbound_notifications;
           continue;
         }
         if (n.kind == transport::Notification::Kind::kDisconnected) {
