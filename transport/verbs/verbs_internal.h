@@ -52,6 +52,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <unordered_set>
 #include <vector>
 
 #include "src/base/fd.h"
@@ -342,6 +343,11 @@ class VerbsEndpoint final : public Endpoint {
 
   // Progress thread only: accepted ids waiting for ESTABLISHED.
   std::map<rdma_cm_id*, std::unique_ptr<VerbsConnection>> pending_accept_;
+  // Progress thread only: the connect-request nonces of the last
+  // kMaxSeenNonces requests, to refuse a replayed one.
+  static constexpr std::size_t kMaxSeenNonces = 1 << 16;
+  std::unordered_set<std::uint64_t> seen_nonces_;
+  std::deque<std::uint64_t> seen_order_;
 };
 
 }  // namespace rdmaps::transport::verbs::internal
