@@ -134,9 +134,12 @@ void EmitLog(LogSeverity severity, const char* file, int line, std::string_view 
 }
 
 std::uint64_t LogRateLimiter::Take(double seconds) {
-  const std::int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                               std::chrono::steady_clock::now().time_since_epoch())
-                               .count();
+  return TakeAt(seconds, std::chrono::duration_cast<std::chrono::nanoseconds>(
+                             std::chrono::steady_clock::now().time_since_epoch())
+                             .count());
+}
+
+std::uint64_t LogRateLimiter::TakeAt(double seconds, std::int64_t now) {
   std::int64_t next = next_ns_.load(std::memory_order_relaxed);
   const auto period = static_cast<std::int64_t>(seconds * 1e9);
   while (now >= next) {

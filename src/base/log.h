@@ -69,6 +69,8 @@ class LogRateLimiter {
   // 0: suppress this line (counted). Else 1 + the lines suppressed since the
   // last one allowed; the first call is always allowed.
   std::uint64_t Take(double seconds);
+  // Take at `now_ns` on the steady clock (tests pass their own times).
+  std::uint64_t TakeAt(double seconds, std::int64_t now_ns);
 
  private:
   std::atomic<std::int64_t> next_ns_{0};  // steady clock; before it, suppress
