@@ -22,7 +22,7 @@ jobs="${RDMAPS_JOBS:-$(nproc)}"
 packages=(
   build-essential cmake ninja-build pkg-config g++ clang libclang-rt-14-dev libfuzzer-14-dev
   libgflags-dev libgoogle-glog-dev libgtest-dev libgmock-dev libbenchmark-dev
-  libtbb-dev libeigen3-dev nlohmann-json3-dev libxxhash-dev
+  libtbb-dev libeigen3-dev nlohmann-json3-dev libxxhash-dev libsodium-dev
   libibverbs-dev librdmacm-dev rdma-core ibverbs-providers ibverbs-utils rdmacm-utils perftest
   qemu-system-x86 busybox-static cpio kmod iproute2
   openmpi-bin mpich slurm-wlm munge python3-torch dataset-fashion-mnist zlib1g-dev gnuplot-nox python3 iperf3

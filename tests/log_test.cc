@@ -119,6 +119,34 @@ TEST_F(LogTest, EveryNLogsTheFirstAndEveryNthAfter) {
   EXPECT_THAT(Messages(), ElementsAre("occurrence 0", "occurrence 3", "occurrence 6"));
 }
 
+TEST_F(LogTest, EveryTLogsTheFirstAndSuppressesTheRestOfThePeriod) {
+  // A period no test outlives: only the first of 1000 lines goes out.
+  for (int i = 0; i < 1000; ++i) RDMAPS_LOG_EVERY_T(WARNING, 3600.0) << "flood " << i;
+  EXPECT_THAT(Messages(), ElementsAre("flood 0"));
+}
+
+TEST_F(LogTest, RateLimiterCountsWhatItSuppressed) {
+  internal::LogRateLimiter limiter;
+  constexpr std::int64_t kSecond = 1000000000;
+  EXPECT_EQ(limiter.TakeAt(1.0, 10 * kSecond), 1u);  // the first is always allowed
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(limiter.TakeAt(1.0, 10 * kSecond + i), 0u);
+  // A second later: allowed, reporting the 5 suppressed before it.
+  EXPECT_EQ(limiter.TakeAt(1.0, 11 * kSecond), 6u);
+  EXPECT_EQ(limiter.TakeAt(1.0, 11 * kSecond + 1), 0u);
+  { internal::LogMessage(internal::kLogWARNING, __FILE__, __LINE__, false, 5).stream() << "x"; }
+  EXPECT_THAT(Messages(), ElementsAre("x [5 similar lines suppressed]"));
+}
+
+TEST_F(LogTest, EveryTIsOneStatementInsideIfElse) {
+  bool else_taken = false;
+  if (Messages().size() == 99)
+    RDMAPS_LOG_EVERY_T(WARNING, 1.0) << "never";
+  else
+    else_taken = true;
+  EXPECT_TRUE(else_taken);
+  EXPECT_TRUE(Messages().empty());
+}
+
 TEST_F(LogTest, EmptySinkRestoresStderr) {
   SetLogSink(nullptr);
   ::testing::internal::CaptureStderr();

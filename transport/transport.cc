@@ -4,6 +4,7 @@
 
 #include <time.h>
 
+#include "src/base/log.h"
 #include "transport/fake/fake_transport.h"
 #include "transport/tcp/tcp_transport.h"
 #ifdef RDMAPS_WITH_VERBS
@@ -90,6 +91,23 @@ Result<std::unique_ptr<Endpoint>> Endpoint::Create(const EndpointOptions& option
     return InvalidArgumentError("EndpointOptions::op_timeout is " +
                                 std::to_string(options.op_timeout.count()) +
                                 " ms; it must be positive");
+  }
+  if (options.job_token.empty() && !options.insecure) {
+    return InvalidArgumentError(
+        "EndpointOptions::job_token is empty: every endpoint needs the job secret (the tools "
+        "take it from RDMAPS_JOB_SECRET_FILE or RDMAPS_JOB_SECRET, or derive it; "
+        "docs/security.md), or set insecure to run without authentication");
+  }
+  if (options.job_token.size() > kMaxJobTokenBytes) {
+    return InvalidArgumentError("EndpointOptions::job_token has " +
+                                std::to_string(options.job_token.size()) + " bytes; at most " +
+                                std::to_string(kMaxJobTokenBytes));
+  }
+  if (options.insecure) {
+    RDMAPS_LOG(WARNING) << "transport endpoint (peer " << options.peer_id
+                        << ") runs WITHOUT authentication (insecure): anyone who can reach it "
+                           "can read and overwrite its registered memory; drop --insecure / "
+                           "RDMAPS_INSECURE to require the job secret";
   }
   const std::string& t = options.transport;
   if (t == "tcp") return tcp::CreateEndpoint(options);

@@ -72,7 +72,15 @@ SteadyClock::time_point CoarseNowCeil();
 
 // Wire protocol version carried in every handshake. Peers with different
 // versions refuse each other with FailedPrecondition.
-inline constexpr std::uint16_t kProtocolVersion = 1;
+inline constexpr std::uint16_t kProtocolVersion = 2;
+// The longest EndpointOptions::job_token (it never travels).
+inline constexpr std::size_t kMaxJobTokenBytes = 1024;
+// What a PermissionDenied from a handshake tells the user to do.
+inline constexpr const char* kJobSecretFix =
+    "start every process of the job with the same job secret (the tools read "
+    "RDMAPS_JOB_SECRET_FILE, then RDMAPS_JOB_SECRET, else derive it from the launcher's job id and "
+    "the per-user key ~/.config/rdmaps/key; see docs/security.md), or every one with "
+    "--insecure / RDMAPS_INSECURE=1";  // 2: challenge-response handshakes
 
 // Bytes of caller data a handshake can carry (verbs private data is 56 bytes;
 // the rest is our header).
@@ -268,6 +276,11 @@ bool IsRemoteAccessError(const Status& s);
 // Who is on the other end of a Connection, from the handshake.
 struct PeerInfo {
   std::uint32_t peer_id = 0;
+  // Names this connection among the endpoint's (non-zero on the accepting
+  // side): its notifications carry the same value, so a consumer attributes
+  // an immediate or a disconnect to the connection it authenticated, not to
+  // whichever connection claimed the same peer_id.
+  std::uint64_t connection = 0;
   std::string address;                  // "host:port" as seen locally, or a fake name.
   std::vector<std::uint8_t> user_data;  // <= kMaxHandshakeUserData bytes.
 };
@@ -282,6 +295,7 @@ struct Notification {
   std::uint32_t peer_id = 0;
   std::uint32_t imm = 0;
   std::uint32_t length = 0;  // Bytes the WRITE_WITH_IMM carried.
+  std::uint64_t connection = 0;  // PeerInfo::connection of the accepted connection
 };
 
 class Connection {
@@ -329,8 +343,15 @@ class Connection {
 struct EndpointOptions {
   // "tcp", "fake", "verbs" or "auto".
   std::string transport = "tcp";
-  // Peers must present the same token; a mismatch is PermissionDenied.
+  // The job secret. Peers prove they know the same one with a
+  // challenge-response MAC (src/base/secret.h); it never travels. A
+  // mismatch is PermissionDenied on both sides. Empty is refused by Create
+  // unless `insecure`.
   std::string job_token;
+  // Run with the empty secret, a well-known key: anyone who reaches the
+  // endpoint gets in. Logged at WARNING by Create. Peers must agree (an
+  // insecure and a secure endpoint refuse each other).
+  bool insecure = false;
   // This endpoint's id, sent to peers in the handshake.
   std::uint32_t peer_id = 0;
   // An op without an answer for this long fails with TimedOut, and its

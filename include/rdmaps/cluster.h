@@ -106,9 +106,13 @@ struct ClusterOptions {
   // name (SLURMD_NODENAME, DMLC_NODE_HOST) or gethostname().
   std::string advertise_host;
 
-  // Peers must present the same token in the rendezvous (and the transport
-  // handshake). Empty: RDMAPS_JOB_TOKEN from the environment, if any.
+  // The job secret, proven (never sent) in the rendezvous and every
+  // transport handshake. Empty: RDMAPS_JOB_SECRET_FILE, RDMAPS_JOB_SECRET,
+  // else derived from the launcher's job and the per-user key
+  // (docs/security.md).
   std::string job_token;
+  // Run without a secret (also RDMAPS_INSECURE=1): logged at WARNING.
+  bool insecure = false;
   // Deadline of the whole rendezvous (RDMAPS_STARTUP_TIMEOUT_S, when set,
   // stands in for it: see ClusterLayout::startup_timeout).
   std::chrono::milliseconds startup_timeout{60000};
@@ -134,7 +138,8 @@ struct ClusterLayout {
   // variables that decided it, for logs.
   std::string source;
   std::string source_detail;
-  // Carried to the transport: RDMAPS_TRANSPORT and the job token, if set.
+  // Carried to the transport: RDMAPS_TRANSPORT and the job secret (empty
+  // when none was found, or insecure).
   std::string transport;
   std::string job_token;
   // The start-up deadline of the job: RDMAPS_STARTUP_TIMEOUT_S (seconds;
@@ -144,6 +149,11 @@ struct ClusterLayout {
   // connect_timeout use it, so a worker waits for its servers as long as
   // the servers wait for it.
   std::chrono::milliseconds startup_timeout{0};
+  // No secret: ClusterOptions::insecure or RDMAPS_INSECURE=1.
+  bool insecure = false;
+  // Where the secret came from, for logs ("RDMAPS_JOB_SECRET", "derived
+  // from Slurm job 12 step 0 and /home/u/.config/rdmaps/key", ...).
+  std::string secret_source;
 
   // Rank-based and ps-lite sources before CompleteCluster.
   bool needs_rendezvous = false;
@@ -173,5 +183,19 @@ Result<ClusterLayout> CompleteCluster(ClusterLayout layout, std::string_view sel
 
 // ResolveCluster then CompleteCluster with no address of its own: for workers.
 Result<ClusterLayout> ResolveWorkerCluster(const ClusterOptions& options, const Environment& env);
+
+// A fresh job secret: 32 random bytes as 64 hex digits (launchers that start
+// every process themselves, and servers started by hand).
+std::string GenerateJobSecret();
+
+// Writes `secret` to `path` readable by this user only (mode 0600; missing
+// directories 0700), replacing a file of ours: what a server started by
+// hand leaves for workers started by hand (RDMAPS_JOB_SECRET_FILE=path).
+Status WriteJobSecretFile(const std::string& path, const std::string& secret);
+
+// Where such a server writes it by default:
+// ${XDG_RUNTIME_DIR:-${XDG_CONFIG_HOME:-$HOME/.config}/rdmaps}/job-secret-<pid>
+// (empty when none of these is set).
+std::string DefaultJobSecretFile(const Environment& env, int pid);
 
 }  // namespace rdmaps

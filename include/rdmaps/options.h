@@ -35,8 +35,12 @@ struct TransportOptions {
   // "tcp", "fake", "verbs" or "auto" (verbs when a usable device exists, else
   // tcp). Fake endpoints exist only inside one process.
   std::string transport = "tcp";
-  // Every process of a job must present the same token.
+  // The job secret: every process of a job must know the same one (it is
+  // proven by a challenge-response, never sent). Empty is refused unless
+  // `insecure` (docs/security.md).
   std::string job_token;
+  // Run without authentication; logged at WARNING by every process.
+  bool insecure = false;
   // A one-sided op without an answer for this long fails its connection.
   std::chrono::milliseconds op_timeout{30000};
   // Completion waits spin this long before sleeping.

@@ -33,6 +33,9 @@ struct ServerStats {
   std::uint64_t clocks_applied = 0;   // Clock() markers received
   std::uint64_t apply_batches = 0;    // notification batches processed
   std::uint64_t protocol_errors = 0;  // malformed or out-of-sequence slots dropped
+  // Notifications (a ring write, a disconnect) of a connection that claimed a
+  // worker's id but is not the one that worker bootstrapped on: ignored.
+  std::uint64_t unbound_notifications = 0;
   std::uint64_t min_clock = 0;        // min over workers of their applied clock
   std::uint32_t workers_connected = 0;
   std::uint32_t workers_done = 0;     // said goodbye (Client::Close)

@@ -25,6 +25,7 @@
 
 #include "rdmaps/client.h"
 #include "rdmaps/server.h"
+#include "src/base/secret.h"
 #include "src/ps/wire.h"
 #include "src/ps/memory.h"
 #include "src/ps/optimizer.h"
@@ -98,6 +99,7 @@ struct Raw {
     bytes = n;
     transport::EndpointOptions o;
     o.transport = FLAGS_transport;
+    o.job_token = RandomSecretHex();
     o.peer_id = 1000;
     auto s = transport::Endpoint::Create(o);
     Check(s.status(), "raw server endpoint");
@@ -172,8 +174,10 @@ int Main() {
                                    : RowLayout::kAuto;
     tables.push_back(t);
   }
+  const std::string secret = RandomSecretHex();
   ServerOptions so;
   so.transport.transport = FLAGS_transport;
+  so.transport.job_token = secret;
   so.listen_address = FLAGS_transport == "fake" ? "fake:0" : FLAGS_host + ":0";
   so.tables = tables;
   so.push_slot_bytes = 8 << 20;
@@ -183,6 +187,7 @@ int Main() {
   Check(server.status(), "server");
   ClientOptions co;
   co.transport.transport = FLAGS_transport;
+  co.transport.job_token = secret;
   co.servers = {(*server)->address()};
   co.staging_bytes = 8 << 20;
   auto client = Client::Connect(co);

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -132,8 +133,31 @@ void EmitLog(LogSeverity severity, const char* file, int line, std::string_view 
   }
 }
 
-LogMessage::LogMessage(LogSeverity severity, const char* file, int line, bool append_errno)
-    : severity_(severity), file_(file), line_(line), errno_(append_errno ? errno : -1) {}
+std::uint64_t LogRateLimiter::Take(double seconds) {
+  return TakeAt(seconds, std::chrono::duration_cast<std::chrono::nanoseconds>(
+                             std::chrono::steady_clock::now().time_since_epoch())
+                             .count());
+}
+
+std::uint64_t LogRateLimiter::TakeAt(double seconds, std::int64_t now) {
+  std::int64_t next = next_ns_.load(std::memory_order_relaxed);
+  const auto period = static_cast<std::int64_t>(seconds * 1e9);
+  while (now >= next) {
+    if (next_ns_.compare_exchange_weak(next, now + period, std::memory_order_relaxed)) {
+      return 1 + suppressed_.exchange(0, std::memory_order_relaxed);
+    }
+  }
+  suppressed_.fetch_add(1, std::memory_order_relaxed);
+  return 0;
+}
+
+LogMessage::LogMessage(LogSeverity severity, const char* file, int line, bool append_errno,
+                       std::uint64_t suppressed)
+    : severity_(severity),
+      file_(file),
+      line_(line),
+      errno_(append_errno ? errno : -1),
+      suppressed_(suppressed) {}
 
 LogMessage::~LogMessage() {
   if (errno_ >= 0) {
@@ -141,6 +165,7 @@ LogMessage::~LogMessage() {
     // GNU strerror_r: returns the message, which may or may not be in buf.
     stream_ << ": " << strerror_r(errno_, buf, sizeof(buf)) << " [" << errno_ << "]";
   }
+  if (suppressed_ != 0) stream_ << " [" << suppressed_ << " similar lines suppressed]";
   EmitLog(severity_, file_, line_, stream_.view());
 }
 

@@ -22,7 +22,9 @@
 #include "src/base/fd.h"
 #include "src/base/host_port.h"
 #include "src/base/log.h"
+#include "src/base/secret.h"
 #include "src/cluster/resolve.h"
+#include "transport/transport.h"
 
 namespace rdmaps::internal {
 
@@ -50,16 +52,16 @@ std::string Seconds(std::chrono::steady_clock::duration d) {
 void SetNonBlocking(int fd) { fcntl(fd, F_SETFL, fcntl(fd, F_GETFL, 0) | O_NONBLOCK); }
 
 std::string EncodeHello(HelloHeader h, std::string_view addr) {
-  HelloHeader w{};
+  HelloHeader w = h;
   w.magic = htobe32(h.magic);
   w.version = htobe16(h.version);
-  w.role = h.role;
+  w.reserved0 = 0;
   w.rank = static_cast<std::int32_t>(htobe32(static_cast<std::uint32_t>(h.rank)));
   w.world_size = htobe32(h.world_size);
   w.num_servers = htobe32(h.num_servers);
   w.num_workers = htobe32(h.num_workers);
-  w.token_hash = htobe64(h.token_hash);
   w.addr_len = htobe32(static_cast<std::uint32_t>(addr.size()));
+  w.reserved1 = 0;
   std::string out(sizeof(w), '\0');
   std::memcpy(out.data(), &w, sizeof(w));
   out.append(addr);
@@ -67,23 +69,82 @@ std::string EncodeHello(HelloHeader h, std::string_view addr) {
 }
 
 HelloHeader DecodeHello(const char* p) {
-  HelloHeader w;
-  std::memcpy(&w, p, sizeof(w));
-  HelloHeader h{};
-  h.magic = be32toh(w.magic);
-  h.version = be16toh(w.version);
-  h.role = w.role;
-  h.rank = static_cast<std::int32_t>(be32toh(static_cast<std::uint32_t>(w.rank)));
-  h.world_size = be32toh(w.world_size);
-  h.num_servers = be32toh(w.num_servers);
-  h.num_workers = be32toh(w.num_workers);
-  h.token_hash = be64toh(w.token_hash);
-  h.addr_len = be32toh(w.addr_len);
+  HelloHeader h;
+  std::memcpy(&h, p, sizeof(h));
+  h.magic = be32toh(h.magic);
+  h.version = be16toh(h.version);
+  h.rank = static_cast<std::int32_t>(be32toh(static_cast<std::uint32_t>(h.rank)));
+  h.world_size = be32toh(h.world_size);
+  h.num_servers = be32toh(h.num_servers);
+  h.num_workers = be32toh(h.num_workers);
+  h.addr_len = be32toh(h.addr_len);
   return h;
 }
 
+Nonce ToNonce(const std::uint8_t (&a)[16]) {
+  Nonce n;
+  std::copy(std::begin(a), std::end(a), n.begin());
+  return n;
+}
+
+void PutU64(std::vector<std::uint8_t>& out, std::uint64_t v) {
+  for (int i = 0; i < 8; ++i) out.push_back(static_cast<std::uint8_t>(v >> (8 * i)));
+}
+
+// The joiner's proof (h in host order).
+Mac HelloMac(const SecretKey& key, const HelloHeader& h, const Nonce& root_nonce,
+             std::string_view address) {
+  std::vector<std::uint8_t> bound;
+  for (std::uint64_t v : {std::uint64_t{h.role}, std::uint64_t{h.world_size},
+                          std::uint64_t{h.num_servers}, std::uint64_t{h.num_workers}}) {
+    PutU64(bound, v);
+  }
+  bound.insert(bound.end(), address.begin(), address.end());
+  HandshakeTranscript t;
+  t.protocol = "rendezvous";
+  t.version = h.version;
+  t.direction = MacDirection::kConnector;
+  t.connector_nonce = ToNonce(h.nonce);
+  t.acceptor_nonce = root_nonce;
+  t.connector_id = static_cast<std::uint32_t>(h.rank);
+  t.bound = bound;
+  return HandshakeMac(key, t);
+}
+
+// The root's proof over one answer.
+Mac AnswerMac(const SecretKey& key, const Nonce& joiner_nonce, const Nonce& root_nonce,
+              std::int32_t rank, std::uint8_t code, std::uint8_t role, std::int32_t index,
+              std::uint32_t num_servers, std::uint32_t num_workers, std::string_view body) {
+  std::vector<std::uint8_t> bound;
+  for (std::uint64_t v : {std::uint64_t{code}, std::uint64_t{role},
+                          static_cast<std::uint64_t>(static_cast<std::uint32_t>(index)),
+                          std::uint64_t{num_servers}, std::uint64_t{num_workers}}) {
+    PutU64(bound, v);
+  }
+  bound.insert(bound.end(), body.begin(), body.end());
+  HandshakeTranscript t;
+  t.protocol = "rendezvous";
+  t.version = kRendezvousVersion;
+  t.direction = MacDirection::kAcceptor;
+  t.connector_nonce = joiner_nonce;
+  t.acceptor_nonce = root_nonce;
+  t.connector_id = static_cast<std::uint32_t>(rank);
+  t.bound = bound;
+  return HandshakeMac(key, t);
+}
+
+std::string EncodeChallenge(const Nonce& nonce) {
+  ChallengeHeader c{};
+  c.magic = htobe32(kRendezvousChallengeMagic);
+  c.version = htobe16(kRendezvousVersion);
+  std::copy(nonce.begin(), nonce.end(), c.nonce);
+  return std::string(reinterpret_cast<const char*>(&c), sizeof(c));
+}
+
+// `key` and the nonces: the MAC that lets the process trust the answer.
 std::string EncodeAnswer(const Status& status, Role role, int index, int num_servers,
-                         int num_workers, std::string_view body) {
+                         int num_workers, std::string_view body, const SecretKey& key,
+                         const Nonce& joiner_nonce, const Nonce& root_nonce, std::int32_t rank) {
   AnswerHeader w{};
   w.magic = htobe32(kRendezvousAnswerMagic);
   w.version = htobe16(kRendezvousVersion);
@@ -94,6 +155,10 @@ std::string EncodeAnswer(const Status& status, Role role, int index, int num_ser
   w.num_workers = htobe32(static_cast<std::uint32_t>(num_workers));
   std::string payload = status.ok() ? std::string(body) : status.message();
   w.body_len = htobe32(static_cast<std::uint32_t>(payload.size()));
+  const Mac mac = AnswerMac(key, joiner_nonce, root_nonce, rank, w.code, w.role, index,
+                            static_cast<std::uint32_t>(num_servers),
+                            static_cast<std::uint32_t>(num_workers), payload);
+  std::copy(mac.begin(), mac.end(), w.mac);
   std::string out(sizeof(w), '\0');
   std::memcpy(out.data(), &w, sizeof(w));
   out += payload;
@@ -189,8 +254,9 @@ Status PublishFile(const std::string& path, const std::string& address) {
     std::ofstream out(tmp, std::ios::trunc);
     out << address << "\n";
     if (!out) {
-      return Status(StatusCode::kIOError, "rendezvous: cannot write " + tmp +
-                     "; --rendezvous=file:PATH needs a writable directory every rank sees");
+      return Status(StatusCode::kIOError,
+                    "rendezvous: cannot write " + tmp +
+                        "; --rendezvous=file:PATH needs a writable directory every rank sees");
     }
   }
   if (rename(tmp.c_str(), path.c_str()) != 0) {
@@ -215,7 +281,8 @@ struct Joiner {
   bool hello = false;
   HelloHeader header{};
   std::string address;
-  std::string peer;  // IP:port as seen by the root, for messages.
+  std::string peer;    // IP:port as seen by the root, for messages.
+  Nonce root_nonce{};  // sent in its challenge
 };
 
 Result<RendezvousResult> RunRoot(const ClusterLayout& layout, std::string_view self_address,
@@ -223,7 +290,7 @@ Result<RendezvousResult> RunRoot(const ClusterLayout& layout, std::string_view s
   const TimePoint start = Clock::now();
   const bool ranked = layout.rank >= 0;
   const int S = layout.num_servers, W = layout.num_workers;
-  const std::uint64_t token = TokenHash(layout.job_token);
+  const SecretKey key = SecretKey::FromSecret(layout.job_token);
 
   Fd listener;
   std::string where;
@@ -252,7 +319,9 @@ Result<RendezvousResult> RunRoot(const ClusterLayout& layout, std::string_view s
   const int expected = ranked ? layout.world_size - 1 : S + W;
 
   auto answer_error = [&](Joiner& j, const Status& s) {
-    (void)SendAll(j.fd.get(), EncodeAnswer(s, Role::kWorker, -1, S, W, ""),
+    (void)SendAll(j.fd.get(),
+                  EncodeAnswer(s, Role::kWorker, -1, S, W, "", key, ToNonce(j.header.nonce),
+                               j.root_nonce, j.header.rank),
                   Clock::now() + std::chrono::seconds(1));
     j.fd.Reset();
   };
@@ -275,29 +344,32 @@ Result<RendezvousResult> RunRoot(const ClusterLayout& layout, std::string_view s
     std::string who = ranked ? RankName(true, S, h.rank) : std::string(RoleName(Role(h.role)));
     who += " from " + j.peer;
     if (h.version != kRendezvousVersion) {
-      answer_error(j, FailedPreconditionError(
-                          "rendezvous protocol version " + std::to_string(h.version) +
-                          " != root's " + std::to_string(kRendezvousVersion) +
-                          "; run the same rdmaps version everywhere"));
+      answer_error(
+          j, FailedPreconditionError("rendezvous protocol version " + std::to_string(h.version) +
+                                     " != root's " + std::to_string(kRendezvousVersion) +
+                                     "; run the same rdmaps version everywhere"));
       RDMAPS_LOG(WARNING) << "rendezvous: refused " << who << ": protocol version " << h.version;
       return Status::OK();
     }
-    if (h.token_hash != token) {
+    if (!ConstantTimeEqual(HelloMac(key, h, j.root_nonce, j.address), h.mac)) {
       answer_error(j, PermissionDeniedError(
                           "rendezvous root " + where +
-                          " refused this process: job token mismatch (another job on the same "
-                          "port, or a different RDMAPS_JOB_TOKEN / --job_token)"));
-      RDMAPS_LOG(WARNING) << "rendezvous: refused " << who << ": job token mismatch";
+                          " refused this process: job secret mismatch (another job on the same "
+                          "port, or another secret); " +
+                          transport::kJobSecretFix));
+      RDMAPS_LOG(WARNING) << "rendezvous: refused " << who
+                          << ": job secret mismatch (its MAC does not verify); "
+                          << transport::kJobSecretFix;
       return Status::OK();
     }
     if (static_cast<int>(h.num_servers) != S || static_cast<int>(h.num_workers) != W ||
         (ranked && static_cast<int>(h.world_size) != layout.world_size)) {
       return InvalidArgumentError(
-          "rendezvous: " + who + " has a different job shape: " +
-          std::to_string(h.num_servers) + " ps + " + std::to_string(h.num_workers) +
-          " workers (world " + std::to_string(h.world_size) + "), root has " +
-          std::to_string(S) + " ps + " + std::to_string(W) + " workers (world " +
-          std::to_string(layout.world_size) + "); give every process the same --num_servers");
+          "rendezvous: " + who + " has a different job shape: " + std::to_string(h.num_servers) +
+          " ps + " + std::to_string(h.num_workers) + " workers (world " +
+          std::to_string(h.world_size) + "), root has " + std::to_string(S) + " ps + " +
+          std::to_string(W) + " workers (world " + std::to_string(layout.world_size) +
+          "); give every process the same --num_servers");
     }
     if (ranked) {
       if (h.rank <= 0 || h.rank >= layout.world_size) {
@@ -332,7 +404,8 @@ Result<RendezvousResult> RunRoot(const ClusterLayout& layout, std::string_view s
     if (Clock::now() >= deadline) break;
     std::vector<pollfd> pfds;
     pfds.push_back({listener.get(), POLLIN, 0});
-    for (auto& j : conns) pfds.push_back({j.fd.get(), static_cast<short>(j.fd.get() >= 0 ? POLLIN : 0), 0});
+    for (auto& j : conns)
+      pfds.push_back({j.fd.get(), static_cast<short>(j.fd.get() >= 0 ? POLLIN : 0), 0});
     int r = poll(pfds.data(), pfds.size(), std::min(MillisUntil(deadline), 1000));
     if (r < 0 && errno != EINTR) return ErrnoError("rendezvous: poll", errno);
     if (r <= 0) continue;
@@ -346,9 +419,14 @@ Result<RendezvousResult> RunRoot(const ClusterLayout& layout, std::string_view s
         Joiner j;
         j.fd = Fd(c);
         char host[NI_MAXHOST] = "?", serv[NI_MAXSERV] = "?";
-        getnameinfo(reinterpret_cast<sockaddr*>(&ss), len, host, sizeof(host), serv,
-                    sizeof(serv), NI_NUMERICHOST | NI_NUMERICSERV);
+        getnameinfo(reinterpret_cast<sockaddr*>(&ss), len, host, sizeof(host), serv, sizeof(serv),
+                    NI_NUMERICHOST | NI_NUMERICSERV);
         j.peer = std::string(host) + ":" + serv;
+        j.root_nonce = RandomNonce();
+        // 24 bytes into a fresh socket's buffer: a short send only costs
+        // that process its rendezvous.
+        const std::string challenge = EncodeChallenge(j.root_nonce);
+        (void)send(j.fd.get(), challenge.data(), challenge.size(), MSG_NOSIGNAL);
         conns.push_back(std::move(j));
       }
     }
@@ -372,15 +450,25 @@ Result<RendezvousResult> RunRoot(const ClusterLayout& layout, std::string_view s
       }
       if (j.hello) continue;  // Nothing more is expected; ignore.
       j.in.append(buf, static_cast<std::size_t>(n));
-      Result<std::optional<ParsedHello>> parsed = ParseRendezvousHello(j.in);
+      if (j.in.size() < sizeof(HelloHeader)) continue;
+      // Wait for the whole hello (its address length bounded first), then
+      // parse exactly its bytes.
+      const HelloHeader peek = DecodeHello(j.in.data());
+      const std::size_t whole =
+          sizeof(HelloHeader) + std::min<std::size_t>(peek.addr_len, kMaxRendezvousAddress);
+      if (peek.magic == kRendezvousHelloMagic && peek.addr_len <= kMaxRendezvousAddress &&
+          j.in.size() < whole) {
+        continue;
+      }
+      Result<RendezvousHello> parsed = ParseRendezvousHello(
+          std::as_bytes(std::span<const char>(j.in.data(), std::min(j.in.size(), whole))));
       if (!parsed.ok()) {
         RDMAPS_LOG(WARNING) << "rendezvous: dropped " << j.peer << ": " << parsed.status();
         answer_error(j, parsed.status());
         continue;
       }
-      if (!parsed->has_value()) continue;
-      j.header = (*parsed)->header;
-      j.address = std::move((*parsed)->address);
+      j.header = parsed->header;
+      j.address = std::move(parsed->address);
       j.hello = true;
       failure = on_hello(ci);
     }
@@ -407,8 +495,8 @@ Result<RendezvousResult> RunRoot(const ClusterLayout& layout, std::string_view s
                 std::to_string(W) + " workers";
       count = expected - arrived();
     }
-    failure = TimedOutError("rendezvous at " + where + " (" + layout.source + "): " +
-                            std::to_string(count) + " process(es) never arrived within " +
+    failure = TimedOutError("rendezvous at " + where + " (" + layout.source +
+                            "): " + std::to_string(count) + " process(es) never arrived within " +
                             Seconds(Clock::now() - start) + ": " + missing +
                             "; check that they were started, and with the same layout");
   }
@@ -421,7 +509,8 @@ Result<RendezvousResult> RunRoot(const ClusterLayout& layout, std::string_view s
   }
 
   // Everyone is here: assemble the lists.
-  std::vector<std::string> servers(static_cast<std::size_t>(S)), workers(static_cast<std::size_t>(W));
+  std::vector<std::string> servers(static_cast<std::size_t>(S)),
+      workers(static_cast<std::size_t>(W));
   std::vector<std::pair<std::size_t, int>> assignment;  // conn -> index
   if (ranked) {
     servers[0] = std::string(self_address);
@@ -476,7 +565,8 @@ Result<RendezvousResult> RunRoot(const ClusterLayout& layout, std::string_view s
   for (auto [ci, idx] : assignment) {
     Joiner& j = conns[ci];
     Status s = SendAll(j.fd.get(),
-                       EncodeAnswer(Status::OK(), Role(j.header.role), idx, S, W, body),
+                       EncodeAnswer(Status::OK(), Role(j.header.role), idx, S, W, body, key,
+                                    ToNonce(j.header.nonce), j.root_nonce, j.header.rank),
                        Clock::now() + std::chrono::seconds(2));
     if (!s.ok()) RDMAPS_LOG(WARNING) << "rendezvous: answering " << j.peer << ": " << s;
   }
@@ -521,8 +611,8 @@ Result<RendezvousResult> RunJoin(const ClusterLayout& layout, std::string_view s
                                  TimePoint deadline) {
   const TimePoint start = Clock::now();
   const bool ranked = layout.rank >= 0;
-  std::string me = ranked ? RankName(true, layout.num_servers, layout.rank)
-                          : std::string(RoleName(layout.role));
+  std::string me =
+      ranked ? RankName(true, layout.num_servers, layout.rank) : std::string(RoleName(layout.role));
   std::string root_name = ranked ? "rank 0" : "the scheduler";
   std::string address(self_address.empty() ? layout.advertise_host : self_address);
   if (address.size() > kMaxRendezvousAddress) {
@@ -536,8 +626,7 @@ Result<RendezvousResult> RunJoin(const ClusterLayout& layout, std::string_view s
   h.world_size = static_cast<std::uint32_t>(layout.world_size);
   h.num_servers = static_cast<std::uint32_t>(layout.num_servers);
   h.num_workers = static_cast<std::uint32_t>(layout.num_workers);
-  h.token_hash = TokenHash(layout.job_token);
-  const std::string hello = EncodeHello(h, address);
+  const SecretKey key = SecretKey::FromSecret(layout.job_token);
 
   Status last = UnavailableError("never tried");
   std::string root = layout.rendezvous;
@@ -549,7 +638,8 @@ Result<RendezvousResult> RunJoin(const ClusterLayout& layout, std::string_view s
       if (!(in >> line)) {
         last = NotFoundError("the rendezvous file " + layout.rendezvous.substr(5) +
                              " does not exist yet");
-        std::this_thread::sleep_for(std::min<std::chrono::nanoseconds>(backoff, deadline - Clock::now()));
+        std::this_thread::sleep_for(
+            std::min<std::chrono::nanoseconds>(backoff, deadline - Clock::now()));
         backoff = std::min(backoff * 2, std::chrono::milliseconds(200));
         continue;
       }
@@ -560,21 +650,47 @@ Result<RendezvousResult> RunJoin(const ClusterLayout& layout, std::string_view s
     auto fd = ConnectOnce(*hp, deadline);
     if (!fd.ok()) {
       last = fd.status();
-      std::this_thread::sleep_for(std::min<std::chrono::nanoseconds>(backoff, deadline - Clock::now()));
+      std::this_thread::sleep_for(
+          std::min<std::chrono::nanoseconds>(backoff, deadline - Clock::now()));
       backoff = std::min(backoff * 2, std::chrono::milliseconds(200));
       continue;
     }
-    RDMAPS_RETURN_IF_ERROR(SendAll(fd->get(), hello, deadline));
     const TimePoint answer_by = deadline + kAnswerGrace;
+    // The root's challenge, then our hello with its proof.
+    std::array<std::byte, sizeof(ChallengeHeader)> cbuf;
+    Status s =
+        RecvAll(fd->get(), reinterpret_cast<char*>(cbuf.data()), cbuf.size(), deadline, root);
+    Result<std::array<std::uint8_t, 16>> root_nonce =
+        s.ok() ? ParseRendezvousChallenge(cbuf) : Result<std::array<std::uint8_t, 16>>(s);
+    if (!root_nonce.ok()) {
+      Status bad = s.ok() ? FailedPreconditionError("rendezvous: " + root +
+                                                    " is not an rdmaps rendezvous root (" +
+                                                    root_nonce.status().message() + ")")
+                          : s;
+      if (layout.rendezvous.starts_with("file:")) {  // maybe a stale file: read it again
+        last = bad;
+        std::this_thread::sleep_for(
+            std::min<std::chrono::nanoseconds>(backoff, deadline - Clock::now()));
+        backoff = std::min(backoff * 2, std::chrono::milliseconds(200));
+        continue;
+      }
+      return bad;
+    }
+    const Nonce mine = RandomNonce();
+    std::copy(mine.begin(), mine.end(), h.nonce);
+    const Mac proof = HelloMac(key, h, *root_nonce, address);
+    std::copy(proof.begin(), proof.end(), h.mac);
+    RDMAPS_RETURN_IF_ERROR(SendAll(fd->get(), EncodeHello(h, address), deadline));
     char hdr[sizeof(AnswerHeader)];
-    Status s = RecvAll(fd->get(), hdr, sizeof(hdr), answer_by, root);
+    s = RecvAll(fd->get(), hdr, sizeof(hdr), answer_by, root);
     if (s.code() == StatusCode::kTimedOut) {
       return TimedOutError("rendezvous: " + me + " reached " + root_name + " at " + root +
                            " but got no answer within " + Seconds(Clock::now() - start) +
                            "; the root names missing ranks in its own log");
     }
-    const AnswerHeader w = DecodeAnswerHeader(hdr);
-    if (!s.ok() || w.magic != kRendezvousAnswerMagic) {
+    AnswerHeader w;
+    std::memcpy(&w, hdr, sizeof(w));
+    if (!s.ok() || be32toh(w.magic) != kRendezvousAnswerMagic) {
       Status bad = s.ok() ? FailedPreconditionError("rendezvous: " + root +
                                                     " is not an rdmaps rendezvous root (bad magic)")
                           : s;
@@ -589,72 +705,115 @@ Result<RendezvousResult> RunJoin(const ClusterLayout& layout, std::string_view s
       }
       return bad;
     }
-    if (w.version != kRendezvousVersion) {
+    if (be16toh(w.version) != kRendezvousVersion) {
       return FailedPreconditionError("rendezvous protocol version mismatch: root " + root +
-                                     " speaks " + std::to_string(w.version) + ", this process " +
-                                     std::to_string(kRendezvousVersion) +
+                                     " speaks " + std::to_string(be16toh(w.version)) +
+                                     ", this process " + std::to_string(kRendezvousVersion) +
                                      "; run the same rdmaps version everywhere");
     }
-    if (w.body_len > kMaxRendezvousBody) return DataLossError("rendezvous: oversized answer");
-    std::string body(w.body_len, '\0');
+    std::uint32_t body_len = be32toh(w.body_len);
+    if (body_len > kMaxRendezvousBody) return DataLossError("rendezvous: oversized answer");
+    std::string body(body_len, '\0');
     RDMAPS_RETURN_IF_ERROR(RecvAll(fd->get(), body.data(), body.size(), answer_by, root));
-    return ParseRendezvousAnswer(w, body, root);
+    auto code = static_cast<StatusCode>(w.code);
+    if (code > StatusCode::kInternal) return DataLossError("rendezvous: bad answer code");
+    if (code != StatusCode::kOk) return Status(code, body);
+    const Mac want =
+        AnswerMac(key, mine, *root_nonce, h.rank, w.code, w.role,
+                  static_cast<std::int32_t>(be32toh(static_cast<std::uint32_t>(w.index))),
+                  be32toh(w.num_servers), be32toh(w.num_workers), body);
+    if (!ConstantTimeEqual(want, w.mac)) {
+      return PermissionDeniedError("rendezvous: the root at " + root +
+                                   " did not prove knowledge of this job's secret (MAC "
+                                   "mismatch); " +
+                                   transport::kJobSecretFix);
+    }
+    AnswerHeader host = w;  // in host order, for the checks
+    host.index = static_cast<std::int32_t>(be32toh(static_cast<std::uint32_t>(w.index)));
+    host.num_servers = be32toh(w.num_servers);
+    host.num_workers = be32toh(w.num_workers);
+    host.body_len = body_len;
+    return RendezvousResultOf(host, body, root);
   }
   return TimedOutError("rendezvous: " + me + " could not reach " + root_name + " at " + root +
-                       " within " + Seconds(Clock::now() - start) + " (last error: " +
-                       last.ToString() + "); is " + root_name +
+                       " within " + Seconds(Clock::now() - start) +
+                       " (last error: " + last.ToString() + "); is " + root_name +
                        " running, and is its port reachable from here?");
 }
 
 }  // namespace
 
-std::uint64_t TokenHash(std::string_view token) {
-  std::uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : token) {
-    h ^= c;
-    h *= 1099511628211ull;
+Result<std::array<std::uint8_t, 16>> ParseRendezvousChallenge(std::span<const std::byte> bytes) {
+  if (bytes.size() != sizeof(ChallengeHeader)) {
+    return InvalidArgumentError("rendezvous challenge of " + std::to_string(bytes.size()) +
+                                " bytes");
   }
-  return h;
+  ChallengeHeader c;
+  std::memcpy(&c, bytes.data(), sizeof(c));
+  if (be32toh(c.magic) != kRendezvousChallengeMagic) {
+    return InvalidArgumentError("bad rendezvous challenge magic");
+  }
+  if (be16toh(c.version) != kRendezvousVersion) {
+    return InvalidArgumentError("rendezvous protocol version " +
+                                std::to_string(be16toh(c.version)) + ", this process speaks " +
+                                std::to_string(kRendezvousVersion) +
+                                "; run the same rdmaps version everywhere");
+  }
+  std::array<std::uint8_t, 16> n;
+  std::copy(std::begin(c.nonce), std::end(c.nonce), n.begin());
+  return n;
 }
 
-Result<std::optional<ParsedHello>> ParseRendezvousHello(std::string_view in) {
-  if (in.size() < sizeof(HelloHeader)) return std::optional<ParsedHello>();
-  ParsedHello out;
-  out.header = DecodeHello(in.data());
-  const HelloHeader& h = out.header;
-  if (h.magic != kRendezvousHelloMagic) {
-    return InvalidArgumentError("not an rdmaps rendezvous hello (bad magic)");
+Result<RendezvousHello> ParseRendezvousHello(std::span<const std::byte> bytes) {
+  if (bytes.size() < sizeof(HelloHeader)) {
+    return InvalidArgumentError("rendezvous hello of " + std::to_string(bytes.size()) + " bytes");
   }
-  if (h.addr_len > kMaxRendezvousAddress) {
-    return InvalidArgumentError("rendezvous hello: address of " + std::to_string(h.addr_len) +
-                                " bytes exceeds the limit of " +
-                                std::to_string(kMaxRendezvousAddress));
+  RendezvousHello out;
+  out.header = DecodeHello(reinterpret_cast<const char*>(bytes.data()));
+  if (out.header.magic != kRendezvousHelloMagic) {
+    return InvalidArgumentError("not an rdmaps rendezvous hello");
   }
-  if (h.role > static_cast<std::uint8_t>(Role::kScheduler)) {
-    return InvalidArgumentError("rendezvous hello: unknown role " + std::to_string(h.role));
+  if (out.header.addr_len > kMaxRendezvousAddress ||
+      bytes.size() != sizeof(HelloHeader) + out.header.addr_len) {
+    return InvalidArgumentError("rendezvous hello with an address of " +
+                                std::to_string(out.header.addr_len) + " bytes (at most " +
+                                std::to_string(kMaxRendezvousAddress) + ")");
   }
-  if (in.size() < sizeof(HelloHeader) + h.addr_len) return std::optional<ParsedHello>();
-  out.address = std::string(in.substr(sizeof(HelloHeader), h.addr_len));
-  return std::optional<ParsedHello>(std::move(out));
+  if (out.header.role > static_cast<std::uint8_t>(Role::kScheduler)) {
+    return InvalidArgumentError("rendezvous hello with role " + std::to_string(out.header.role));
+  }
+  out.address.assign(reinterpret_cast<const char*>(bytes.data()) + sizeof(HelloHeader),
+                     out.header.addr_len);
+  return out;
 }
 
-AnswerHeader DecodeAnswerHeader(const char* bytes) {
-  AnswerHeader w;
-  std::memcpy(&w, bytes, sizeof(w));
-  AnswerHeader h{};
-  h.magic = be32toh(w.magic);
-  h.version = be16toh(w.version);
-  h.code = w.code;
-  h.role = w.role;
-  h.index = static_cast<std::int32_t>(be32toh(static_cast<std::uint32_t>(w.index)));
-  h.num_servers = be32toh(w.num_servers);
-  h.num_workers = be32toh(w.num_workers);
-  h.body_len = be32toh(w.body_len);
-  return h;
+Result<RendezvousAnswer> ParseRendezvousAnswer(std::span<const std::byte> bytes) {
+  if (bytes.size() < sizeof(AnswerHeader)) {
+    return InvalidArgumentError("rendezvous answer of " + std::to_string(bytes.size()) + " bytes");
+  }
+  RendezvousAnswer out;
+  std::memcpy(&out.header, bytes.data(), sizeof(AnswerHeader));
+  AnswerHeader& h = out.header;
+  h.magic = be32toh(h.magic);
+  h.version = be16toh(h.version);
+  h.index = static_cast<std::int32_t>(be32toh(static_cast<std::uint32_t>(h.index)));
+  h.num_servers = be32toh(h.num_servers);
+  h.num_workers = be32toh(h.num_workers);
+  h.body_len = be32toh(h.body_len);
+  if (h.magic != kRendezvousAnswerMagic) return InvalidArgumentError("bad rendezvous answer magic");
+  if (h.code > static_cast<std::uint8_t>(StatusCode::kInternal)) {
+    return InvalidArgumentError("rendezvous answer code " + std::to_string(h.code));
+  }
+  if (bytes.size() != sizeof(AnswerHeader) + std::size_t{h.body_len}) {
+    return InvalidArgumentError("rendezvous answer body of " + std::to_string(h.body_len) +
+                                " bytes in " + std::to_string(bytes.size()) + " bytes");
+  }
+  out.body.assign(reinterpret_cast<const char*>(bytes.data()) + sizeof(AnswerHeader), h.body_len);
+  return out;
 }
 
-Result<RendezvousResult> ParseRendezvousAnswer(const AnswerHeader& h, std::string_view body,
-                                               std::string_view root) {
+Result<RendezvousResult> RendezvousResultOf(const AnswerHeader& h, std::string_view body,
+                                            std::string_view root) {
   const std::string from = "rendezvous: answer from " + std::string(root);
   if (h.body_len != body.size() || body.size() > kMaxRendezvousBody) {
     return DataLossError(from + " has a body of " + std::to_string(body.size()) +

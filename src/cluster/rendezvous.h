@@ -10,12 +10,25 @@
 // number of servers/workers) that never arrived. Protocol on the wire, all
 // integers big-endian:
 //
+//   Challenge (root -> process, at once on accept): ChallengeHeader, the
+//          root's fresh nonce.
 //   Hello  (process -> root): HelloHeader, then addr_len bytes of address.
+//          HelloHeader carries the process's nonce and a MAC =
+//          HandshakeMac(job key, "rendezvous", version, kConnector, its
+//          nonce, the root's nonce, rank, 0, bound = role, world_size,
+//          num_servers, num_workers (u64 LE each), address).
 //   Answer (root -> process): AnswerHeader, then body_len bytes: on OK the
 //          server addresses then the worker addresses, one per line; on an
-//          error the message.
+//          error the message. AnswerHeader's MAC = HandshakeMac(kAcceptor,
+//          the same nonces and rank, bound = code, role, index, num_servers,
+//          num_workers, body); a process takes an OK answer only when it
+//          verifies (the root knows the secret too).
+// The secret never travels and no message verifies twice (fresh nonces on
+// both sides; the direction label stops reflection). Parsers, pure over
+// bytes: ParseRendezvousChallenge, ParseRendezvousHello,
+// ParseRendezvousAnswer.
 //
-// A Hello whose token hash or protocol version differs is refused (that
+// A Hello whose MAC or protocol version differs is refused (that
 // process gets PermissionDenied / FailedPrecondition; the root keeps waiting
 // for the right one). A Hello that disagrees on the job's shape, or repeats a
 // rank, fails the whole rendezvous with InvalidArgument: the job is
@@ -25,9 +38,10 @@
 // different roots are independent.
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <cstdint>
-#include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -38,9 +52,10 @@
 
 namespace rdmaps::internal {
 
-inline constexpr std::uint32_t kRendezvousHelloMagic = 0x52445a48;   // "RDZH"
-inline constexpr std::uint32_t kRendezvousAnswerMagic = 0x52445a41;  // "RDZA"
-inline constexpr std::uint16_t kRendezvousVersion = 1;
+inline constexpr std::uint32_t kRendezvousHelloMagic = 0x52445a48;      // "RDZH"
+inline constexpr std::uint32_t kRendezvousAnswerMagic = 0x52445a41;     // "RDZA"
+inline constexpr std::uint32_t kRendezvousChallengeMagic = 0x52445a43;  // "RDZC"
+inline constexpr std::uint16_t kRendezvousVersion = 2;                  // 2: challenge-response
 inline constexpr std::size_t kMaxRendezvousAddress = 256;
 
 struct HelloHeader {
@@ -52,11 +67,20 @@ struct HelloHeader {
   std::uint32_t world_size;
   std::uint32_t num_servers;
   std::uint32_t num_workers;
-  std::uint64_t token_hash;
   std::uint32_t addr_len;
   std::uint32_t reserved1;
+  std::uint8_t nonce[16];
+  std::uint8_t mac[32];
 };
-static_assert(std::is_trivially_copyable_v<HelloHeader> && sizeof(HelloHeader) == 40);
+static_assert(std::is_trivially_copyable_v<HelloHeader> && sizeof(HelloHeader) == 80);
+
+struct ChallengeHeader {
+  std::uint32_t magic;  // kRendezvousChallengeMagic
+  std::uint16_t version;
+  std::uint16_t reserved0;
+  std::uint8_t nonce[16];
+};
+static_assert(std::is_trivially_copyable_v<ChallengeHeader> && sizeof(ChallengeHeader) == 24);
 
 struct AnswerHeader {
   std::uint32_t magic;
@@ -67,8 +91,9 @@ struct AnswerHeader {
   std::uint32_t num_servers;
   std::uint32_t num_workers;
   std::uint32_t body_len;
+  std::uint8_t mac[32];
 };
-static_assert(std::is_trivially_copyable_v<AnswerHeader> && sizeof(AnswerHeader) == 24);
+static_assert(std::is_trivially_copyable_v<AnswerHeader> && sizeof(AnswerHeader) == 56);
 
 struct RendezvousResult {
   Role role = Role::kWorker;
@@ -77,32 +102,29 @@ struct RendezvousResult {
   std::vector<std::string> workers;
 };
 
-// The pure parsers of the two messages (tests/fuzz/rendezvous_fuzz.cc drives
-// them with arbitrary bytes).
-//
-// What `in` (the bytes a joiner sent so far) holds: std::nullopt while the
-// Hello is incomplete; InvalidArgument when it is not a Hello (bad magic,
-// address longer than kMaxRendezvousAddress, unknown role); else the header
-// in host byte order and the address.
-struct ParsedHello {
-  HelloHeader header{};
+// Host-order views of the messages, and their parsers (pure functions over
+// exactly the message's bytes, for fuzzing; InvalidArgument otherwise).
+struct RendezvousHello {
+  HelloHeader header{};  // integers in host order
   std::string address;
 };
-Result<std::optional<ParsedHello>> ParseRendezvousHello(std::string_view in);
-
+struct RendezvousAnswer {
+  AnswerHeader header{};  // integers in host order
+  std::string body;
+};
+Result<std::array<std::uint8_t, 16>> ParseRendezvousChallenge(std::span<const std::byte> bytes);
+// `bytes` = HelloHeader then exactly addr_len bytes (addr_len checked).
+Result<RendezvousHello> ParseRendezvousHello(std::span<const std::byte> bytes);
+// `bytes` = AnswerHeader then exactly body_len bytes.
+Result<RendezvousAnswer> ParseRendezvousAnswer(std::span<const std::byte> bytes);
 // The largest answer body a joiner accepts.
 inline constexpr std::uint32_t kMaxRendezvousBody = 1u << 24;
-// The answer header as received (big-endian) in host byte order.
-AnswerHeader DecodeAnswerHeader(const char* bytes);
-// The result an answer (header in host order, body) carries: the root's
-// error as is (a code of its own), or the role, index and address lists,
-// every count and index checked against the others; DataLoss when the
-// answer is malformed. `root` names the root in messages.
-Result<RendezvousResult> ParseRendezvousAnswer(const AnswerHeader& header, std::string_view body,
-                                               std::string_view root);
-
-// FNV-1a 64 of the job token: stable across builds and machines.
-std::uint64_t TokenHash(std::string_view token);
+// What an answer (header in host order, body) carries once its MAC is
+// verified: the root's error as is (a code of its own), or the role, index
+// and address lists, every count and index checked against the others;
+// DataLoss when it is malformed. `root` names the root in messages.
+Result<RendezvousResult> RendezvousResultOf(const AnswerHeader& header, std::string_view body,
+                                            std::string_view root);
 
 // Runs the rendezvous of `layout` (needs_rendezvous). The root is the
 // process with rank 0, or the scheduler when ranks are assigned (ps-lite).

@@ -17,6 +17,7 @@
 #include "src/cluster/interfaces.h"
 #include "src/cluster/json_parse.h"
 #include "src/cluster/rendezvous.h"
+#include "src/cluster/secret.h"
 
 extern char** environ;
 
@@ -742,10 +743,6 @@ Result<ClusterLayout> ResolveCluster(const ClusterOptions& options, const Enviro
                                 " exceed the limit of " + std::to_string(kMaxProcesses));
   }
   if (const auto* t = Find(env, "RDMAPS_TRANSPORT")) layout.transport = *t;
-  layout.job_token = options.job_token;
-  if (layout.job_token.empty()) {
-    if (const auto* t = Find(env, "RDMAPS_JOB_TOKEN")) layout.job_token = *t;
-  }
   layout.startup_timeout = options.startup_timeout;
   if (const auto* t = Find(env, "RDMAPS_STARTUP_TIMEOUT_S")) {
     auto v = internal::ParseCount("RDMAPS_STARTUP_TIMEOUT_S", *t);
@@ -756,6 +753,12 @@ Result<ClusterLayout> ResolveCluster(const ClusterOptions& options, const Enviro
     }
     layout.startup_timeout = std::chrono::seconds(*v);
   }
+  // The job secret (src/cluster/secret.h says from where, in which order).
+  RDMAPS_ASSIGN_OR_RETURN(internal::JobSecret secret,
+                          internal::ResolveJobSecret(options, env, layout));
+  layout.job_token = std::move(secret.value);
+  layout.insecure = secret.insecure;
+  layout.secret_source = std::move(secret.source);
   RDMAPS_LOG(INFO) << "rdmaps layout: using " << layout.source << " (" << layout.source_detail
                    << "): " << layout.name() << " of " << layout.num_servers << " ps + "
                    << layout.num_workers << " workers"

@@ -72,6 +72,7 @@ transport::EndpointOptions ToEndpointOptions(const TransportOptions& t, std::uin
   e.address_hint = std::move(address_hint);
   e.transport = t.transport;
   e.job_token = t.job_token;
+  e.insecure = t.insecure;
   e.peer_id = peer_id;
   e.op_timeout = t.op_timeout;
   e.busy_poll = t.busy_poll;

@@ -9,6 +9,7 @@ namespace {
 void TransportFromCluster(const ClusterLayout& layout, TransportOptions& transport) {
   if (!layout.transport.empty()) transport.transport = layout.transport;
   transport.job_token = layout.job_token;
+  transport.insecure = layout.insecure;
 }
 
 }  // namespace

@@ -164,6 +164,12 @@ class ServerImpl final : public Server {
   ServerStats stats_ RDMAPS_GUARDED_BY(mu_);
   std::vector<bool> seen_ RDMAPS_GUARDED_BY(mu_);  // worker connected at least once
   std::vector<bool> gone_ RDMAPS_GUARDED_BY(mu_);  // worker disconnected
+  // Per worker, the PeerInfo::connection of its bootstrapped connection (0:
+  // none yet). Written by the accept thread before the bootstrap write, read
+  // by the apply thread per notification: a notification of any other
+  // connection (one refused for a bad hello, one that claimed the id of
+  // another worker) is never taken for that worker's.
+  std::unique_ptr<std::atomic<std::uint64_t>[]> bound_;
   bool stopped_ RDMAPS_GUARDED_BY(mu_) = false;
 
   std::atomic<bool> stop_{false};
@@ -229,6 +235,7 @@ Status ServerImpl::Init() {
     MutexLock lock(mu_);  // no other thread yet; for the analysis
     seen_.assign(options_.num_workers, false);
     gone_.assign(options_.num_workers, false);
+    bound_ = std::make_unique<std::atomic<std::uint64_t>[]>(options_.num_workers);
     stats_.worker_clocks.assign(options_.num_workers, 0);
   }
   RDMAPS_RETURN_IF_ERROR(RegisterAll());
@@ -364,6 +371,9 @@ void ServerImpl::AcceptLoop() {
                           << options_.num_workers << " workers; check --num_workers on both sides)";
       continue;
     }
+    // Bound before the bootstrap write: the worker's first push may follow
+    // it at once.
+    const std::uint64_t previous = bound_[hello.worker_id].exchange(peer.connection);
     const transport::Op op = transport::Op::WriteWithImm(
         boot_msg_.get(), boot_msg_mr_.get(), sizeof(internal::BootstrapMsg),
         hello.boot_addr + std::uint64_t{options_.server_index} * internal::kBootstrapSlotBytes,
@@ -381,6 +391,7 @@ void ServerImpl::AcceptLoop() {
       }
     }
     if (!s.ok()) {
+      bound_[hello.worker_id].store(previous);
       RDMAPS_LOG(WARNING) << "ps server " << options_.server_index << ": bootstrap of worker "
                           << hello.worker_id << " failed: " << s;
       continue;
@@ -530,6 +541,19 @@ void ServerImpl::ApplyLoop() {
               << "ps server: notification from unknown peer " << n.peer_id;
           MutexLock lock(mu_);
           ++stats_.protocol_errors;
+          continue;
+        }
+        if (n.connection != bound_[w].load()) {
+          // Not the connection this worker bootstrapped on: a refused or
+          // stale one that claimed its id. Never the worker's push or death.
+          RDMAPS_LOG_EVERY_T(WARNING, 1.0)
+              << "ps server " << options_.server_index << ": ignoring a "
+              << (n.kind == transport::Notification::Kind::kDisconnected ? "disconnect"
+                                                                         : "ring write")
+              << " of a connection that claimed worker " << w
+              << " but is not the one it bootstrapped on";
+          MutexLock lock(mu_);
+          ++stats_.unbound_notifications;
           continue;
         }
         if (n.kind == transport::Notification::Kind::kDisconnected) {

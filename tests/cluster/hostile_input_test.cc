@@ -172,7 +172,7 @@ internal::AnswerHeader Answer(std::uint8_t role, std::int32_t index, std::uint32
 
 TEST(RendezvousParseTest, AnAnswerGivesRoleIndexAndLists) {
   auto r =
-      internal::ParseRendezvousAnswer(Answer(1, 0, 1, 2, "p:1\nw:1\nw:2"), "p:1\nw:1\nw:2", "root");
+      internal::RendezvousResultOf(Answer(1, 0, 1, 2, "p:1\nw:1\nw:2"), "p:1\nw:1\nw:2", "root");
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->role, Role::kWorker);
   EXPECT_THAT(r->servers, ::testing::ElementsAre("p:1"));
@@ -184,37 +184,38 @@ TEST(RendezvousParseTest, AnAnswerGivesRoleIndexAndLists) {
 // cut at begin() - 1.
 TEST(RendezvousParseTest, CountsThatWrapAreRefused) {
   const std::string body = "a:1\nb:1";
-  auto r = internal::ParseRendezvousAnswer(Answer(1, 0, 0xffffffffu, 3, body), body, "root");
+  auto r = internal::RendezvousResultOf(Answer(1, 0, 0xffffffffu, 3, body), body, "root");
   EXPECT_EQ(r.status().code(), StatusCode::kDataLoss) << r.status();
-  r = internal::ParseRendezvousAnswer(Answer(1, 5, 1, 1, body), body, "root");
+  r = internal::RendezvousResultOf(Answer(1, 5, 1, 1, body), body, "root");
   EXPECT_EQ(r.status().code(), StatusCode::kDataLoss) << r.status();  // index beyond its role
-  r = internal::ParseRendezvousAnswer(Answer(9, 0, 1, 1, body), body, "root");
+  r = internal::RendezvousResultOf(Answer(9, 0, 1, 1, body), body, "root");
   EXPECT_EQ(r.status().code(), StatusCode::kDataLoss) << r.status();  // unknown role
   internal::AnswerHeader h = Answer(1, 0, 1, 1, body);
   h.code = 200;
-  r = internal::ParseRendezvousAnswer(h, body, "root");
+  r = internal::RendezvousResultOf(h, body, "root");
   EXPECT_EQ(r.status().code(), StatusCode::kDataLoss) << r.status();  // unknown status code
 }
 
-TEST(RendezvousParseTest, HelloNeedsAllItsBytesAndAKnownRoleAndLength) {
+TEST(RendezvousParseTest, HelloNeedsExactlyItsBytesAndAKnownRoleAndLength) {
   internal::HelloHeader h{};
   h.magic = htobe32(internal::kRendezvousHelloMagic);
   h.addr_len = htobe32(3);
   std::string bytes(sizeof(h), '\0');
   std::memcpy(bytes.data(), &h, sizeof(h));
-  auto p = internal::ParseRendezvousHello(bytes);
+  auto parse = [](const std::string& b) {
+    return internal::ParseRendezvousHello(std::as_bytes(std::span<const char>(b.data(), b.size())));
+  };
+  ExpectInvalid(parse(bytes).status(), "an address of 3 bytes");  // the address is missing
+  auto p = parse(bytes + "a:1");
   ASSERT_TRUE(p.ok()) << p.status();
-  EXPECT_FALSE(p->has_value());
-  p = internal::ParseRendezvousHello(bytes + "a:1");
-  ASSERT_TRUE(p.ok() && p->has_value());
-  EXPECT_EQ((*p)->address, "a:1");
+  EXPECT_EQ(p->address, "a:1");
   h.addr_len = htobe32(0xffffffffu);
   std::memcpy(bytes.data(), &h, sizeof(h));
-  ExpectInvalid(internal::ParseRendezvousHello(bytes).status(), "exceeds the limit");
+  ExpectInvalid(parse(bytes).status(), "(at most");
   h.addr_len = 0;
   h.role = 77;
   std::memcpy(bytes.data(), &h, sizeof(h));
-  ExpectInvalid(internal::ParseRendezvousHello(bytes).status(), "unknown role 77");
+  ExpectInvalid(parse(bytes).status(), "role 77");
 }
 
 }  // namespace

@@ -117,7 +117,7 @@ TEST(LaunchTest, ServerReportsReadinessToSystemdAndStopsCleanlyOnSigterm) {
 
   Proc p({kServer, "--tables=" + tables, "--role=ps", "--task_index=0",
           "--ps_hosts=127.0.0.1:0", "--num_workers=1", "--transport=tcp",
-          "--startup_timeout_s=60"},
+          "--startup_timeout_s=60", "--secret_file=" + dir + "/secret"},
          {{"NOTIFY_SOCKET", sock}});
   pollfd pf{fd, POLLIN, 0};
   ASSERT_EQ(poll(&pf, 1, 30000), 1) << "no sd_notify datagram";
@@ -153,7 +153,7 @@ TEST(LaunchFaultTest, ServerStartupDeadlineNamesMissingWorkers) {
   std::ofstream(tables) << R"([{"name": "w", "rows": 8, "dim": 2}])";
   Proc p({kServer, "--tables=" + tables, "--role=ps", "--task_index=0",
           "--ps_hosts=127.0.0.1:0", "--num_workers=2", "--transport=tcp",
-          "--startup_timeout_s=1"});
+          "--startup_timeout_s=1", "--secret_file=" + dir + "/secret"});
   EXPECT_EQ(p.Wait(), 3) << p.out();
   EXPECT_THAT(p.out(), HasSubstr("0 of 2 workers connected"));
   EXPECT_THAT(p.out(), HasSubstr("workers never connected: [0, 1]"));
@@ -166,8 +166,11 @@ TEST(LaunchFaultTest, ServerNamesAWorkerThatDiedAndExits4) {
   std::string tables = dir + "/tables.json";
   std::ofstream(tables) << R"([{"name": "sum", "rows": 10, "dim": 4, "staleness": "bsp",
                                "optimizer": {"kind": "sgd", "learning_rate": 1}}])";
+  // Started by hand: the server writes a secret, the worker reads it.
+  const std::string secret = dir + "/secret";
   Proc server({kServer, "--tables=" + tables, "--role=ps", "--task_index=0",
-               "--ps_hosts=127.0.0.1:0", "--num_workers=1", "--transport=tcp"});
+               "--ps_hosts=127.0.0.1:0", "--num_workers=1", "--transport=tcp",
+               "--secret_file=" + secret});
   const std::string ready = "ready: listening on ";
   ASSERT_TRUE(server.WaitFor(ready));
   ASSERT_TRUE(server.WaitFor(" (layout"));
@@ -178,8 +181,10 @@ TEST(LaunchFaultTest, ServerNamesAWorkerThatDiedAndExits4) {
                {"RDMAPS_TASK_INDEX", "0"},
                {"RDMAPS_PS_HOSTS", address},
                {"RDMAPS_NUM_WORKERS", "1"},
-               {"RDMAPS_TRANSPORT", "tcp"}});
+               {"RDMAPS_TRANSPORT", "tcp"},
+               {"RDMAPS_JOB_SECRET_FILE", secret}});
   EXPECT_EQ(worker.Wait(), 128 + SIGKILL) << worker.out();
+  EXPECT_THAT(server.out(), HasSubstr("RDMAPS_JOB_SECRET_FILE=" + secret));
   EXPECT_EQ(server.Wait(), 4) << server.out();
   EXPECT_THAT(server.out(), HasSubstr("workers disconnected without closing (crashed?): [0]"));
   std::filesystem::remove_all(dir);

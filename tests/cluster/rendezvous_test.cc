@@ -3,19 +3,28 @@
 // --rendezvous=file:PATH form), so no test uses a fixed port.
 #include "src/cluster/rendezvous.h"
 
+#include <arpa/inet.h>
+#include <endian.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
+#include <array>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <ctime>
 #include <fstream>
 #include <functional>
 #include <thread>
 #include <vector>
 
+#include "src/base/fd.h"
+#include "src/base/host_port.h"
+#include "src/base/secret.h"
 #include "src/cluster/resolve.h"
 
 namespace rdmaps {
@@ -62,7 +71,8 @@ class RendezvousTest : public ::testing::Test {
   static std::string ServerAddress(int rank) { return "127.0.0.1:" + std::to_string(20000 + rank); }
 
   // Runs fn(i) for i in [0, n) on n threads; returns their results.
-  static std::vector<Result<ClusterLayout>> RunAll(int n, const std::function<Result<ClusterLayout>(int)>& fn) {
+  static std::vector<Result<ClusterLayout>> RunAll(
+      int n, const std::function<Result<ClusterLayout>(int)>& fn) {
     std::vector<std::optional<Result<ClusterLayout>>> out(static_cast<std::size_t>(n));
     std::vector<std::thread> threads;
     for (int i = 0; i < n; ++i) {
@@ -176,7 +186,7 @@ TEST_F(RendezvousTest, PsLiteSchedulerAssignsIndicesInArrivalOrder) {
   EXPECT_THAT(worker_idx, ElementsAre(0, 1, 2));
 }
 
-TEST_F(RendezvousTest, WrongJobTokenIsRefusedAndTheRootKeepsWaiting) {
+TEST_F(RendezvousTest, WrongJobSecretIsRefusedAndTheRootKeepsWaiting) {
   std::thread root([&] {
     ClusterLayout l = Ranked(0, 2, 1);
     l.job_token = "right";
@@ -188,7 +198,8 @@ TEST_F(RendezvousTest, WrongJobTokenIsRefusedAndTheRootKeepsWaiting) {
   auto refused = CompleteCluster(stranger, "", Opts());
   ASSERT_FALSE(refused.ok());
   EXPECT_EQ(refused.status().code(), StatusCode::kPermissionDenied);
-  EXPECT_THAT(refused.status().message(), HasSubstr("job token mismatch"));
+  EXPECT_THAT(refused.status().message(), HasSubstr("job secret mismatch"));
+  EXPECT_THAT(refused.status().message(), HasSubstr("RDMAPS_JOB_SECRET_FILE"));
   ClusterLayout member = Ranked(1, 2, 1);
   member.job_token = "right";
   auto ok = CompleteCluster(member, "", Opts());
@@ -236,11 +247,133 @@ TEST_F(RendezvousTest, DuplicateServerAddressesFailEveryone) {
   }
 }
 
-TEST(RendezvousWireTest, HeadersAreFixedSizeBigEndian) {
-  EXPECT_EQ(sizeof(internal::HelloHeader), 40u);
-  EXPECT_EQ(sizeof(internal::AnswerHeader), 24u);
-  EXPECT_NE(internal::TokenHash("a"), internal::TokenHash("b"));
-  EXPECT_EQ(internal::TokenHash(""), 1469598103934665603ull);
+// A hand-written joiner: connects to the root named in `path`, reads its
+// challenge, and sends `hello` (or, with `proof_for`, a hello whose MAC it
+// computes over that nonce instead of the root's).
+struct RawJoiner {
+  Fd fd;
+  std::array<std::uint8_t, 16> root_nonce{};
+
+  bool Connect(const std::string& path) {
+    std::string addr;
+    for (int i = 0; i < 500 && addr.empty(); ++i) {
+      std::ifstream(path) >> addr;
+      if (addr.empty()) std::this_thread::sleep_for(10ms);  // the root's file is not there yet
+    }
+    auto hp = ParseHostPort(addr, "root");
+    if (!hp.ok()) return false;
+    fd = Fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    sockaddr_in sa{};
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons(static_cast<std::uint16_t>(hp->port));
+    inet_pton(AF_INET, hp->host.c_str(), &sa.sin_addr);
+    timeval tv{10, 0};
+    ::setsockopt(fd.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0) return false;
+    std::array<std::byte, sizeof(internal::ChallengeHeader)> c;
+    if (::recv(fd.get(), c.data(), c.size(), MSG_WAITALL) != static_cast<ssize_t>(c.size())) {
+      return false;
+    }
+    auto n = internal::ParseRendezvousChallenge(c);
+    if (!n.ok()) return false;
+    root_nonce = *n;
+    return true;
+  }
+  // The hello of `rank` in a world of 3 (1 ps) with a MAC over `nonce`.
+  static std::string Hello(int rank, const std::string& secret,
+                           const std::array<std::uint8_t, 16>& nonce) {
+    internal::HelloHeader h{};
+    h.magic = htobe32(internal::kRendezvousHelloMagic);
+    h.version = htobe16(internal::kRendezvousVersion);
+    h.role = static_cast<std::uint8_t>(Role::kWorker);
+    h.rank = static_cast<std::int32_t>(htobe32(static_cast<std::uint32_t>(rank)));
+    h.world_size = htobe32(3);
+    h.num_servers = htobe32(1);
+    h.num_workers = htobe32(2);
+    const std::string address = "127.0.0.1";
+    h.addr_len = htobe32(static_cast<std::uint32_t>(address.size()));
+    const Nonce mine = RandomNonce();
+    std::copy(mine.begin(), mine.end(), h.nonce);
+    std::vector<std::uint8_t> bound;
+    for (std::uint64_t v :
+         {std::uint64_t{h.role}, std::uint64_t{3}, std::uint64_t{1}, std::uint64_t{2}}) {
+      for (int i = 0; i < 8; ++i) bound.push_back(static_cast<std::uint8_t>(v >> (8 * i)));
+    }
+    bound.insert(bound.end(), address.begin(), address.end());
+    HandshakeTranscript t;
+    t.protocol = "rendezvous";
+    t.version = internal::kRendezvousVersion;
+    t.direction = MacDirection::kConnector;
+    t.connector_nonce = mine;
+    t.acceptor_nonce = nonce;
+    t.connector_id = static_cast<std::uint32_t>(rank);
+    t.bound = bound;
+    const Mac m = HandshakeMac(SecretKey::FromSecret(secret), t);
+    std::copy(m.begin(), m.end(), h.mac);
+    return std::string(reinterpret_cast<const char*>(&h), sizeof(h)) + address;
+  }
+  bool Send(const std::string& bytes) {
+    return ::send(fd.get(), bytes.data(), bytes.size(), MSG_NOSIGNAL) ==
+           static_cast<ssize_t>(bytes.size());
+  }
+  // The answer's status code (0xff: none).
+  std::uint8_t AnswerCode() {
+    std::vector<std::byte> b(sizeof(internal::AnswerHeader));
+    if (::recv(fd.get(), b.data(), b.size(), MSG_WAITALL) != static_cast<ssize_t>(b.size())) {
+      return 0xff;
+    }
+    internal::AnswerHeader h;
+    std::memcpy(&h, b.data(), sizeof(h));
+    b.resize(b.size() + be32toh(h.body_len));
+    if (::recv(fd.get(), b.data() + sizeof(h), b.size() - sizeof(h), MSG_WAITALL) !=
+        static_cast<ssize_t>(b.size() - sizeof(h))) {
+      return 0xff;
+    }
+    auto a = internal::ParseRendezvousAnswer(b);
+    return a.ok() ? a->header.code : 0xfe;
+  }
+};
+
+TEST_F(RendezvousTest, ReplayedHelloIsRefusedAndTheRealOneAccepted) {
+  std::thread root([&] {
+    ClusterLayout l = Ranked(0, 3, 1);
+    l.job_token = "right";
+    auto r = CompleteCluster(l, ServerAddress(0), Opts(20s));
+    EXPECT_TRUE(r.ok()) << r.status();
+  });
+  RawJoiner first, replay;
+  ASSERT_TRUE(first.Connect(path_));
+  ASSERT_TRUE(replay.Connect(path_));
+  // One hello made for the first connection's challenge, sent on both.
+  const std::string hello = RawJoiner::Hello(1, "right", first.root_nonce);
+  ASSERT_TRUE(replay.Send(hello));
+  EXPECT_EQ(replay.AnswerCode(), static_cast<std::uint8_t>(StatusCode::kPermissionDenied))
+      << "a hello made for another challenge was accepted";
+  ASSERT_TRUE(first.Send(hello));
+  // The root still waits for rank 2; a real one completes the job.
+  ClusterLayout member = Ranked(2, 3, 1);
+  member.job_token = "right";
+  auto ok = CompleteCluster(member, "", Opts(20s));
+  EXPECT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(first.AnswerCode(), 0) << "the right hello was not accepted";
+  root.join();
+}
+
+TEST(RendezvousWireTest, ParsersRefuseWhatIsNotAMessage) {
+  EXPECT_EQ(sizeof(internal::HelloHeader), 80u);
+  EXPECT_EQ(sizeof(internal::AnswerHeader), 56u);
+  EXPECT_EQ(sizeof(internal::ChallengeHeader), 24u);
+  std::vector<std::byte> junk(200, std::byte{0x41});
+  EXPECT_FALSE(internal::ParseRendezvousChallenge({junk.data(), 24}).ok());
+  EXPECT_FALSE(internal::ParseRendezvousHello(junk).ok());
+  EXPECT_FALSE(internal::ParseRendezvousAnswer(junk).ok());
+  // A hello whose addr_len claims more than follows.
+  std::string h = RawJoiner::Hello(1, "s", {});
+  std::vector<std::byte> b(h.size());
+  std::memcpy(b.data(), h.data(), h.size());
+  EXPECT_TRUE(internal::ParseRendezvousHello(b).ok());
+  b.pop_back();
+  EXPECT_FALSE(internal::ParseRendezvousHello(b).ok());
 }
 
 }  // namespace

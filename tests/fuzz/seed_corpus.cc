@@ -15,6 +15,7 @@
 #include "src/cluster/rendezvous.h"
 #include "src/ps/directory.h"
 #include "src/ps/wire.h"
+#include "transport/tcp/tcp_handshake.h"
 #include "transport/tcp/tcp_wire.h"
 #include "transport/transport.h"
 
@@ -150,28 +151,49 @@ void Directories() {
 }
 
 void TcpFrames() {
-  tcp::HelloWire h{};
-  h.magic.set(tcp::kHelloMagic);
-  h.version.set(rdmaps::transport::kProtocolVersion);
-  h.role = static_cast<std::uint8_t>(tcp::HelloRole::kOps);
-  h.user_data_len = 24;
-  h.peer_id.set(3);
-  h.token_len.set(6);
-  // Selector 0 (hello), the endpoint's version, then the bytes read.
+  // Selector 0 (handshake), the message (0 hello, 1 challenge, 2 proof,
+  // 3 hello reply), then its bytes as the real encoders write them.
+  tcp::Hello h;
+  h.version = rdmaps::transport::kProtocolVersion;
+  h.role = tcp::HelloRole::kOps;
+  h.peer_id = 3;
+  h.user_data.assign(24, 7);
   Seed()
       .Add(std::uint8_t{0})
-      .Add(std::uint8_t{rdmaps::transport::kProtocolVersion})
-      .Add(h)
-      .Add(std::string("secret"))
+      .Add(std::uint8_t{0})
+      .Add(tcp::EncodeHello(h))
       .Write("tcp_frames", "hello_ops");
-  h.role = static_cast<std::uint8_t>(tcp::HelloRole::kReverse);
-  h.session.set(0x1234);
-  h.token_len.set(0);
+  h.role = tcp::HelloRole::kReverse;
+  h.session = 0x1234;
+  h.user_data.clear();
   Seed()
       .Add(std::uint8_t{0})
-      .Add(std::uint8_t{rdmaps::transport::kProtocolVersion})
-      .Add(h)
+      .Add(std::uint8_t{0})
+      .Add(tcp::EncodeHello(h))
       .Write("tcp_frames", "hello_reverse");
+  tcp::Challenge c;
+  c.version = rdmaps::transport::kProtocolVersion;
+  c.peer_id = 0x40000000u;
+  Seed()
+      .Add(std::uint8_t{0})
+      .Add(std::uint8_t{1})
+      .Add(tcp::EncodeChallenge(c))
+      .Write("tcp_frames", "challenge");
+  tcp::Proof p;
+  Seed()
+      .Add(std::uint8_t{0})
+      .Add(std::uint8_t{2})
+      .Add(tcp::EncodeProof(p))
+      .Write("tcp_frames", "proof");
+  tcp::HelloReply reply;
+  reply.version = rdmaps::transport::kProtocolVersion;
+  reply.status = 7;
+  reply.message = "job secret mismatch";
+  Seed()
+      .Add(std::uint8_t{0})
+      .Add(std::uint8_t{3})
+      .Add(tcp::EncodeHelloReply(reply))
+      .Write("tcp_frames", "hello_reply_refused");
   // Selector 1 (request), region base, then the request.
   auto request = [](tcp::WireOp op, std::uint64_t addr, std::uint32_t len) {
     tcp::RequestWire r{};
@@ -235,7 +257,11 @@ void Rendezvous() {
   h.num_workers = htobe32(3);
   const std::string addr = "10.0.0.3:7470";
   h.addr_len = htobe32(static_cast<std::uint32_t>(addr.size()));
-  Seed().Add(std::uint8_t{0}).Add(h).Add(addr).Write("rendezvous", "hello");
+  Seed().Add(std::uint8_t{1}).Add(h).Add(addr).Write("rendezvous", "hello");
+  in::ChallengeHeader c{};
+  c.magic = htobe32(in::kRendezvousChallengeMagic);
+  c.version = htobe16(in::kRendezvousVersion);
+  Seed().Add(std::uint8_t{0}).Add(c).Write("rendezvous", "challenge");
   auto answer = [](std::uint8_t code, std::uint8_t role, std::int32_t index, std::uint32_t S,
                    std::uint32_t W, const std::string& body) {
     in::AnswerHeader a{};
@@ -247,7 +273,7 @@ void Rendezvous() {
     a.num_servers = htobe32(S);
     a.num_workers = htobe32(W);
     a.body_len = htobe32(static_cast<std::uint32_t>(body.size()));
-    return Seed().Add(std::uint8_t{1}).Add(a).Add(body);
+    return Seed().Add(std::uint8_t{2}).Add(a).Add(body);
   };
   answer(0, 1, 1, 2, 3, "p0:1\np1:1\nw0:1\nw1:1\nw2:1\n").Write("rendezvous", "answer_worker");
   answer(0, 0, 0, 1, 1, "p0:1\nw0:1\n").Write("rendezvous", "answer_server");

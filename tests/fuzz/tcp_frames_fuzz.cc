@@ -1,14 +1,17 @@
-// Fuzz target: the tcp backend's checks of a peer's frames
-// (transport/tcp/tcp_frames.h): the acceptor's Hello, a target's Request
-// against a registered region, an initiator's Response. Input: u8 selector
-// then the frame bytes. Oracle: an accepted Request is served inside its
-// region (ASan catches a byte outside), an accepted Hello's token lies in
-// the bytes read.
+// Fuzz target: the tcp backend's parsers of a peer's frames: the handshake
+// (transport/tcp/tcp_handshake.h: Hello, Challenge, Proof, HelloReply), a
+// target's Request against a registered region and an initiator's Response
+// (tcp_frames.h). Input: u8 selector (for the handshake, then u8 picking
+// the message) then the frame bytes. Oracle: an accepted Request is served
+// inside its region (ASan catches a byte outside); an accepted handshake
+// message has in-range lengths and re-encodes to the bytes it came from.
 #include <cstdint>
 #include <vector>
 
 #include "tests/fuzz/fuzz_util.h"
 #include "transport/tcp/tcp_frames.h"
+#include "transport/tcp/tcp_handshake.h"
+#include "transport/transport.h"
 
 namespace tcp = rdmaps::transport::tcp;
 
@@ -17,15 +20,23 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const std::uint8_t which = in.Take<std::uint8_t>();
   switch (which % 3) {
     case 0: {
-      const std::uint16_t version = in.Take<std::uint8_t>() % 4;
-      const std::string_view bytes = in.Rest();
-      tcp::HelloWire h{};
-      std::string_view token;
-      if (tcp::ParseHello(bytes, version, &h, &token) == tcp::HelloParse::kComplete) {
-        RDMAPS_FUZZ_ASSERT(token.size() <= tcp::kMaxTokenBytes);
-        RDMAPS_FUZZ_ASSERT(token.data() >= bytes.data() &&
-                           token.data() + token.size() <= bytes.data() + bytes.size());
-        RDMAPS_FUZZ_ASSERT(h.user_data_len <= sizeof(h.user_data));
+      const std::uint8_t message = in.Take<std::uint8_t>() % 4;
+      const std::string_view rest = in.Rest();
+      const auto bytes = std::as_bytes(std::span<const char>(rest.data(), rest.size()));
+      if (message == 0) {
+        auto h = tcp::ParseHello(bytes);
+        if (h.ok())
+          RDMAPS_FUZZ_ASSERT(h->user_data.size() <= rdmaps::transport::kMaxHandshakeUserData);
+      } else if (message == 1) {
+        auto c = tcp::ParseChallenge(bytes);
+        if (c.ok()) RDMAPS_FUZZ_ASSERT(tcp::EncodeChallenge(*c).size() == rest.size());
+      } else if (message == 2) {
+        auto p = tcp::ParseProof(bytes);
+        if (p.ok()) RDMAPS_FUZZ_ASSERT(tcp::EncodeProof(*p).size() == rest.size());
+      } else {
+        auto r = tcp::ParseHelloReply(bytes);
+        if (r.ok())
+          RDMAPS_FUZZ_ASSERT(sizeof(tcp::HelloReplyWire) + r->message.size() == rest.size());
       }
       break;
     }

@@ -234,6 +234,51 @@ TEST_P(PsTest, BarrierMakesEveryPushBeforeItVisibleUnderAsp) {
   for (float v : out) EXPECT_EQ(v, 3.0f);
 }
 
+TEST_P(PsTest, ARefusedConnectionClaimingAWorkersIdDoesNotKillThatWorker) {
+  // Regression: a connection that claimed "peer 0", was refused by the server
+  // (no rdmaps hello) and hung up made the server declare worker 0 dead and
+  // end the job. The peer's identity is the connection it bootstrapped on.
+  auto c = StartCluster(transport(), 1, 1, {MakeTable(1, "w", 4, 2)});
+  ASSERT_EQ(c.clients.size(), 1u);
+  Client& worker0 = *c.clients[0];
+  std::vector<float> g(4 * 2, -1.0f), out(4 * 2);
+  ASSERT_TRUE(worker0.Push(1, RowRange{0, 4}, g).ok());
+  {
+    // A hand-written client of the job (it knows the secret) posing as worker 0.
+    transport::EndpointOptions eo;
+    eo.transport = transport();
+    eo.job_token = "ps-test";
+    eo.peer_id = 0;
+    eo.address_hint = c.addresses[0];
+    auto ep = transport::Endpoint::Create(eo);
+    ASSERT_TRUE(ep.ok()) << ep.status();
+    transport::ConnectOptions co;
+    co.user_data.assign(24, 0xab);  // not a HelloMsg: the server refuses it
+    auto conn =
+        (*ep)->Connect(c.addresses[0], co, transport::DeadlineAfter(std::chrono::seconds(20)));
+    ASSERT_TRUE(conn.ok()) << conn.status();
+    (*conn)->Close();
+  }
+  // tcp reports the impostor's hang-up to the server (its ops socket
+  // closes); fake and verbs do not once the server has closed its side.
+  if (transport() == "tcp") {
+    const auto deadline = transport::DeadlineAfter(std::chrono::seconds(20));
+    while (c.servers[0]->stats().unbound_notifications == 0 &&
+           transport::SteadyClock::now() < deadline) {
+      std::this_thread::yield();
+    }
+    EXPECT_GE(c.servers[0]->stats().unbound_notifications, 1u)
+        << "the impostor's disconnect never arrived";
+  }
+  const ServerStats st = c.servers[0]->stats();
+  EXPECT_TRUE(st.dead_workers.empty()) << "worker " << st.dead_workers[0] << " declared dead";
+  // Worker 0 goes on: its next push is applied and read back.
+  ASSERT_TRUE(worker0.Push(1, RowRange{0, 4}, g).ok());
+  ASSERT_TRUE(worker0.Pull(1, RowRange{0, 4}, out).ok());
+  for (float v : out) EXPECT_EQ(v, 2.0f);
+  EXPECT_TRUE(c.servers[0]->stats().dead_workers.empty());
+}
+
 TEST_P(PsTest, ScatteredPushAppliesDuplicatesEachTime) {
   auto c = StartCluster(transport(), 3, 1, {MakeTable(2, "emb", 11, 2)});
   ASSERT_EQ(c.clients.size(), 1u);

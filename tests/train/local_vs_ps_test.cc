@@ -77,12 +77,14 @@ Result<Snapshots> ConnectAndTrain(const ClientOptions& co, const ModelSpec& spec
 Result<Snapshots> TrainOnOneServer(const std::vector<TableOptions>& tables, const ModelSpec& spec,
                                    const Dataset& data) {
   ServerOptions so;
+  so.transport.job_token = "train-test";
   so.transport.transport = "tcp";
   so.tables = tables;
   so.num_workers = 1;
   so.apply_threads = 1;
   RDMAPS_ASSIGN_OR_RETURN(std::unique_ptr<Server> server, Server::Start(so));
   ClientOptions co;
+  co.transport.job_token = "train-test";
   co.transport.transport = "tcp";
   co.servers = {server->address()};
   co.tables = tables;

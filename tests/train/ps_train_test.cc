@@ -17,11 +17,13 @@ namespace {
 
 TEST(PsStoreTest, RefusesServersHoldingAnotherModel) {
   ServerOptions so;
+  so.transport.job_token = "train-test";
   so.tables = ModelTables(ModelSpec{784, {}, 10}, OptimizerOptions::Adam(1e-3f), 1, kBsp);
   so.num_workers = 1;
   Result<std::unique_ptr<Server>> server = Server::Start(so);
   ASSERT_TRUE(server.ok()) << server.status();
   ClientOptions co;
+  co.transport.job_token = "train-test";
   co.servers = {(*server)->address()};
   co.connect_timeout = std::chrono::seconds(20);
   Result<std::unique_ptr<PsStore>> store = PsStore::Connect(co, ModelSpec{784, {16}, 10});

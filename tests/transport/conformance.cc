@@ -51,6 +51,15 @@ std::unique_ptr<Endpoint> TransportConformance::NewEndpoint(
   return std::move(ep).value();
 }
 
+Status TransportConformance::NewEndpointStatus(std::uint32_t peer_id,
+                                               const std::function<void(EndpointOptions&)>& tweak) {
+  EndpointOptions o = backend().options;
+  o.peer_id = peer_id;
+  o.job_token = kToken;
+  if (tweak) tweak(o);
+  return Endpoint::Create(o).status();
+}
+
 std::string TransportConformance::ListenOn(Endpoint& endpoint) {
   auto addr = endpoint.Listen(backend().listen_address);
   if (!addr.ok()) {

@@ -124,6 +124,9 @@ class TransportConformance : public ::testing::TestWithParam<ConformanceBackend>
   // A new endpoint with `peer_id`; `tweak` edits its options first.
   std::unique_ptr<Endpoint> NewEndpoint(std::uint32_t peer_id,
                                         const std::function<void(EndpointOptions&)>& tweak = {});
+  // What Endpoint::Create says of those options (OK when it succeeds).
+  Status NewEndpointStatus(std::uint32_t peer_id,
+                           const std::function<void(EndpointOptions&)>& tweak = {});
   // Listen(backend().listen_address); the address to connect to.
   std::string ListenOn(Endpoint& endpoint);
   std::unique_ptr<Connection> ConnectTo(Endpoint& client, const std::string& address,

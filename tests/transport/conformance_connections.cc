@@ -69,7 +69,7 @@ TEST_P(TransportConformance, HandshakeCarriesPeerIdsAndUserData) {
   EXPECT_EQ(too_big.status().code(), StatusCode::kInvalidArgument) << too_big.status();
 }
 
-TEST_P(TransportConformance, WrongJobTokenIsPermissionDenied) {
+TEST_P(TransportConformance, WrongJobSecretIsPermissionDeniedWithTheFix) {
   auto server = NewEndpoint(kServerId);
   auto intruder = NewEndpoint(kClientId, [](EndpointOptions& o) { o.job_token = "another-job"; });
   ASSERT_TRUE(server && intruder);
@@ -77,10 +77,32 @@ TEST_P(TransportConformance, WrongJobTokenIsPermissionDenied) {
   auto c = intruder->Connect(address, {}, DeadlineAfter(kLongWait));
   ASSERT_FALSE(c.ok());
   EXPECT_EQ(c.status().code(), StatusCode::kPermissionDenied) << c.status();
-  EXPECT_THAT(c.status().message(), ::testing::HasSubstr("token"));
+  EXPECT_THAT(c.status().message(), ::testing::HasSubstr("job secret mismatch"));
+  EXPECT_THAT(c.status().message(), ::testing::HasSubstr("RDMAPS_JOB_SECRET_FILE"));
   // The refused peer was not queued for Accept.
   auto a = server->Accept(DeadlineAfter(milliseconds(50)));
   EXPECT_EQ(a.status().code(), StatusCode::kTimedOut) << a.status();
+}
+
+TEST_P(TransportConformance, EmptySecretNeedsTheInsecureOptOut) {
+  auto refused = NewEndpointStatus(kServerId, [](EndpointOptions& o) { o.job_token.clear(); });
+  EXPECT_EQ(refused.code(), StatusCode::kInvalidArgument) << refused;
+  EXPECT_THAT(refused.message(), ::testing::HasSubstr("insecure"));
+  // Insecure endpoints talk to each other, and refuse an endpoint with a
+  // secret (and it them).
+  auto insecure = [](EndpointOptions& o) {
+    o.job_token.clear();
+    o.insecure = true;
+  };
+  auto server = NewEndpoint(kServerId, insecure);
+  auto client = NewEndpoint(kClientId, insecure);
+  auto secure = NewEndpoint(kClientId + 1);
+  ASSERT_TRUE(server && client && secure);
+  const std::string address = ListenOn(*server);
+  auto ok = client->Connect(address, {}, DeadlineAfter(kLongWait));
+  EXPECT_TRUE(ok.ok()) << ok.status();
+  auto c = secure->Connect(address, {}, DeadlineAfter(kLongWait));
+  EXPECT_EQ(c.status().code(), StatusCode::kPermissionDenied) << c.status();
 }
 
 TEST_P(TransportConformance, ProtocolVersionMismatchIsFailedPrecondition) {

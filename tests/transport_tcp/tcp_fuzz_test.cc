@@ -59,7 +59,7 @@ class Abuser {
         EXPECT_TRUE(WaitClosed(fd.get())) << "random bytes: socket left open";
         break;
       }
-      case 1: {  // Bad handshakes: wrong token, version, role, oversized token.
+      case 1: {  // Bad handshakes: wrong secret, version, session, flags.
         int variant = static_cast<int>(rng_() % 4);
         if (variant == 0) {
           EXPECT_EQ(RawHello(fd.get(), HelloRole::kOps, 0, "wrong-token").status,
@@ -75,7 +75,7 @@ class Abuser {
           h.magic.set(kHelloMagic);
           h.version.set(kProtocolVersion);
           h.role = 1;
-          h.token_len.set(60000);
+          h.flags.set(0xffff);
           ASSERT_TRUE(SendBytes(fd.get(), &h, sizeof(h)));
         }
         EXPECT_TRUE(WaitClosed(fd.get())) << "bad handshake " << variant << ": socket left open";
@@ -154,17 +154,17 @@ TEST(TcpFuzz, ListenerSurvivesMalformedInputAndGoodConnectionKeepsWorking) {
     // an atomic increment.
     const std::size_t len = 1 + rng() % 4000;
     for (std::size_t i = 0; i < len; ++i) p.local[i] = static_cast<std::byte>(rng());
-    ASSERT_TRUE(RunOne(*p.conn, Op::Write(p.local.data(), p.lmr.get(), len, region.addr,
-                                          region.rkey))
-                    .ok());
+    ASSERT_TRUE(
+        RunOne(*p.conn, Op::Write(p.local.data(), p.lmr.get(), len, region.addr, region.rkey))
+            .ok());
     std::vector<std::byte> back(len);
-    ASSERT_TRUE(RunOne(*p.conn, Op::Read(p.local.data() + 8192, p.lmr.get(), len, region.addr,
-                                         region.rkey))
-                    .ok());
+    ASSERT_TRUE(
+        RunOne(*p.conn, Op::Read(p.local.data() + 8192, p.lmr.get(), len, region.addr, region.rkey))
+            .ok());
     ASSERT_EQ(std::memcmp(p.local.data() + 8192, p.local.data(), len), 0) << "iteration " << iter;
-    ASSERT_TRUE(RunOne(*p.conn, Op::FetchAdd(counter, p.lmr.get(), region.addr + 4096 - 8,
-                                             region.rkey, 1))
-                    .ok());
+    ASSERT_TRUE(
+        RunOne(*p.conn, Op::FetchAdd(counter, p.lmr.get(), region.addr + 4096 - 8, region.rkey, 1))
+            .ok());
     ASSERT_EQ(*counter, expected_counter++);
     ASSERT_TRUE(p.conn->health().ok()) << p.conn->health();
   }

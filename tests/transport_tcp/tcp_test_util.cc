@@ -7,7 +7,11 @@
 #include <sys/time.h>
 #include <unistd.h>
 
+#include <array>
 #include <cstring>
+
+#include "src/base/secret.h"
+#include "transport/tcp/tcp_handshake.h"
 
 namespace rdmaps::transport::tcp::testing {
 
@@ -89,26 +93,90 @@ static bool RecvExact(int fd, void* p, std::size_t n) {
   return true;
 }
 
-RawReply RawHello(int fd, HelloRole role, std::uint64_t session, const std::string& token,
-                  std::uint16_t version, std::uint32_t peer_id) {
-  HelloWire h{};
-  h.magic.set(kHelloMagic);
-  h.version.set(version);
-  h.role = static_cast<std::uint8_t>(role);
-  h.peer_id.set(peer_id);
-  h.token_len.set(static_cast<std::uint16_t>(token.size()));
-  h.session.set(session);
-  std::string buf(reinterpret_cast<const char*>(&h), sizeof(h));
-  buf += token;
-  RawReply out;
-  if (!SendBytes(fd, buf.data(), buf.size())) return out;
+static bool RecvReply(int fd, RawReply* out) {
   HelloReplyWire r;
-  if (!RecvExact(fd, &r, sizeof(r))) return out;
-  out.message.resize(r.message_len.get());
-  if (!RecvExact(fd, out.message.data(), out.message.size())) return out;
-  out.status = r.status;
-  out.session = r.session.get();
+  if (!RecvExact(fd, &r, sizeof(r))) return false;
+  out->message.resize(r.message_len.get());
+  if (!RecvExact(fd, out->message.data(), out->message.size())) return false;
+  out->status = r.status;
+  out->session = r.session.get();
+  return true;
+}
+
+RawReply RawHello(int fd, HelloRole role, std::uint64_t session, const std::string& token,
+                  std::uint16_t version, std::uint32_t peer_id, std::string* sent, bool reflect) {
+  Hello h;
+  h.version = version;
+  h.role = role;
+  h.peer_id = peer_id;
+  h.session = session;
+  h.nonce = RandomNonce();
+  std::string buf = EncodeHello(h);
+  RawReply out;
+  if (sent != nullptr) *sent = buf;
+  if (!SendBytes(fd, buf.data(), buf.size())) return out;
+  std::array<std::byte, sizeof(HelloReplyWire) + sizeof(ChallengeWire)> cb;
+  if (!RecvExact(fd, cb.data(), sizeof(HelloReplyWire))) return out;
+  HelloReplyWire first;
+  std::memcpy(&first, cb.data(), sizeof(first));
+  if (first.status != 0) {  // refused at once (version, malformed)
+    out.status = first.status;
+    out.message.resize(first.message_len.get());
+    RecvExact(fd, out.message.data(), out.message.size());
+    return out;
+  }
+  if (!RecvExact(fd, cb.data() + sizeof(HelloReplyWire), sizeof(ChallengeWire))) return out;
+  auto c = ParseChallenge(cb);
+  if (!c.ok()) return out;
+  const SecretKey key = SecretKey::FromSecret(token);
+  out.acceptor_mac_ok = ConstantTimeEqual(
+      TcpHandshakeMac(key, MacDirection::kAcceptor, h, c->nonce, c->peer_id), c->mac);
+  Proof p;
+  p.mac =
+      reflect ? c->mac : TcpHandshakeMac(key, MacDirection::kConnector, h, c->nonce, c->peer_id);
+  buf = EncodeProof(p);
+  if (sent != nullptr) *sent += buf;
+  if (!SendBytes(fd, buf.data(), buf.size())) return out;
+  RecvReply(fd, &out);
   return out;
+}
+
+RawReply RawReplay(int fd, const std::string& bytes) {
+  RawReply out;
+  if (!SendBytes(fd, bytes.data(), bytes.size())) return out;
+  std::array<std::byte, sizeof(HelloReplyWire) + sizeof(ChallengeWire)> cb;
+  if (!RecvExact(fd, cb.data(), cb.size())) return out;
+  RecvReply(fd, &out);
+  return out;
+}
+
+bool RawAccept(int fd, std::uint32_t my_id, std::uint64_t session, const std::string& token) {
+  std::array<std::byte, sizeof(HelloWire)> hb;
+  if (!RecvExact(fd, hb.data(), hb.size())) return false;
+  auto h = ParseHello(hb);
+  if (!h.ok()) return false;
+  const SecretKey key = SecretKey::FromSecret(token);
+  Challenge c;
+  c.version = kProtocolVersion;
+  c.peer_id = my_id;
+  c.nonce = RandomNonce();
+  c.mac = TcpHandshakeMac(key, MacDirection::kAcceptor, *h, c.nonce, my_id);
+  std::string buf = EncodeChallenge(c);
+  if (!SendBytes(fd, buf.data(), buf.size())) return false;
+  std::array<std::byte, sizeof(ProofWire)> pb;
+  if (!RecvExact(fd, pb.data(), pb.size())) return false;
+  auto p = ParseProof(pb);
+  if (!p.ok() || p->status != 0 ||
+      !ConstantTimeEqual(TcpHandshakeMac(key, MacDirection::kConnector, *h, c.nonce, my_id),
+                         p->mac)) {
+    return false;
+  }
+  HelloReply r;
+  r.version = kProtocolVersion;
+  r.peer_id = my_id;
+  r.session = session;
+  buf = EncodeHelloReply(r);
+  return SendBytes(fd, buf.data(), buf.size());
 }
 
 bool WaitClosed(int fd) {

@@ -18,9 +18,8 @@ namespace rdmaps::transport::tcp::testing {
 
 inline constexpr const char* kToken = "tcp-test-token";
 
-std::unique_ptr<Endpoint> MakeEndpoint(std::uint32_t peer_id,
-                                       std::chrono::milliseconds op_timeout =
-                                           std::chrono::seconds(20));
+std::unique_ptr<Endpoint> MakeEndpoint(
+    std::uint32_t peer_id, std::chrono::milliseconds op_timeout = std::chrono::seconds(20));
 
 // A listening server with a registered 64 KiB buffer (kRemoteAll), and a
 // client connected to it with its own registered 64 KiB buffer.
@@ -44,16 +43,28 @@ Status RunOne(Connection& conn, const Op& op);
 
 // A raw TCP socket to `address` (blocking, 5 s timeouts); invalid on error.
 Fd RawConnect(const std::string& address);
-// Sends a Hello for `role`; returns the reply's status (kOk = accepted) and
-// its session id.
+// Runs the connector's side of the handshake for `role` with `token` as the
+// secret (sending its proof whether or not the acceptor's MAC verified);
+// returns the final reply's status (kOk = accepted) and its session id.
+// `sent`, if set, receives every byte written (to replay them).
+// `reflect`: send the acceptor's own MAC back as the proof.
 struct RawReply {
   std::uint8_t status = 0xff;
   std::uint64_t session = 0;
   std::string message;
+  bool acceptor_mac_ok = false;  // the challenge's MAC verified with `token`
 };
-RawReply RawHello(int fd, HelloRole role, std::uint64_t session,
-                  const std::string& token = kToken, std::uint16_t version = kProtocolVersion,
-                  std::uint32_t peer_id = 77);
+RawReply RawHello(int fd, HelloRole role, std::uint64_t session, const std::string& token = kToken,
+                  std::uint16_t version = kProtocolVersion, std::uint32_t peer_id = 77,
+                  std::string* sent = nullptr, bool reflect = false);
+// Sends `bytes` (e.g. a captured handshake) and reads the acceptor's
+// challenge and its final reply.
+RawReply RawReplay(int fd, const std::string& bytes);
+// The acceptor's side on an accepted raw socket: reads a hello, sends a
+// challenge with `token`, checks the proof, replies OK with `session`.
+// False when any step fails.
+bool RawAccept(int fd, std::uint32_t my_id, std::uint64_t session,
+               const std::string& token = kToken);
 bool SendBytes(int fd, const void* p, std::size_t n);
 // True when the peer closed the socket (EOF or reset) within 5 s, reading
 // and discarding what arrives first.

@@ -61,8 +61,7 @@ TEST(TcpAddress, WorksOverIpv6Loopback) {
   sockaddr_in6 sa{};
   sa.sin6_family = AF_INET6;
   sa.sin6_addr = in6addr_loopback;
-  if (!probe.valid() ||
-      ::bind(probe.get(), reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0) {
+  if (!probe.valid() || ::bind(probe.get(), reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0) {
     GTEST_SKIP() << "no IPv6 loopback on this machine";
   }
   auto server = MakeEndpoint(1);
@@ -76,8 +75,8 @@ TEST(TcpAddress, WorksOverIpv6Loopback) {
   ASSERT_EQ(a->rfind("[::1]:", 0), 0u) << *a;
   auto conn = client->Connect(*a, {}, DeadlineAfter(seconds(5)));
   ASSERT_TRUE(conn.ok()) << conn.status();
-  ASSERT_TRUE(RunOne(**conn, Op::FetchAdd(&prior, lmr.get(), rmr->remote().addr, rmr->rkey(), 1))
-                  .ok());
+  ASSERT_TRUE(
+      RunOne(**conn, Op::FetchAdd(&prior, lmr.get(), rmr->remote().addr, rmr->rkey(), 1)).ok());
   EXPECT_EQ(prior, 41u);
   EXPECT_EQ(word, 42u);
 }
@@ -112,7 +111,10 @@ TEST(TcpHandshake, TokenMismatchIsPermissionDenied) {
   auto conn = client->Connect(*a, {}, DeadlineAfter(seconds(5)));
   ASSERT_FALSE(conn.ok());
   EXPECT_EQ(conn.status().code(), StatusCode::kPermissionDenied) << conn.status();
-  EXPECT_NE(conn.status().message().find("job token"), std::string::npos) << conn.status();
+  EXPECT_NE(conn.status().message().find("job secret mismatch"), std::string::npos)
+      << conn.status();
+  EXPECT_NE(conn.status().message().find("RDMAPS_JOB_SECRET_FILE"), std::string::npos)
+      << conn.status();
   auto acc = server->Accept(DeadlineAfter(milliseconds(100)));
   EXPECT_EQ(acc.status().code(), StatusCode::kTimedOut) << "a refused peer was accepted";
 }
@@ -244,12 +246,13 @@ TEST(TcpDataPath, WriteWithImmNotifiesAfterTheData) {
   Pair p;
   ASSERT_TRUE(p.conn);
   std::memset(p.local.data(), 0x5a, 20000);
-  ASSERT_TRUE(p.conn->Post(std::array{Op::Write(p.local.data(), p.lmr.get(), 10000,
-                                                p.rmr->remote().addr, p.rmr->rkey()),
-                                      Op::WriteWithImm(p.local.data(), p.lmr.get(), 20000,
-                                                       p.rmr->remote().addr + 10000,
-                                                       p.rmr->rkey(), 0xfeed)})
-                  .ok());
+  ASSERT_TRUE(
+      p.conn
+          ->Post(std::array{
+              Op::Write(p.local.data(), p.lmr.get(), 10000, p.rmr->remote().addr, p.rmr->rkey()),
+              Op::WriteWithImm(p.local.data(), p.lmr.get(), 20000, p.rmr->remote().addr + 10000,
+                               p.rmr->rkey(), 0xfeed)})
+          .ok());
   Notification n;
   auto got = p.server->WaitNotifications({&n, 1}, DeadlineAfter(seconds(5)));
   ASSERT_TRUE(got.ok());
@@ -301,8 +304,8 @@ TEST(TcpDataPath, FullNotificationQueueHoldsWritersBackAndLosesNothing) {
     ASSERT_TRUE(r.ok() && *r > 0) << "the first 8 WRITE_WITH_IMMs did not complete";
     completed += *r;
   }
-  auto more = (*conn)->Wait({done.data() + completed, kOps - completed},
-                            DeadlineAfter(milliseconds(300)));
+  auto more =
+      (*conn)->Wait({done.data() + completed, kOps - completed}, DeadlineAfter(milliseconds(300)));
   ASSERT_TRUE(more.ok());
   EXPECT_EQ(completed + *more, 8u) << "ops past the notification cap were executed";
   completed += *more;
@@ -366,8 +369,8 @@ TEST(TcpDataPath, DeregistrationUnderLoadFailsLaterOpsCleanly) {
     for (int round = 0; round < 200 && !failed; ++round) {
       std::vector<Op> ops;
       for (int j = 0; j < 4; ++j) {
-        ops.push_back(Op::Read(local.data(), lmr.get(), 256 * 1024, remote.addr + j * 4096,
-                               remote.rkey));
+        ops.push_back(
+            Op::Read(local.data(), lmr.get(), 256 * 1024, remote.addr + j * 4096, remote.rkey));
       }
       if (!conn->Post(ops).ok()) break;
       while (conn->outstanding() > 0) {
@@ -469,8 +472,8 @@ TEST(TcpDataPath, PeerThatStopsReadingIsClosedOthersUnaffected) {
     }
   }
   EXPECT_TRUE(closed) << "a peer that never reads kept its connection";
-  ASSERT_TRUE(RunOne(*p.conn, Op::Read(p.local.data() + 64, p.lmr.get(), 64,
-                                       p.rmr->remote().addr, p.rmr->rkey()))
+  ASSERT_TRUE(RunOne(*p.conn, Op::Read(p.local.data() + 64, p.lmr.get(), 64, p.rmr->remote().addr,
+                                       p.rmr->rkey()))
                   .ok());
   EXPECT_EQ(p.local[64 + 63], std::byte{0x11});
 }
@@ -494,16 +497,7 @@ struct RawServer {
     for (int i = 0; i < 2; ++i) {
       Fd s(::accept(listener.get(), nullptr, nullptr));
       ASSERT_TRUE(s.valid());
-      HelloWire h;
-      ASSERT_TRUE(Recv(s.get(), &h, sizeof(h)));
-      std::string token(h.token_len.get(), '\0');
-      ASSERT_TRUE(Recv(s.get(), token.data(), token.size()));
-      HelloReplyWire r{};
-      r.magic.set(kHelloMagic);
-      r.version.set(kProtocolVersion);
-      r.peer_id.set(9);
-      r.session.set(1234);
-      ASSERT_TRUE(testing::SendBytes(s.get(), &r, sizeof(r)));
+      ASSERT_TRUE(testing::RawAccept(s.get(), 9, 1234));
       (i == 0 ? ops : reverse) = std::move(s);
     }
   }

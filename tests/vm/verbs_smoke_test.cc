@@ -62,8 +62,7 @@ class VerbsSmokeTest : public ::testing::Test {
                       << (got.ok() ? std::string("deadline") : got.status().ToString());
         break;
       }
-      all.insert(all.end(), std::make_move_iterator(buf),
-                 std::make_move_iterator(buf + *got));
+      all.insert(all.end(), std::make_move_iterator(buf), std::make_move_iterator(buf + *got));
     }
     return all;
   }
@@ -88,8 +87,8 @@ TEST_F(VerbsSmokeTest, EveryOpOfLongBatchesCompletesInOrder) {
   for (std::size_t round = 0; round < 4096 / batch; ++round) {
     std::vector<Op> ops;
     for (std::size_t i = 0; i < batch; ++i, ++ctx) {
-      ops.push_back(Op::Write(&local[ctx], lmr->get(), 8,
-                              (*tmr)->remote().addr + ctx * 8, (*tmr)->rkey(), ctx));
+      ops.push_back(Op::Write(&local[ctx], lmr->get(), 8, (*tmr)->remote().addr + ctx * 8,
+                              (*tmr)->rkey(), ctx));
     }
     ASSERT_TRUE(conn->Post(ops).ok());
     auto done = Collect(*conn, batch);
@@ -208,13 +207,14 @@ TEST_F(VerbsSmokeTest, ReadFetchAddCompareSwapAndImm) {
   EXPECT_EQ(target[41], 7001u);
 }
 
-TEST_F(VerbsSmokeTest, WrongTokenIsPermissionDenied) {
+TEST_F(VerbsSmokeTest, WrongSecretIsPermissionDenied) {
   auto intruder = MakeEndpoint(3, "other-token");
   ASSERT_NE(intruder, nullptr);
   auto c = intruder->Connect(listen_addr_, {}, DeadlineAfter(seconds(10)));
   ASSERT_FALSE(c.ok());
   EXPECT_EQ(c.status().code(), StatusCode::kPermissionDenied) << c.status();
-  EXPECT_NE(c.status().message().find("token"), std::string::npos) << c.status();
+  EXPECT_NE(c.status().message().find("job secret mismatch"), std::string::npos) << c.status();
+  EXPECT_NE(c.status().message().find("RDMAPS_JOB_SECRET_FILE"), std::string::npos) << c.status();
 }
 
 TEST_F(VerbsSmokeTest, NobodyListeningIsUnavailable) {
@@ -287,8 +287,8 @@ TEST_F(VerbsSmokeTest, CloseWithOpsInFlightCancelsCleanly) {
   ASSERT_NE(conn, nullptr);
   std::vector<Op> ops;
   for (std::uint64_t i = 0; i < 32; ++i) {
-    ops.push_back(Op::Read(local.data(), lmr->get(), local.size(), (*tmr)->remote().addr,
-                           (*tmr)->rkey(), i));
+    ops.push_back(
+        Op::Read(local.data(), lmr->get(), local.size(), (*tmr)->remote().addr, (*tmr)->rkey(), i));
   }
   ASSERT_TRUE(conn->Post(ops).ok());
   conn->Close();

@@ -31,7 +31,9 @@ std::map<std::string, std::string> BaseEnv() {
   // A layout inherited from an enclosing launcher must not leak in.
   for (const char* k :
        {"RDMAPS_ROLE", "RDMAPS_TASK_INDEX", "RDMAPS_PS_HOSTS", "RDMAPS_WORKER_HOSTS",
-        "RDMAPS_NUM_WORKERS", "TF_CONFIG", "DMLC_ROLE", kDescribeTablesEnv}) {
+        "RDMAPS_NUM_WORKERS", "TF_CONFIG", "DMLC_ROLE", kDescribeTablesEnv,
+        // So is a secret: this job's is set by AddLayoutEnv.
+        "RDMAPS_JOB_SECRET_FILE", "RDMAPS_JOB_SECRET", "RDMAPS_JOB_TOKEN", "RDMAPS_INSECURE"}) {
     env.erase(k);
   }
   if (!env.count("GLOG_logtostderr") && !env.count("GLOG_log_dir")) env["GLOG_logtostderr"] = "1";
@@ -49,13 +51,6 @@ std::string ServerBinary(const LaunchOptions& o) {
     }
   }
   return "rdmaps-server";  // from PATH
-}
-
-std::string RandomToken() {
-  std::random_device rd;
-  char buf[17];
-  std::snprintf(buf, sizeof(buf), "%08x%08x", rd(), rd());
-  return buf;
 }
 
 std::string JoinHosts(const std::vector<std::string>& v) {
@@ -78,7 +73,12 @@ std::string TfConfig(const LaunchOptions& o, const std::vector<std::string>& ps,
 void AddLayoutEnv(const LaunchOptions& o, std::map<std::string, std::string>& env, bool server,
                   int index, const std::vector<std::string>& ps, const std::string& token) {
   env["RDMAPS_TRANSPORT"] = o.transport;
-  env["RDMAPS_JOB_TOKEN"] = token;
+  // The secret travels by environment, never argv (`ps` shows argv).
+  if (token.empty()) {
+    env["RDMAPS_INSECURE"] = "1";
+  } else {
+    env["RDMAPS_JOB_SECRET"] = token;
+  }
   if (o.layout_env == "tf_config") {
     env["TF_CONFIG"] = TfConfig(o, ps, server ? "ps" : "worker", index);
     return;
@@ -157,7 +157,9 @@ class Launcher {
       : o_(options),
         job_(job),
         tmpdir_(std::move(tmpdir)),
-        token_(o_.job_token.empty() ? RandomToken() : o_.job_token),
+        token_(o_.insecure            ? std::string()
+               : o_.job_token.empty() ? rdmaps::GenerateJobSecret()
+                                      : o_.job_token),
         start_(Clock::now()),
         startup_deadline_(start_ + o_.startup_timeout),
         job_deadline_(o_.timeout.count() > 0 ? start_ + o_.timeout : Clock::time_point::max()) {}

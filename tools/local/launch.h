@@ -7,7 +7,7 @@
 //    each reports its real address on a pipe (--ready_fd) when ready.
 // 3. Workers: M child processes of the worker command, each with its layout
 //    in the environment: RDMAPS_ROLE=worker, RDMAPS_TASK_INDEX,
-//    RDMAPS_PS_HOSTS, RDMAPS_NUM_WORKERS, RDMAPS_TRANSPORT, RDMAPS_JOB_TOKEN
+//    RDMAPS_PS_HOSTS, RDMAPS_NUM_WORKERS, RDMAPS_TRANSPORT, RDMAPS_JOB_SECRET
 //    (or, with layout_env "tf_config", a TF_CONFIG per process).
 // 4. Every child's output is streamed with a prefix ("[ps0] ...",
 //    "[worker2] ..."). The job ends when every worker has exited: Launch
@@ -46,7 +46,8 @@ struct LaunchOptions {
   // Extra flags for every rdmaps-server, space-separated.
   std::string server_args;
   // Empty: random per run.
-  std::string job_token;
+  std::string job_token;  // the job secret; empty: a random one
+  bool insecure = false;  // children get RDMAPS_INSECURE=1 instead of a secret
   // For the servers to be ready and the workers to connect.
   std::chrono::seconds startup_timeout{60};
   // For the whole job (exit kExitTimeout); 0: none.

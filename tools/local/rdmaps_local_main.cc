@@ -31,7 +31,9 @@ DEFINE_string(layout_env, "rdmaps",
               "how workers get their layout: rdmaps (RDMAPS_* variables) or tf_config");
 DEFINE_string(server_binary, "", "rdmaps-server to run (default: next to rdmaps-local)");
 DEFINE_string(server_args, "", "extra flags for every rdmaps-server, space-separated");
-DEFINE_string(job_token, "", "job token (default: random per run)");
+DEFINE_bool(insecure, false,
+            "run the job without a secret (its children get RDMAPS_INSECURE=1; default: a "
+            "random secret per run, passed to them in RDMAPS_JOB_SECRET)");
 DEFINE_int32(startup_timeout_s, 60, "deadline for servers to be ready and workers to connect");
 DEFINE_int32(timeout_s, 0, "deadline for the whole job (exit 124); 0: none");
 DEFINE_int32(grace_s, 10, "after SIGTERM, children get this long before SIGKILL");
@@ -78,7 +80,7 @@ int main(int argc, char** argv) {
   options.layout_env = FLAGS_layout_env;
   options.server_binary = FLAGS_server_binary;
   options.server_args = FLAGS_server_args;
-  options.job_token = FLAGS_job_token;
+  options.insecure = FLAGS_insecure;
   options.startup_timeout = std::chrono::seconds(FLAGS_startup_timeout_s);
   options.timeout = std::chrono::seconds(FLAGS_timeout_s);
   options.grace = std::chrono::seconds(FLAGS_grace_s);

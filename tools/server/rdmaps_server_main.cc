@@ -30,12 +30,12 @@
 
 #include <atomic>
 #include <chrono>
-#include <ctime>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <iostream>
-#include <memory>
 #include <limits>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -57,13 +57,20 @@ DEFINE_int32(num_servers, 0, "rank-based launchers: the first N ranks serve (def
 DEFINE_string(cluster_spec, "", "TensorFlow ClusterSpec JSON file (with --role, --task_index)");
 DEFINE_string(rendezvous, "", "rank-based launchers: HOST:PORT or file:PATH of the rendezvous");
 DEFINE_string(advertise_host, "", "host other processes reach this one at (rank-based)");
-DEFINE_string(job_token, "", "shared secret of the job (default: $RDMAPS_JOB_TOKEN)");
+DEFINE_bool(insecure, false,
+            "run without a job secret (also RDMAPS_INSECURE=1): anyone who reaches the port "
+            "can read and overwrite the tables");
+DEFINE_string(secret_file, "",
+              "started by hand (no launcher, no RDMAPS_JOB_SECRET[_FILE]): write the generated "
+              "job secret here, mode 0600 (default: $XDG_RUNTIME_DIR/rdmaps/job-secret-PID); "
+              "workers read it with RDMAPS_JOB_SECRET_FILE=PATH");
 DEFINE_int32(startup_timeout_s, 120,
              "start-up deadline: rendezvous and every worker connected, else exit 3");
 DEFINE_bool(print_layout, false, "print the resolved layout and exit");
 
 // Server.
-DEFINE_string(tables, "", "the job's tables as JSON (see docs/deploying.md); without it, "
+DEFINE_string(tables, "",
+              "the job's tables as JSON (see docs/deploying.md); without it, "
               "the worker command after -- is asked for them");
 DEFINE_string(listen, "", "host:port to listen on (default: this server's layout address)");
 DEFINE_string(transport, "", "tcp, verbs or auto (default: $RDMAPS_TRANSPORT, else auto)");
@@ -79,8 +86,8 @@ DEFINE_int32(run_timeout_s, 0, "give up (exit 1) after this long serving; 0: no 
 
 namespace {
 
-using rdmaps::Environment;
 using rdmaps::ClusterLayout;
+using rdmaps::Environment;
 using rdmaps::Result;
 using rdmaps::Role;
 using rdmaps::Status;
@@ -221,7 +228,7 @@ int RealMain(SignalThread& signals) {
   lo.cluster_spec = FLAGS_cluster_spec;
   lo.rendezvous = FLAGS_rendezvous;
   lo.advertise_host = FLAGS_advertise_host;
-  lo.job_token = FLAGS_job_token;
+  lo.insecure = FLAGS_insecure;
   lo.default_role = Role::kServer;
   lo.startup_timeout = std::chrono::seconds(FLAGS_startup_timeout_s);
   const auto startup_deadline = std::chrono::steady_clock::now() + lo.startup_timeout;
@@ -232,6 +239,36 @@ int RealMain(SignalThread& signals) {
     return kExitConfig;
   }
   ClusterLayout layout = std::move(*resolved);
+  // A generated secret's file goes when the server does.
+  struct RemoveOnExit {
+    std::string path;
+    ~RemoveOnExit() {
+      if (!path.empty()) ::unlink(path.c_str());
+    }
+  } secret_file;
+  if (layout.job_token.empty() && !layout.insecure && layout.role == Role::kServer &&
+      !FLAGS_print_layout) {
+    // Started by hand: make the job's secret and leave it where this user's
+    // workers find it (never on a command line).
+    const std::string path = !FLAGS_secret_file.empty()
+                                 ? FLAGS_secret_file
+                                 : rdmaps::DefaultJobSecretFile(env, static_cast<int>(getpid()));
+    if (path.empty()) {
+      LOG(ERROR) << "no job secret and nowhere to write one (no HOME): pass --secret_file=PATH, "
+                    "set RDMAPS_JOB_SECRET_FILE, or --insecure";
+      return kExitConfig;
+    }
+    layout.job_token = rdmaps::GenerateJobSecret();
+    if (rdmaps::Status s = rdmaps::WriteJobSecretFile(path, layout.job_token); !s.ok()) {
+      LOG(ERROR) << "cannot write the job secret: " << s;
+      return kExitConfig;
+    }
+    secret_file.path = path;
+    layout.secret_source = "generated, written to " + path;
+    LOG(INFO) << "job secret generated and written to " << path
+              << " (mode 0600); start workers with RDMAPS_JOB_SECRET_FILE=" << path;
+  }
+  if (!layout.secret_source.empty()) LOG(INFO) << "job secret: " << layout.secret_source;
   if (FLAGS_print_layout) {
     std::cout << layout.ToString() << std::endl;
     return 0;
@@ -335,7 +372,7 @@ int RealMain(SignalThread& signals) {
   if (!started.ok()) {
     LOG(ERROR) << layout.name() << ": cannot start: " << started.status();
     return started.status().code() == rdmaps::StatusCode::kInvalidArgument ? kExitConfig
-                                                                            : kExitRuntime;
+                                                                           : kExitRuntime;
   }
   server = std::move(*started);
   rdmaps::Server* raw = server.get();
@@ -408,10 +445,9 @@ int RealMain(SignalThread& signals) {
     LOG(INFO) << layout.name() << ": all " << so.num_workers << " workers connected";
   }
 
-  Status run = FLAGS_run_timeout_s > 0
-                   ? server->RunUntil(std::chrono::steady_clock::now() +
-                                      std::chrono::seconds(FLAGS_run_timeout_s))
-                   : server->Run();
+  Status run = FLAGS_run_timeout_s > 0 ? server->RunUntil(std::chrono::steady_clock::now() +
+                                                          std::chrono::seconds(FLAGS_run_timeout_s))
+                                       : server->Run();
   auto st = server->stats();
   server->Stop();
   (void)SdNotify(env, "STOPPING=1");

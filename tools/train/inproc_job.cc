@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "rdmaps/client.h"
+#include "rdmaps/cluster.h"
 #include "rdmaps/server.h"
 #include "tools/train/ps_store.h"
 #include "tools/train/tables.h"
@@ -21,7 +22,8 @@ Result<std::vector<TrainReport>> RunInProcessJob(
   }
   const std::vector<TableOptions> tables =
       ModelTables(job.train.model, job.optimizer, job.train.seed, job.staleness);
-  const std::string token = "rdmaps-train-inproc";
+  // Its servers listen on real ports: a fresh secret keeps other users out.
+  const std::string token = GenerateJobSecret();
 
   std::vector<std::unique_ptr<Server>> servers;
   std::vector<std::string> addresses;

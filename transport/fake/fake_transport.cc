@@ -38,7 +38,9 @@
 #include <utility>
 #include <vector>
 
+#include "src/base/log.h"
 #include "src/base/mutex.h"
+#include "src/base/secret.h"
 #include "transport/racy_copy.h"
 
 namespace rdmaps::transport::fake {
@@ -123,7 +125,13 @@ struct Side {
   bool closed = false;            // This side called Close().
 };
 
+std::uint64_t NextLinkId() {
+  static std::atomic<std::uint64_t> next{0};
+  return ++next;
+}
+
 struct Link {
+  const std::uint64_t id = NextLinkId();  // PeerInfo::connection
   Mutex mu;
   std::condition_variable cv;  // Wakes Wait() on either side.
   Side sides[2];
@@ -173,6 +181,7 @@ void BreakLocked(Link& link, int quiet_side, const Status& reason,
       Notification n;
       n.kind = Notification::Kind::kDisconnected;
       n.peer_id = link.sides[1 - s].peer_id;
+      n.connection = link.id;
       out->push_back({side.core.lock(), n});
     }
   }
@@ -246,7 +255,7 @@ std::uint32_t RightFor(OpType t) {
 
 // Executes one op against `target`. Runs without Link::mu.
 Status Execute(const PendingOp& p, const std::shared_ptr<Core>& target,
-               std::uint32_t initiator_peer_id) {
+               std::uint32_t initiator_peer_id, std::uint64_t link_id) {
   if (p.fail) {
     const Faults& f = p.faults->faults;
     return Status(f.fail_code, "fake fault injection: op #" + std::to_string(p.seq) + " (" +
@@ -321,6 +330,7 @@ Status Execute(const PendingOp& p, const std::shared_ptr<Core>& target,
         Notification n;
         n.kind = Notification::Kind::kImmediate;
         n.peer_id = initiator_peer_id;
+        n.connection = link_id;
         n.imm = op.imm;
         n.length = static_cast<std::uint32_t>(op.length);
         Notify(target, n);
@@ -627,7 +637,7 @@ class FakeConnection final : public Connection {
         const std::uint32_t my_id = me.peer_id;
         lk.Unlock();
         // `head` stays valid: only this thread pushes or pops `pending`.
-        status = Execute(head, target, my_id);
+        status = Execute(head, target, my_id, link_->id);
         lk.Lock();
       }
       const Op& op = head.op;
@@ -757,12 +767,37 @@ class FakeEndpoint final : public Endpoint {
                               "' in this process; call Listen on the server endpoint first "
                               "(fake endpoints reach only endpoints of the same process)");
     }
-    if (target->options.job_token != this->options().job_token) {
-      return PermissionDeniedError(
-          "job token mismatch with the endpoint on '" + std::string(address) + "' (peer " +
-          std::to_string(target->options.peer_id) +
-          "): it refused this endpoint's token; start every process of the job with the same "
-          "job token");
+    // The challenge-response of the real backends, with the same MACs: each
+    // side checks the other's MAC with its own key (src/base/secret.h).
+    {
+      const SecretKey mine_key = SecretKey::FromSecret(this->options().job_token);
+      const SecretKey their_key = SecretKey::FromSecret(target->options.job_token);
+      HandshakeTranscript t;
+      t.protocol = "fake";
+      t.version = kProtocolVersion;
+      t.connector_nonce = RandomNonce();
+      t.acceptor_nonce = RandomNonce();
+      t.connector_id = this->options().peer_id;
+      t.acceptor_id = target->options.peer_id;
+      t.bound = options.user_data;
+      t.direction = MacDirection::kAcceptor;
+      const Mac from_acceptor = HandshakeMac(their_key, t);
+      if (!ConstantTimeEqual(HandshakeMac(mine_key, t), from_acceptor)) {
+        RDMAPS_LOG(WARNING) << "fake transport: peer " << this->options().peer_id
+                            << " refused endpoint " << target->options.peer_id << " on '" << address
+                            << "': our proof of the job secret did not verify; " << kJobSecretFix;
+        return PermissionDeniedError(
+            "job secret mismatch: peer " + std::to_string(target->options.peer_id) + " on '" +
+            std::string(address) +
+            "' did not prove knowledge of this job's secret (MAC "
+            "mismatch; this process is peer " +
+            std::to_string(this->options().peer_id) + "); " + kJobSecretFix);
+      }
+      t.direction = MacDirection::kConnector;
+      if (!ConstantTimeEqual(HandshakeMac(their_key, t), HandshakeMac(mine_key, t))) {
+        return PermissionDeniedError("job secret mismatch: refused by '" + std::string(address) +
+                                     "'; " + kJobSecretFix);
+      }
     }
     std::uint16_t mine, theirs;
     std::string my_name;
@@ -787,9 +822,9 @@ class FakeEndpoint final : public Endpoint {
     link->sides[1].core = target;
     link->sides[1].peer_id = target->options.peer_id;
 
-    PeerInfo to_server{target->options.peer_id, std::string(address), {}};
+    PeerInfo to_server{target->options.peer_id, link->id, std::string(address), {}};
     PeerInfo to_client{
-        this->options().peer_id,
+        this->options().peer_id, link->id,
         my_name.empty() ? "fake-peer-" + std::to_string(this->options().peer_id) : my_name,
         options.user_data};
     auto client = std::make_unique<FakeConnection>(link, 0, core_.get(), std::move(to_server),

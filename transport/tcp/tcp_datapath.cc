@@ -186,6 +186,7 @@ void EndpointCore::FinishWrite(Inbound& in) {
     Notification n;
     n.kind = Notification::Kind::kImmediate;
     n.peer_id = in.peer_id;
+    n.connection = in.session;
     n.imm = req.imm.get();
     n.length = req.length.get();
     PushNotification(n);

@@ -7,26 +7,6 @@
 
 namespace rdmaps::transport::tcp {
 
-HelloParse ParseHello(std::string_view bytes, std::uint16_t version, HelloWire* hello,
-                      std::string_view* token) {
-  if (bytes.size() < sizeof(std::uint32_t)) return HelloParse::kNeedMore;
-  HelloWire h{};
-  std::memcpy(&h, bytes.data(), std::min(bytes.size(), sizeof(h)));
-  if (h.magic.get() != kHelloMagic) return HelloParse::kBadMagic;
-  if (bytes.size() < sizeof(HelloWire)) return HelloParse::kNeedMore;
-  *hello = h;
-  if (h.version.get() != version) return HelloParse::kVersion;
-  const std::size_t token_len = h.token_len.get();
-  if (token_len > kMaxTokenBytes || h.user_data_len > kMaxHandshakeUserData ||
-      (h.role != static_cast<std::uint8_t>(HelloRole::kOps) &&
-       h.role != static_cast<std::uint8_t>(HelloRole::kReverse))) {
-    return HelloParse::kMalformed;
-  }
-  if (bytes.size() < sizeof(HelloWire) + token_len) return HelloParse::kNeedMore;
-  *token = bytes.substr(sizeof(HelloWire), token_len);
-  return HelloParse::kComplete;
-}
-
 Status CheckRequest(const RequestWire& req) {
   if (req.magic != kRequestMagic) {
     return InvalidArgumentError("malformed request: bad magic " + std::to_string(req.magic) +

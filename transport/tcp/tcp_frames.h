@@ -1,7 +1,7 @@
-// The tcp backend's checks of frames that arrive from a peer (tcp_wire.h),
-// as pure functions over the bytes: the acceptor's Hello, the target's
-// Request and the initiator's Response, and the region bounds a request is
-// served within. The progress threads call them before acting on any
+// The tcp backend's checks of the data-path frames that arrive from a peer
+// (tcp_wire.h), as pure functions over the bytes: the target's Request and
+// the initiator's Response, and the region bounds a request is served
+// within (the handshake's parsers are in tcp_handshake.h). The progress threads call them before acting on any
 // number of a frame; tests/fuzz/tcp_frames_fuzz.cc drives them with
 // arbitrary bytes.
 //
@@ -15,21 +15,6 @@
 #include "transport/tcp/tcp_wire.h"
 
 namespace rdmaps::transport::tcp {
-
-// What the first bytes of a socket say, before the token is compared.
-enum class HelloParse {
-  kNeedMore,   // fewer bytes than the Hello (and its token) so far
-  kBadMagic,   // not an rdmaps tcp peer: close without a reply
-  kVersion,    // another protocol version: reply FailedPrecondition
-  kMalformed,  // bad role, token or user-data length: reply InvalidArgument
-  kComplete,   // HelloWire and its token_len bytes of token are all here
-};
-
-// Classifies `bytes` (what the acceptor has read so far, from the first
-// byte) against this endpoint's `version`. On kComplete, `*hello` is the
-// header and `*token` views the token inside `bytes`.
-HelloParse ParseHello(std::string_view bytes, std::uint16_t version, HelloWire* hello,
-                      std::string_view* token);
 
 // OK when `req` may be executed: known magic and opcode, length within
 // kMaxOpBytes and exactly 8 for atomics. InvalidArgument naming the fault

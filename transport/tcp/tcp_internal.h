@@ -24,6 +24,8 @@
 #include <vector>
 
 #include "src/base/mutex.h"
+#include "src/base/secret.h"
+#include "transport/tcp/tcp_handshake.h"
 #include "transport/tcp/tcp_socket.h"
 #include "transport/tcp/tcp_wire.h"
 #include "transport/transport.h"
@@ -118,7 +120,9 @@ class TxQueue {
 // A socket served by the progress thread: first an accepted socket in its
 // handshake, then one on which a peer posts ops against this endpoint.
 struct Inbound {
-  enum class Phase { kHello, kServing, kDraining };
+  // kHello: waiting for the Hello; kProof: challenge sent, waiting for the
+  // connector's proof; both count as handshaking.
+  enum class Phase { kHello, kProof, kServing, kDraining };
 
   Inbound();
   // Shuts the socket down from any thread (Connection::Close); the progress
@@ -134,7 +138,11 @@ struct Inbound {
 
   // Progress thread only.
   Phase phase = Phase::kHello;
-  Deadline deadline{};  // Hello and draining phases: when to give up.
+  bool handshaking() const { return phase == Phase::kHello || phase == Phase::kProof; }
+  Hello hello;                   // kProof: the connector's hello.
+  Nonce acceptor_nonce;          // kProof: ours.
+  std::uint64_t accept_seq = 0;  // Order of arrival, to drop the oldest handshake.
+  Deadline deadline{};           // Hello and draining phases: when to give up.
   SteadyClock::time_point last_progress{};
   std::uint32_t peer_id = 0;
   std::string peer_address;
@@ -249,6 +257,7 @@ class EndpointCore {
 
   const EndpointOptions& options() const { return options_; }
   const std::shared_ptr<RegionTable>& regions() const { return regions_; }
+  const SecretKey& key() const { return key_; }
 
   // Hands a listening socket or an established served socket to the
   // progress thread.
@@ -288,8 +297,19 @@ class EndpointCore {
   void Wake();
   void AcceptNew();
   void Handle(const std::shared_ptr<Inbound>& in, std::uint32_t events);
-  // Hello phase: reads and answers a Hello. Not OK: close the socket.
+  // Hello and proof phases: reads and answers a Hello, then checks the
+  // connector's proof. Not OK: close the socket.
   Status HandleHello(const std::shared_ptr<Inbound>& in);
+  Status HandleProof(const std::shared_ptr<Inbound>& in);
+  // Too many handshakes: closes the one that started first, so idle sockets
+  // cannot lock real peers out.
+  void DropOldestHandshake();
+  // accept4 failed with EMFILE/ENFILE: frees the reserve descriptor to take
+  // and close one pending connection, so the listener stops being readable
+  // (level-triggered epoll would otherwise spin).
+  void ShedOnFdExhaustion(int listener);
+  // Watches the listeners again after ShedOnFdExhaustion paused them.
+  void ResumeListeners();
   void Reply(Inbound& in, StatusCode code, const std::string& message, std::uint64_t session);
   void UpdateEpoll(Inbound& in);
   void CloseInbound(const std::shared_ptr<Inbound>& in, const std::string& reason, bool warn);
@@ -307,6 +327,7 @@ class EndpointCore {
   const EndpointOptions options_;
   const std::shared_ptr<RegionTable> regions_;
   const std::chrono::milliseconds handshake_timeout_;
+  const SecretKey key_;
   std::atomic<std::uint16_t> protocol_version_{kProtocolVersion};
 
   Fd epoll_;
@@ -339,10 +360,20 @@ class EndpointCore {
   std::vector<Fd> listeners_;
   std::unordered_map<Inbound*, std::shared_ptr<Inbound>> inbound_;
   std::unordered_map<std::uint64_t, Session> sessions_;
-  std::size_t handshaking_ = 0;                      // Inbounds in Phase::kHello.
+  std::size_t handshaking_ = 0;  // Inbounds in kHello or kProof.
+  std::uint64_t accept_seq_ = 0;
+  Fd reserve_fd_;                  // /dev/null, given up when accept4 meets EMFILE.
+  bool listeners_paused_ = false;  // Out of descriptors even for the shed.
   std::vector<std::shared_ptr<Inbound>> graveyard_;  // Closed this round.
   std::uint64_t session_seed_;
   SteadyClock::time_point next_sweep_{};
+
+ public:
+  // Counters for tests (TEST_TcpStats), any thread.
+  std::atomic<std::uint64_t> accept_errors_{0};        // accept4 failures
+  std::atomic<std::uint64_t> fd_exhaustion_sheds_{0};  // connections shed at EMFILE
+  std::atomic<std::uint64_t> handshakes_dropped_{0};   // oldest dropped at the cap
+  std::atomic<std::uint64_t> handshakes_refused_{0};   // bad secret, version, format
 };
 
 // noinline so that ThreadSanitizer reports of the by-design race between

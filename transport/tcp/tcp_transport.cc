@@ -6,6 +6,7 @@
 // inbound socket; the Endpoint class on top is short.
 #include "transport/tcp/tcp_transport.h"
 
+#include <fcntl.h>
 #include <glog/logging.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
@@ -82,7 +83,10 @@ EndpointCore::EndpointCore(EndpointOptions options)
       regions_(std::make_shared<RegionTable>()),
       handshake_timeout_(
           std::min<std::chrono::milliseconds>(options_.op_timeout, std::chrono::seconds(10))),
-      session_seed_(RandomU64()) {}
+      key_(SecretKey::FromSecret(options_.job_token)),
+      session_seed_(RandomU64()) {
+  reserve_fd_ = Fd(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+}
 
 EndpointCore::~EndpointCore() { Stop(); }
 
@@ -248,7 +252,7 @@ void EndpointCore::Run() {
   const int tick_ms =
       static_cast<int>(std::clamp<std::int64_t>(handshake_timeout_.count() / 4, 1, 100));
   for (;;) {
-    int timeout = inbound_.empty() ? -1 : tick_ms;
+    int timeout = inbound_.empty() && !listeners_paused_ ? -1 : tick_ms;
     int n = ::epoll_wait(epoll_.get(), events, kMaxEvents, timeout);
     if (n < 0 && errno != EINTR) {
       RDMAPS_PLOG(ERROR) << "tcp transport: epoll_wait failed; inbound ops are no longer served";
@@ -299,7 +303,8 @@ void EndpointCore::Run() {
         Handle(in, events[i].events);
       }
     }
-    if (!inbound_.empty() && SteadyClock::now() >= next_sweep_) {
+    if ((!inbound_.empty() || listeners_paused_) && SteadyClock::now() >= next_sweep_) {
+      ResumeListeners();
       Sweep();
       next_sweep_ = SteadyClock::now() + std::chrono::milliseconds(tick_ms);
     }
@@ -316,18 +321,27 @@ void EndpointCore::AcceptNew() {
     for (;;) {
       Fd accepted(::accept4(l.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
       if (!accepted.valid()) {
-        if (errno == EINTR) continue;
-        if (errno != EAGAIN && errno != EWOULDBLOCK) {
-          RDMAPS_PLOG(WARNING) << "tcp transport: accept failed";
+        const int err = errno;
+        if (err == EINTR) continue;
+        if (err == EAGAIN || err == EWOULDBLOCK) break;
+        accept_errors_.fetch_add(1, std::memory_order_relaxed);
+        if (err == EMFILE || err == ENFILE) {
+          // The pending connection stays queued and the listener stays
+          // readable: without shedding it, epoll would wake us at once, for
+          // ever. Rate-limited: a flood would otherwise log per attempt.
+          RDMAPS_LOG_EVERY_T(WARNING, 1.0)
+              << "tcp transport: out of file descriptors ("
+              << (err == EMFILE ? "EMFILE: raise `ulimit -n`" : "ENFILE: the system's limit")
+              << "); closing the connections that arrive until some are free";
+          ShedOnFdExhaustion(l.get());
+        } else {
+          errno = err;
+          RDMAPS_PLOG_EVERY_T(WARNING, 1.0) << "tcp transport: accept failed";
         }
         break;
       }
       const int fd = accepted.get();
-      if (handshaking_ >= kMaxHandshaking) {
-        RDMAPS_LOG(WARNING) << "tcp transport: refusing a connection from " << PeerAddress(fd)
-                            << ": already " << handshaking_ << " sockets in their handshake";
-        continue;  // closes it
-      }
+      if (handshaking_ >= kMaxHandshaking) DropOldestHandshake();
       auto in = std::make_shared<Inbound>();
       in->fd = std::move(accepted);
       SetNoDelay(fd);
@@ -335,11 +349,12 @@ void EndpointCore::AcceptNew() {
       in->phase = Inbound::Phase::kHello;
       in->deadline = DeadlineAfter(handshake_timeout_);
       in->last_progress = SteadyClock::now();
+      in->accept_seq = ++accept_seq_;
       epoll_event ev{};
       ev.events = EPOLLIN;
       ev.data.ptr = in.get();
       if (::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, fd, &ev) != 0) {
-        RDMAPS_PLOG(WARNING) << "tcp transport: cannot watch an accepted socket";
+        RDMAPS_PLOG_EVERY_T(WARNING, 1.0) << "tcp transport: cannot watch an accepted socket";
         continue;
       }
       inbound_[in.get()] = std::move(in);
@@ -348,8 +363,36 @@ void EndpointCore::AcceptNew() {
   }
 }
 
+void EndpointCore::ShedOnFdExhaustion(int listener) {
+  fd_exhaustion_sheds_.fetch_add(1, std::memory_order_relaxed);
+  // The reserve-descriptor trick (libev, nginx): give up the spare, take
+  // the connection, close it, take the spare back.
+  reserve_fd_.Reset();
+  const bool shed = Fd(::accept4(listener, nullptr, nullptr, SOCK_CLOEXEC)).valid();
+  reserve_fd_ = Fd(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+  if (!reserve_fd_.valid() || !shed) {
+    // No spare to give up (another thread took it): stop watching the
+    // listeners until a socket closes (Sweep re-arms them), rather than spin.
+    for (Fd& l : listeners_) ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, l.get(), nullptr);
+    listeners_paused_ = true;
+  }
+}
+
+void EndpointCore::DropOldestHandshake() {
+  std::shared_ptr<Inbound> oldest;
+  for (auto& [ptr, in] : inbound_) {
+    if (in->handshaking() && (!oldest || in->accept_seq < oldest->accept_seq)) oldest = in;
+  }
+  if (!oldest) return;
+  handshakes_dropped_.fetch_add(1, std::memory_order_relaxed);
+  RDMAPS_LOG_EVERY_T(WARNING, 1.0)
+      << "tcp transport: " << handshaking_ << " sockets are in their handshake (the cap is "
+      << kMaxHandshaking << "); dropping the oldest, from " << oldest->peer_address;
+  CloseInbound(oldest, "", false);
+}
+
 void EndpointCore::Handle(const std::shared_ptr<Inbound>& in, std::uint32_t events) {
-  if (in->phase == Inbound::Phase::kHello) {
+  if (in->handshaking()) {
     Status s = HandleHello(in);
     if (s.ok()) return;
     if (!in->refused) {
@@ -358,8 +401,9 @@ void EndpointCore::Handle(const std::shared_ptr<Inbound>& in, std::uint32_t even
     }
     // Let the refusal reach the peer before closing: closing with unread
     // bytes would reset the connection and could destroy the reply.
-    RDMAPS_LOG(WARNING) << "tcp transport: refused a connection from " << in->peer_address << ": "
-                        << s.message();
+    handshakes_refused_.fetch_add(1, std::memory_order_relaxed);
+    RDMAPS_LOG_EVERY_T(WARNING, 0.2)
+        << "tcp transport: refused a connection from " << in->peer_address << ": " << s.message();
     --handshaking_;
     in->phase = Inbound::Phase::kDraining;
     in->deadline = DeadlineAfter(handshake_timeout_);
@@ -396,12 +440,12 @@ void EndpointCore::CloseInbound(const std::shared_ptr<Inbound>& in, const std::s
                                 bool warn) {
   auto it = inbound_.find(in.get());
   if (it == inbound_.end()) return;
-  if (in->phase == Inbound::Phase::kHello) --handshaking_;
+  if (in->handshaking()) --handshaking_;
   if (warn) {
-    RDMAPS_LOG(WARNING) << "tcp transport: closing connection from " << in->peer_address
-                        << (in->paired ? " (peer " + std::to_string(in->peer_id) + ")"
-                                       : std::string())
-                        << ": " << reason;
+    RDMAPS_LOG_EVERY_T(WARNING, 0.2)
+        << "tcp transport: closing connection from " << in->peer_address
+        << (in->paired ? " (peer " + std::to_string(in->peer_id) + ")" : std::string()) << ": "
+        << reason;
   }
   ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, in->fd.get(), nullptr);
   {
@@ -414,10 +458,23 @@ void EndpointCore::CloseInbound(const std::shared_ptr<Inbound>& in, const std::s
     Notification n;
     n.kind = Notification::Kind::kDisconnected;
     n.peer_id = in->peer_id;
+    n.connection = in->session;
     PushNotification(n);
   }
   graveyard_.push_back(in);
   inbound_.erase(it);
+  ResumeListeners();
+}
+
+void EndpointCore::ResumeListeners() {
+  if (!listeners_paused_) return;
+  listeners_paused_ = false;
+  for (Fd& l : listeners_) {
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.ptr = &kListenerTag;
+    ::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, l.get(), &ev);
+  }
 }
 
 void EndpointCore::Sweep() {
@@ -426,6 +483,7 @@ void EndpointCore::Sweep() {
   for (auto& [ptr, in] : inbound_) {
     switch (in->phase) {
       case Inbound::Phase::kHello:
+      case Inbound::Phase::kProof:
         if (now >= in->deadline) {
           expired.emplace_back(in, "no complete handshake within " +
                                        std::to_string(handshake_timeout_.count()) + " ms");
@@ -462,17 +520,14 @@ void EndpointCore::Sweep() {
 
 void EndpointCore::Reply(Inbound& in, StatusCode code, const std::string& message,
                          std::uint64_t session) {
-  std::string msg = message.substr(0, kMaxMessageBytes);
   if (code != StatusCode::kOk) in.refused = true;
-  HelloReplyWire r{};
-  r.magic.set(kHelloMagic);
-  r.version.set(protocol_version());
+  HelloReply r;
+  r.version = protocol_version();
   r.status = static_cast<std::uint8_t>(code);
-  r.peer_id.set(options_.peer_id);
-  r.message_len.set(static_cast<std::uint16_t>(msg.size()));
-  r.session.set(session);
-  std::string buf(reinterpret_cast<const char*>(&r), sizeof(r));
-  buf += msg;
+  r.peer_id = options_.peer_id;
+  r.message = message;
+  r.session = session;
+  const std::string buf = EncodeHelloReply(r);
   // A fresh socket's send buffer takes this whole; a short write only costs
   // the peer a clear error.
   ssize_t w = ::send(in.fd.get(), buf.data(), buf.size(), MSG_NOSIGNAL);
@@ -487,44 +542,76 @@ Status EndpointCore::HandleHello(const std::shared_ptr<Inbound>& in) {
     return UnavailableError(std::string("recv during the handshake: ") + std::strerror(errno));
   }
   in->rx_end += static_cast<std::size_t>(r);
-  const std::size_t avail = in->rx_end - in->rx_begin;
-  HelloWire h{};
-  std::string_view token;
-  switch (ParseHello({reinterpret_cast<const char*>(in->rx.get()), avail}, protocol_version(), &h,
-                     &token)) {
-    case HelloParse::kNeedMore:
-      return Status::OK();
-    case HelloParse::kBadMagic:
-      return InvalidArgumentError("bad handshake magic (not an rdmaps tcp peer?)");
-    case HelloParse::kVersion: {
-      std::string msg =
-          "protocol version mismatch: peer speaks " + std::to_string(h.version.get()) +
-          ", this endpoint (peer " + std::to_string(options_.peer_id) + ") speaks " +
-          std::to_string(protocol_version()) + "; run the same rdmaps release on every node";
-      Reply(*in, StatusCode::kFailedPrecondition, msg, 0);
-      return FailedPreconditionError(msg);
-    }
-    case HelloParse::kMalformed: {
-      std::string msg = "malformed handshake (bad role, token or user-data length)";
-      Reply(*in, StatusCode::kInvalidArgument, msg, 0);
-      return InvalidArgumentError(msg);
-    }
-    case HelloParse::kComplete:
-      break;
+  if (in->phase == Inbound::Phase::kProof) return HandleProof(in);
+  std::size_t avail = in->rx_end - in->rx_begin;
+  if (avail < 4) return Status::OK();
+  HelloWire h;
+  std::memcpy(&h, in->rx.get(), std::min(avail, sizeof(h)));
+  if (h.magic.get() != kHelloMagic) {
+    return InvalidArgumentError("bad handshake magic (not an rdmaps tcp peer?)");
   }
-  const std::size_t token_len = token.size();
-  const std::uint32_t peer_id = h.peer_id.get();
-  if (token != options_.job_token) {
-    std::string msg = "job token mismatch: peer " + std::to_string(peer_id) + " at " +
-                      in->peer_address + " presented a different job token than endpoint " +
-                      std::to_string(options_.peer_id) +
-                      "; start every process of the job with the same job token";
+  if (avail < sizeof(HelloWire)) return Status::OK();
+  if (h.version.get() != protocol_version()) {
+    std::string msg = "protocol version mismatch: peer speaks " + std::to_string(h.version.get()) +
+                      ", this endpoint (peer " + std::to_string(options_.peer_id) + ") speaks " +
+                      std::to_string(protocol_version()) +
+                      "; run the same rdmaps release on every node";
+    Reply(*in, StatusCode::kFailedPrecondition, msg, 0);
+    return FailedPreconditionError(msg);
+  }
+  auto hello = ParseHello({in->rx.get(), sizeof(HelloWire)});
+  if (!hello.ok()) {
+    Reply(*in, StatusCode::kInvalidArgument, hello.status().message(), 0);
+    return hello.status();
+  }
+  in->rx_begin += sizeof(HelloWire);
+  in->hello = std::move(hello).value();
+  in->peer_id = in->hello.peer_id;
+  in->acceptor_nonce = RandomNonce();
+  Challenge c;
+  c.version = protocol_version();
+  c.peer_id = options_.peer_id;
+  c.nonce = in->acceptor_nonce;
+  c.mac = TcpHandshakeMac(key_, MacDirection::kAcceptor, in->hello, c.nonce, options_.peer_id);
+  const std::string buf = EncodeChallenge(c);
+  // A fresh socket's send buffer takes this whole; a short write only costs
+  // the peer its handshake deadline.
+  ssize_t w = ::send(in->fd.get(), buf.data(), buf.size(), MSG_NOSIGNAL);
+  (void)w;
+  in->phase = Inbound::Phase::kProof;
+  return HandleProof(in);
+}
+
+Status EndpointCore::HandleProof(const std::shared_ptr<Inbound>& in) {
+  const std::size_t avail = in->rx_end - in->rx_begin;
+  if (avail < sizeof(ProofWire)) return Status::OK();
+  auto proof = ParseProof({in->rx.get() + in->rx_begin, sizeof(ProofWire)});
+  if (!proof.ok()) {
+    Reply(*in, StatusCode::kInvalidArgument, proof.status().message(), 0);
+    return proof.status();
+  }
+  const std::uint32_t peer_id = in->hello.peer_id;
+  const std::string who = "peer " + std::to_string(peer_id) + " at " + in->peer_address;
+  if (proof->status != 0) {
+    handshakes_refused_.fetch_add(1, std::memory_order_relaxed);
+    return PermissionDeniedError(
+        who + " refused this endpoint (peer " + std::to_string(options_.peer_id) +
+        "): our proof of the job secret did not verify there, so the two processes have "
+        "different job secrets; " +
+        kJobSecretFix);
+  }
+  const Mac want = TcpHandshakeMac(key_, MacDirection::kConnector, in->hello, in->acceptor_nonce,
+                                   options_.peer_id);
+  if (!ConstantTimeEqual(want, proof->mac)) {
+    std::string msg = "job secret mismatch: " + who +
+                      " did not prove knowledge of the job secret of endpoint " +
+                      std::to_string(options_.peer_id) + " (MAC mismatch); " + kJobSecretFix;
     Reply(*in, StatusCode::kPermissionDenied, msg, 0);
     return PermissionDeniedError(msg);
   }
-  in->rx_begin += sizeof(HelloWire) + token_len;
-  in->peer_id = peer_id;
-  if (h.role == static_cast<std::uint8_t>(HelloRole::kOps)) {
+  in->rx_begin += sizeof(ProofWire);
+  Hello& hello = in->hello;
+  if (hello.role == HelloRole::kOps) {
     std::uint64_t session;
     do {
       session = ++session_seed_ * 0x9E3779B97F4A7C15ull;
@@ -532,8 +619,9 @@ Status EndpointCore::HandleHello(const std::shared_ptr<Inbound>& in) {
     Session s;
     s.ops = in;
     s.peer.peer_id = peer_id;
+    s.peer.connection = session;
     s.peer.address = in->peer_address;
-    s.peer.user_data.assign(h.user_data, h.user_data + h.user_data_len);
+    s.peer.user_data = hello.user_data;
     s.deadline = in->deadline;
     sessions_[session] = std::move(s);
     in->session = session;
@@ -541,7 +629,7 @@ Status EndpointCore::HandleHello(const std::shared_ptr<Inbound>& in) {
     --handshaking_;
     in->last_progress = SteadyClock::now();
     Reply(*in, StatusCode::kOk, "", session);
-    // Requests may already follow the hello.
+    // Requests may already follow the proof.
     if (in->rx_begin != in->rx_end) {
       Status st = Serve(*in);
       if (!st.ok()) return st;
@@ -550,7 +638,7 @@ Status EndpointCore::HandleHello(const std::shared_ptr<Inbound>& in) {
     return Status::OK();
   }
   // Reverse socket: pair it with its ops socket and hand it to a Connection.
-  auto it = sessions_.find(h.session.get());
+  auto it = sessions_.find(hello.session);
   if (it == sessions_.end() || it->second.peer.peer_id != peer_id) {
     std::string msg = "unknown or expired session in the reverse-socket handshake; connect again";
     Reply(*in, StatusCode::kNotFound, msg, 0);
@@ -562,7 +650,7 @@ Status EndpointCore::HandleHello(const std::shared_ptr<Inbound>& in) {
   Session s = std::move(it->second);
   sessions_.erase(it);
   s.ops->paired = true;
-  Reply(*in, StatusCode::kOk, "", h.session.get());
+  Reply(*in, StatusCode::kOk, "", hello.session);
   ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, in->fd.get(), nullptr);
   --handshaking_;
   Fd fd;
@@ -649,19 +737,23 @@ class TcpEndpoint final : public Endpoint {
     const std::string name(address);
 
     RDMAPS_ASSIGN_OR_RETURN(Fd ops, ConnectTo(ra, name, deadline));
-    RDMAPS_ASSIGN_OR_RETURN(HelloReplyWire r1,
+    RDMAPS_ASSIGN_OR_RETURN(HelloReply r1,
                             Handshake(ops.get(), name, HelloRole::kOps, 0, options, deadline));
     RDMAPS_ASSIGN_OR_RETURN(Fd rev, ConnectTo(ra, name, deadline));
-    RDMAPS_ASSIGN_OR_RETURN(HelloReplyWire r2, Handshake(rev.get(), name, HelloRole::kReverse,
-                                                         r1.session.get(), options, deadline));
-    (void)r2;
+    RDMAPS_ASSIGN_OR_RETURN(HelloReply r2, Handshake(rev.get(), name, HelloRole::kReverse,
+                                                     r1.session, options, deadline));
+    if (r2.peer_id != r1.peer_id) {
+      return UnavailableError("handshake with " + name +
+                              ": the two sockets reached different peers");
+    }
     PeerInfo peer;
-    peer.peer_id = r1.peer_id.get();
+    peer.peer_id = r1.peer_id;
     peer.address = PeerAddress(ops.get());
     auto served = std::make_shared<Inbound>();
     served->fd = std::move(rev);
     served->phase = Inbound::Phase::kServing;
     served->peer_id = peer.peer_id;
+    served->session = r1.session;
     served->peer_address = peer.address;
     served->paired = true;
     core_->AdoptServed(served);
@@ -683,40 +775,86 @@ class TcpEndpoint final : public Endpoint {
   EndpointCore& core() { return *core_; }
 
  private:
-  Result<HelloReplyWire> Handshake(int fd, const std::string& name, HelloRole role,
-                                   std::uint64_t session, const ConnectOptions& options,
-                                   Deadline deadline) {
-    const std::string& token = this->options().job_token;
-    HelloWire h{};
-    h.magic.set(kHelloMagic);
-    h.version.set(core_->protocol_version());
-    h.role = static_cast<std::uint8_t>(role);
-    h.user_data_len = static_cast<std::uint8_t>(options.user_data.size());
-    h.peer_id.set(this->options().peer_id);
-    h.token_len.set(static_cast<std::uint16_t>(token.size()));
-    h.session.set(session);
-    std::copy(options.user_data.begin(), options.user_data.end(), h.user_data);
-    std::string buf(reinterpret_cast<const char*>(&h), sizeof(h));
-    buf += token;
+  // The connector's half of messages 1-4 of tcp_wire.h; returns the final
+  // reply (its session, the acceptor's id).
+  Result<HelloReply> Handshake(int fd, const std::string& name, HelloRole role,
+                               std::uint64_t session, const ConnectOptions& options,
+                               Deadline deadline) {
+    Hello h;
+    h.version = core_->protocol_version();
+    h.role = role;
+    h.peer_id = this->options().peer_id;
+    h.session = session;
+    h.user_data = options.user_data;
+    h.nonce = RandomNonce();
     const std::string what = "handshake with " + name;
+    std::string buf = EncodeHello(h);
     RDMAPS_RETURN_IF_ERROR(SendAll(fd, buf.data(), buf.size(), deadline, what));
-    HelloReplyWire r;
-    RDMAPS_RETURN_IF_ERROR(RecvAll(fd, &r, sizeof(r), deadline, what));
-    if (r.magic.get() != kHelloMagic) {
-      return UnavailableError(what + ": the peer is not an rdmaps tcp endpoint (bad magic)");
+    RDMAPS_ASSIGN_OR_RETURN(HelloReply first, RecvReply(fd, name, deadline));
+    if (first.status != 0) {
+      return Status(CodeFromWire(first.status),
+                    "peer at " + name + " refused the connection: " + first.message);
     }
-    std::string message(std::min<std::size_t>(r.message_len.get(), kMaxMessageBytes), '\0');
-    RDMAPS_RETURN_IF_ERROR(RecvAll(fd, message.data(), message.size(), deadline, what));
-    if (r.status != 0) {
-      return Status(CodeFromWire(r.status),
-                    "peer at " + name + " refused the connection: " + message);
-    }
-    if (r.version.get() != core_->protocol_version()) {
+    if (first.version != core_->protocol_version()) {
       return FailedPreconditionError(what + ": protocol version mismatch: peer speaks " +
-                                     std::to_string(r.version.get()) + ", we speak " +
+                                     std::to_string(first.version) + ", we speak " +
                                      std::to_string(core_->protocol_version()) +
                                      "; run the same rdmaps release on every node");
     }
+    std::array<std::byte, sizeof(HelloReplyWire) + sizeof(ChallengeWire)> cbuf;
+    HelloReplyWire fw{};  // re-encode the first part: ParseChallenge takes both
+    fw.magic.set(kHelloMagic);
+    fw.version.set(first.version);
+    fw.peer_id.set(first.peer_id);
+    std::memcpy(cbuf.data(), &fw, sizeof(fw));
+    RDMAPS_RETURN_IF_ERROR(
+        RecvAll(fd, cbuf.data() + sizeof(fw), sizeof(ChallengeWire), deadline, what));
+    RDMAPS_ASSIGN_OR_RETURN(Challenge c, ParseChallenge(cbuf));
+    const Mac want = TcpHandshakeMac(core_->key(), MacDirection::kAcceptor, h, c.nonce, c.peer_id);
+    Proof p;
+    if (!ConstantTimeEqual(want, c.mac)) {
+      // Tell the acceptor why we hang up, so both sides log the cause.
+      p.status = static_cast<std::uint8_t>(StatusCode::kPermissionDenied);
+      buf = EncodeProof(p);
+      (void)SendAll(fd, buf.data(), buf.size(), deadline, what);
+      return PermissionDeniedError("job secret mismatch: peer " + std::to_string(c.peer_id) +
+                                   " at " + name +
+                                   " did not prove knowledge of this job's secret (MAC "
+                                   "mismatch; this process is peer " +
+                                   std::to_string(h.peer_id) + "); " + kJobSecretFix);
+    }
+    p.mac = TcpHandshakeMac(core_->key(), MacDirection::kConnector, h, c.nonce, c.peer_id);
+    buf = EncodeProof(p);
+    RDMAPS_RETURN_IF_ERROR(SendAll(fd, buf.data(), buf.size(), deadline, what));
+    RDMAPS_ASSIGN_OR_RETURN(HelloReply r, RecvReply(fd, name, deadline));
+    if (r.status != 0) {
+      return Status(CodeFromWire(r.status),
+                    "peer at " + name + " refused the connection: " + r.message);
+    }
+    if (r.peer_id != c.peer_id) {
+      return UnavailableError(what + ": the peer changed its id during the handshake");
+    }
+    return r;
+  }
+
+  // A HelloReplyWire and its message.
+  Result<HelloReply> RecvReply(int fd, const std::string& name, Deadline deadline) {
+    const std::string what = "handshake with " + name;
+    std::vector<std::byte> b(sizeof(HelloReplyWire));
+    RDMAPS_RETURN_IF_ERROR(RecvAll(fd, b.data(), b.size(), deadline, what));
+    HelloReplyWire w;
+    std::memcpy(&w, b.data(), sizeof(w));
+    if (w.magic.get() != kHelloMagic) {
+      return UnavailableError(what + ": the peer is not an rdmaps tcp endpoint (bad magic)");
+    }
+    const std::size_t len = std::min<std::size_t>(w.message_len.get(), kMaxMessageBytes);
+    b.resize(sizeof(w) + len);
+    RDMAPS_RETURN_IF_ERROR(RecvAll(fd, b.data() + sizeof(w), len, deadline, what));
+    if (len != w.message_len.get()) {
+      return UnavailableError(what + ": malformed reply (message too long)");
+    }
+    auto r = ParseHelloReply(b);
+    if (!r.ok()) return UnavailableError(what + ": " + r.status().message());
     return r;
   }
 
@@ -737,12 +875,19 @@ Status TEST_SetProtocolVersion(Endpoint& endpoint, std::uint16_t version) {
   return Status::OK();
 }
 
+Result<TcpStats> TEST_GetTcpStats(Endpoint& endpoint) {
+  auto* tcp = dynamic_cast<TcpEndpoint*>(&endpoint);
+  if (tcp == nullptr) return InvalidArgumentError("TEST_GetTcpStats needs a tcp endpoint");
+  EndpointCore& c = tcp->core();
+  TcpStats s;
+  s.accept_errors = c.accept_errors_.load();
+  s.fd_exhaustion_sheds = c.fd_exhaustion_sheds_.load();
+  s.handshakes_dropped = c.handshakes_dropped_.load();
+  s.handshakes_refused = c.handshakes_refused_.load();
+  return s;
+}
+
 Result<std::unique_ptr<Endpoint>> CreateEndpoint(const EndpointOptions& options) {
-  if (options.job_token.size() > kMaxTokenBytes) {
-    return InvalidArgumentError("job_token has " + std::to_string(options.job_token.size()) +
-                                " bytes; the tcp transport carries at most " +
-                                std::to_string(kMaxTokenBytes));
-  }
   auto core = std::make_shared<EndpointCore>(options);
   RDMAPS_RETURN_IF_ERROR(core->Start());
   return std::unique_ptr<Endpoint>(std::make_unique<TcpEndpoint>(options, std::move(core)));

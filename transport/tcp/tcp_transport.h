@@ -19,4 +19,13 @@ Result<std::unique_ptr<Endpoint>> CreateEndpoint(const EndpointOptions& options)
 // its handshakes, to exercise the version-mismatch path.
 Status TEST_SetProtocolVersion(Endpoint& endpoint, std::uint16_t version);
 
+// Tests only: what the progress thread of a tcp endpoint counted.
+struct TcpStats {
+  std::uint64_t accept_errors = 0;        // accept4 failures (EMFILE included)
+  std::uint64_t fd_exhaustion_sheds = 0;  // connections taken and closed at EMFILE
+  std::uint64_t handshakes_dropped = 0;   // oldest pre-auth handshakes dropped at the cap
+  std::uint64_t handshakes_refused = 0;   // bad secret, version or format
+};
+Result<TcpStats> TEST_GetTcpStats(Endpoint& endpoint);
+
 }  // namespace rdmaps::transport::tcp

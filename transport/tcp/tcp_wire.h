@@ -12,24 +12,43 @@
 // C opens both (so a worker needs no listener): first the ops socket, then the
 // reverse socket, each starting with a Hello.
 //
-// Messages, in the order they flow (all integers little-endian):
+// Messages, in the order they flow (all integers little-endian). Messages
+// 1-4 are the handshake, a challenge-response over the job secret: both
+// sides send a fresh random nonce and prove knowledge of the secret with an
+// HMAC-SHA256 over both nonces, the direction, both peer ids, the protocol
+// version and the hello's role, session and user data (HandshakeMac,
+// src/base/secret.h; `bound` = role u8, session u64 LE, user data). The
+// secret itself never travels, and nothing that did travel verifies again:
+// a replayed hello meets a fresh acceptor nonce, a reflected MAC has the
+// other direction's label.
 //
-// 1. Hello (C -> A, first bytes on each socket): HelloWire (64 bytes) then
-//    token_len bytes of job token.
+// 1. Hello (C -> A, first bytes on each socket): HelloWire (64 bytes).
 //      magic 'RDPS', version (kProtocolVersion), role (1 ops, 2 reverse),
-//      user_data_len (<= 24), peer_id (C's), token_len (<= kMaxTokenBytes),
+//      user_data_len (<= 24), peer_id (C's), flags (0), reserved (0),
 //      session (role 2: the id A returned for the ops socket; role 1: 0),
-//      user_data[24] (ConnectOptions::user_data), 16 reserved bytes.
-// 2. HelloReply (A -> C): HelloReplyWire (24 bytes) then message_len bytes of
+//      user_data[24] (ConnectOptions::user_data), nonce[16] (C's).
+//      ParseHello.
+// 2. Challenge (A -> C): HelloReplyWire (24 bytes, status 0, session 0,
+//    message_len 0) then ChallengeWire (48 bytes): nonce[16] (A's), mac[32]
+//    = HandshakeMac(kAcceptor). Or, for a hello A cannot take (version,
+//    malformed), the refusal of message 4 at once. ParseChallenge.
+// 3. Proof (C -> A): ProofWire (40 bytes): magic 'RDPF', status (0: C
+//    verified A's MAC; PermissionDenied: it did not, and C closes), 3
+//    reserved bytes, mac[32] = HandshakeMac(kConnector) (zeros on refusal).
+//    ParseProof.
+// 4. HelloReply (A -> C): HelloReplyWire (24 bytes) then message_len bytes of
 //    a human-readable message (non-empty only on refusal).
 //      magic, version (A's), status (a StatusCode; 0 = accepted), peer_id
 //      (A's), message_len (<= kMaxMessageBytes), session (role 1: the id C
-//      must present on its reverse socket).
-//    Refusals: PermissionDenied (job token differs), FailedPrecondition
-//    (version differs), InvalidArgument (malformed hello), NotFound (unknown
-//    session). After a refusal A closes the socket. The layouts of Hello and
-//    HelloReply never change between versions, so a version mismatch is
-//    always reported instead of misparsed.
+//      must present on its reverse socket). ParseHelloReply.
+//    Refusals: PermissionDenied (C's MAC does not verify: another secret),
+//    FailedPrecondition (version differs), InvalidArgument (malformed
+//    hello), NotFound (unknown session). After a refusal A closes the
+//    socket. The layouts of Hello and HelloReply never change between
+//    versions, so a version mismatch is always reported instead of
+//    misparsed.
+//    C sends nothing after its hello until it has A's challenge, and A
+//    serves no request on the socket before the proof has verified.
 // 3. Request (initiator -> target, after an accepted Hello): RequestWire
 //    (40 bytes), followed for WRITE and WRITE_WITH_IMM by `length` payload
 //    bytes.
@@ -92,6 +111,8 @@ class Le {
 inline constexpr std::uint32_t kHelloMagic = 0x53504452;  // "RDPS" on the wire
 inline constexpr std::uint8_t kRequestMagic = 0xA7;
 inline constexpr std::uint8_t kResponseMagic = 0xA8;
+inline constexpr std::uint32_t kProofMagic = 0x46504452;  // "RDPF" on the wire
+// The longest job secret an endpoint takes (it never travels).
 inline constexpr std::size_t kMaxTokenBytes = 1024;
 inline constexpr std::size_t kMaxMessageBytes = 1024;
 // Largest READ/WRITE a single op may move (verbs devices allow 2 GiB).
@@ -114,11 +135,11 @@ struct HelloWire {
   std::uint8_t role;
   std::uint8_t user_data_len;
   Le<std::uint32_t> peer_id;
-  Le<std::uint16_t> token_len;
+  Le<std::uint16_t> flags;
   Le<std::uint16_t> reserved0;
   Le<std::uint64_t> session;
   std::uint8_t user_data[24];
-  std::uint8_t reserved1[16];
+  std::uint8_t nonce[16];
 };
 static_assert(sizeof(HelloWire) == 64);
 static_assert(std::is_trivially_copyable_v<HelloWire>);
@@ -135,6 +156,22 @@ struct HelloReplyWire {
 };
 static_assert(sizeof(HelloReplyWire) == 24);
 static_assert(std::is_trivially_copyable_v<HelloReplyWire>);
+
+struct ChallengeWire {
+  std::uint8_t nonce[16];
+  std::uint8_t mac[32];
+};
+static_assert(sizeof(ChallengeWire) == 48);
+static_assert(std::is_trivially_copyable_v<ChallengeWire>);
+
+struct ProofWire {
+  Le<std::uint32_t> magic;
+  std::uint8_t status;
+  std::uint8_t reserved[3];
+  std::uint8_t mac[32];
+};
+static_assert(sizeof(ProofWire) == 40);
+static_assert(std::is_trivially_copyable_v<ProofWire>);
 
 struct RequestWire {
   std::uint8_t magic;

@@ -39,15 +39,6 @@ int ClampMs(Deadline deadline, int cap_ms) {
 
 }  // namespace
 
-std::uint64_t TokenHash(const std::string& token) {
-  std::uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : token) {
-    h ^= c;
-    h *= 1099511628211ull;
-  }
-  return h;
-}
-
 bool GetCmEvent(rdma_event_channel* ch, CmEvent* out) {
   rdma_cm_event* ev = nullptr;
   if (rdma_get_cm_event(ch, &ev) != 0) return false;
@@ -282,8 +273,13 @@ Result<std::unique_ptr<Connection>> VerbsEndpoint::DoConnect(std::string_view ad
   req.version = htobe16(version_.load());
   req.user_len = static_cast<std::uint8_t>(copts.user_data.size());
   req.peer_id = htobe32(options().peer_id);
-  req.token_hash = htobe64(TokenHash(options().job_token));
+  std::array<std::uint8_t, 8> nonce;
+  RandomBytes(nonce);
+  std::copy(nonce.begin(), nonce.end(), req.nonce);
   std::copy(copts.user_data.begin(), copts.user_data.end(), req.user_data);
+  const SecretKey key = SecretKey::FromSecret(options().job_token);
+  const auto req_mac = ConnectMac(key, version_.load(), nonce, options().peer_id, copts.user_data);
+  std::copy(req_mac.begin(), req_mac.end(), req.mac);
   rdma_conn_param param{};
   param.private_data = &req;
   param.private_data_len = sizeof req;
@@ -308,8 +304,13 @@ Result<std::unique_ptr<Connection>> VerbsEndpoint::DoConnect(std::string_view ad
       switch (rej.reason) {
         case kRejectBadToken:
           return PermissionDeniedError("peer " + where +
-                                       " rejected the connection: job token mismatch; start "
-                                       "every process of the job with the same job token");
+                                       " rejected the connection: job secret mismatch (our MAC "
+                                       "did not verify there); " +
+                                       std::string(kJobSecretFix));
+        case kRejectReplay:
+          return PermissionDeniedError("peer " + where +
+                                       " rejected the connection as a replayed request; connect "
+                                       "again");
         case kRejectBadVersion:
           return FailedPreconditionError(
               "peer " + where + " rejected the connection: it speaks protocol version " +
@@ -333,17 +334,29 @@ Result<std::unique_ptr<Connection>> VerbsEndpoint::DoConnect(std::string_view ad
                             "--peer " +
                             where + "`)");
   }
-  AcceptWire rep{};
-  if (ev.private_data.size() >= sizeof rep) std::memcpy(&rep, ev.private_data.data(), sizeof rep);
-  if (be32toh(rep.magic) != kAcceptMagic) {
+  Result<AcceptReply> rep =
+      ev.private_data.size() >= sizeof(AcceptWire)
+          ? ParseAcceptWire(std::as_bytes(std::span(ev.private_data)).first(sizeof(AcceptWire)))
+          : Result<AcceptReply>(InvalidArgumentError("no reply"));
+  if (!rep.ok()) {
     return FailedPreconditionError("peer " + where +
                                    " accepted without an rdmaps handshake; "
                                    "is it an rdmaps endpoint?");
   }
+  if (!ConstantTimeEqual(AcceptMac(key, version_.load(), nonce, rep->nonce, options().peer_id,
+                                   rep->peer_id, copts.user_data),
+                         rep->mac)) {
+    // No RTU: the acceptor's half-open connection times out there.
+    return PermissionDeniedError("job secret mismatch: peer " + std::to_string(rep->peer_id) +
+                                 " at " + where +
+                                 " did not prove knowledge of this job's secret (MAC mismatch; "
+                                 "this process is peer " +
+                                 std::to_string(options().peer_id) + "); " + kJobSecretFix);
+  }
   // The REP arrived: our QP to RTR/RTS, then the RTU (rdma_establish).
   RDMAPS_RETURN_IF_ERROR(conn->ConnectQp(-1, -1));
   if (rdma_establish(idp) != 0) return ErrnoError("rdma_establish(" + where + ")", errno);
-  conn->set_peer_id(be32toh(rep.peer_id));
+  conn->set_peer_id(rep->peer_id);
   conn->Register();  // before the migrate: publishes the id under mu (see ProgressLoop)
   if (rdma_migrate_id(idp, shared_->channel.get()) != 0) {
     return ErrnoError("rdma_migrate_id", errno);
@@ -363,26 +376,47 @@ void VerbsEndpoint::Reject(rdma_cm_id* id, RejectReason reason) {
 
 void VerbsEndpoint::HandleConnectRequest(CmEvent& ev) {
   CmIdPtr id(ev.id);  // ours now: destroyed unless the connection takes it
-  ConnectWire req{};
-  if (ev.private_data.size() < sizeof req) {
+  if (ev.private_data.size() < sizeof(ConnectWire)) {
     Reject(id.get(), kRejectMalformed);
     return;
   }
-  std::memcpy(&req, ev.private_data.data(), sizeof req);
-  if (be32toh(req.magic) != kConnectMagic || req.user_len > kMaxHandshakeUserData) {
+  Result<ConnectRequest> parsed =
+      ParseConnectWire(std::as_bytes(std::span(ev.private_data)).first(sizeof(ConnectWire)));
+  if (!parsed.ok()) {
     Reject(id.get(), kRejectMalformed);
     return;
   }
-  if (be16toh(req.version) != version_.load()) {
-    RDMAPS_LOG(WARNING) << "verbs: rejected a peer with protocol version " << be16toh(req.version);
+  ConnectRequest& req = *parsed;
+  if (req.version != version_.load()) {
+    RDMAPS_LOG_EVERY_T(WARNING, 0.2)
+        << "verbs: rejected a peer with protocol version " << req.version;
     Reject(id.get(), kRejectBadVersion);
     return;
   }
-  if (be64toh(req.token_hash) != TokenHash(options().job_token)) {
-    RDMAPS_LOG(WARNING) << "verbs: rejected peer " << be32toh(req.peer_id) << " from "
-                        << SockaddrToString(rdma_get_peer_addr(id.get())) << ": job token mismatch";
+  const SecretKey key = SecretKey::FromSecret(options().job_token);
+  if (!ConstantTimeEqual(ConnectMac(key, req.version, req.nonce, req.peer_id, req.user_data),
+                         req.mac)) {
+    RDMAPS_LOG_EVERY_T(WARNING, 0.2)
+        << "verbs: rejected peer " << req.peer_id << " from "
+        << SockaddrToString(rdma_get_peer_addr(id.get()))
+        << ": job secret mismatch (its MAC does not verify); " << kJobSecretFix;
     Reject(id.get(), kRejectBadToken);
     return;
+  }
+  // A REQ seen before is a replay (the nonce is random per connect).
+  std::uint64_t nonce_key;
+  std::memcpy(&nonce_key, req.nonce.data(), sizeof(nonce_key));
+  if (!seen_nonces_.insert(nonce_key).second) {
+    RDMAPS_LOG_EVERY_T(WARNING, 0.2)
+        << "verbs: rejected a replayed connect request claiming peer " << req.peer_id << " from "
+        << SockaddrToString(rdma_get_peer_addr(id.get()));
+    Reject(id.get(), kRejectReplay);
+    return;
+  }
+  seen_order_.push_back(nonce_key);
+  if (seen_order_.size() > kMaxSeenNonces) {
+    seen_nonces_.erase(seen_order_.front());
+    seen_order_.pop_front();
   }
   if (id->verbs != shared_->ctx) {
     RDMAPS_LOG(WARNING) << "verbs: connect request arrived on another device than "
@@ -391,20 +425,26 @@ void VerbsEndpoint::HandleConnectRequest(CmEvent& ev) {
     return;
   }
   PeerInfo peer;
-  peer.peer_id = be32toh(req.peer_id);
+  peer.peer_id = req.peer_id;
   peer.address = SockaddrToString(rdma_get_peer_addr(id.get()));
-  peer.user_data.assign(req.user_data, req.user_data + req.user_len);
+  peer.user_data = req.user_data;
   auto conn = std::make_unique<VerbsConnection>(shared_, std::move(peer));
   rdma_cm_id* idp = id.get();
   if (Status s = conn->Init(std::move(id)); !s.ok()) {
-    RDMAPS_LOG(WARNING) << "verbs: cannot accept peer " << be32toh(req.peer_id) << ": " << s;
+    RDMAPS_LOG(WARNING) << "verbs: cannot accept peer " << req.peer_id << ": " << s;
     Reject(idp, kRejectNoResources);
     return;  // conn's destructor destroys the id
   }
+  conn->set_connection_from_qp();
   AcceptWire rep{};
   rep.magic = htobe32(kAcceptMagic);
   rep.version = htobe16(version_.load());
   rep.peer_id = htobe32(options().peer_id);
+  const Nonce acceptor_nonce = RandomNonce();
+  std::copy(acceptor_nonce.begin(), acceptor_nonce.end(), rep.nonce);
+  const Mac rep_mac = AcceptMac(key, req.version, req.nonce, acceptor_nonce, req.peer_id,
+                                options().peer_id, req.user_data);
+  std::copy(rep_mac.begin(), rep_mac.end(), rep.mac);
   rdma_conn_param param{};
   param.private_data = &rep;
   param.private_data_len = sizeof rep;
@@ -419,7 +459,7 @@ void VerbsEndpoint::HandleConnectRequest(CmEvent& ev) {
   // Our QP goes to RTR and RTS before the REP, as rdma_accept would do
   // with a QP of its own.
   if (Status s = conn->ConnectQp(param.responder_resources, param.initiator_depth); !s.ok()) {
-    RDMAPS_LOG(WARNING) << "verbs: cannot accept peer " << be32toh(req.peer_id) << ": " << s;
+    RDMAPS_LOG(WARNING) << "verbs: cannot accept peer " << req.peer_id << ": " << s;
     Reject(idp, kRejectNoResources);
     return;
   }
@@ -464,6 +504,7 @@ void VerbsEndpoint::HandleCmEvent(CmEvent& ev) {
         Notification n;
         n.kind = Notification::Kind::kDisconnected;
         n.peer_id = conn->peer().peer_id;
+        n.connection = conn->qp_num();
         shared_->notifications.push_back(n);
         shared_->notes_cv.notify_all();
       }

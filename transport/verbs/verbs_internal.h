@@ -52,6 +52,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <unordered_set>
 #include <vector>
 
 #include "src/base/fd.h"
@@ -236,6 +237,8 @@ class VerbsConnection final : public Connection {
   std::uint32_t qp_num() const { return qp_num_; }
   // Takes Shared::mu: the progress thread reads peer ids of registered QPs.
   void set_peer_id(std::uint32_t id);
+  // PeerInfo::connection := the QP number (after Init).
+  void set_connection_from_qp();
   std::uint32_t max_inline() const { return max_inline_; }
 
  private:
@@ -340,6 +343,11 @@ class VerbsEndpoint final : public Endpoint {
 
   // Progress thread only: accepted ids waiting for ESTABLISHED.
   std::map<rdma_cm_id*, std::unique_ptr<VerbsConnection>> pending_accept_;
+  // Progress thread only: the connect-request nonces of the last
+  // kMaxSeenNonces requests, to refuse a replayed one.
+  static constexpr std::size_t kMaxSeenNonces = 1 << 16;
+  std::unordered_set<std::uint64_t> seen_nonces_;
+  std::deque<std::uint64_t> seen_order_;
 };
 
 }  // namespace rdmaps::transport::verbs::internal

@@ -123,6 +123,11 @@ void VerbsConnection::set_peer_id(std::uint32_t id) {
   peer_.peer_id = id;
 }
 
+void VerbsConnection::set_connection_from_qp() {
+  MutexLock lock(shared_->mu);
+  peer_.connection = qp_num_;
+}
+
 void VerbsConnection::Register() {
   MutexLock lock(shared_->mu);
   shared_->by_id[id_.get()] = this;
@@ -390,6 +395,7 @@ void VerbsEndpoint::DrainRecvCq() {
       n.kind = Notification::Kind::kImmediate;
       auto it = shared_->by_qp.find(wc.qp_num);
       n.peer_id = it != shared_->by_qp.end() ? it->second->peer().peer_id : 0;
+      n.connection = wc.qp_num;
       n.imm = be32toh(wc.imm_data);
       n.length = wc.byte_len;
       shared_->notifications.push_back(n);

@@ -1,19 +1,34 @@
 // The verbs backend's handshake: what rides in rdma_cm's private data
 // (at most 56 bytes in a REQ, 196 in a REP), all integers big-endian.
-// verbs_cm.cc speaks it.
+// verbs_cm.cc speaks it; verbs_wire.cc parses and MACs it.
 //
-//   connector --REQ{ConnectWire: magic, version, peer id, token hash, user data}-->
-//   acceptor checks magic, version and token hash, then
-//     <--REP{AcceptWire: magic, version, acceptor's peer id}-- and ESTABLISHED, or
+//   connector --REQ{ConnectWire: magic, version, peer id, nonce_c (8), user
+//              data, mac_c (12)}-->
+//   acceptor checks magic, version, that nonce_c is new to it (a replayed REQ
+//   is refused) and mac_c, then
+//     <--REP{AcceptWire: magic, version, acceptor's peer id, nonce_a (16),
+//            mac_a (32)}-- and ESTABLISHED; the connector checks mac_a before
+//            it sends the RTU, or
 //     <--REJ{RejectWire: magic, version, reason}-- which the connector turns
-//        into PermissionDenied (token) or FailedPrecondition (version).
+//        into PermissionDenied (secret, replay) or FailedPrecondition (version).
+// mac_c = the first 12 bytes of HandshakeMac(kConnector, nonce_c, no acceptor
+// nonce, connector id, 0, user data): a REQ has no room for more, and the
+// acceptor has not spoken yet; 96 bits as in HMAC-SHA256-96. mac_a =
+// HandshakeMac(kAcceptor, nonce_c, nonce_a, connector id, acceptor id, user
+// data). The secret never travels; docs/security.md says what a replay of a
+// captured REQ to a restarted acceptor can and cannot do.
 // A REJ without our magic means nobody listens on that port: Unavailable.
 #pragma once
 
+#include <array>
+#include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <type_traits>
+#include <vector>
 
+#include "src/base/secret.h"
 #include "transport/transport.h"
 
 namespace rdmaps::transport::verbs::internal {
@@ -25,11 +40,11 @@ struct ConnectWire {
   std::uint8_t user_len;  // bytes of user_data used
   std::uint8_t reserved0;
   std::uint32_t peer_id;  // the connector's EndpointOptions::peer_id
-  std::uint32_t reserved1;
-  std::uint64_t token_hash;  // TokenHash(job_token)
+  std::uint8_t nonce[8];
   std::uint8_t user_data[kMaxHandshakeUserData];
+  std::uint8_t mac[12];
 };
-static_assert(sizeof(ConnectWire) == 48);
+static_assert(sizeof(ConnectWire) == 56);
 static_assert(std::is_trivially_copyable_v<ConnectWire>);
 
 // Acceptor -> connector in the CM REP.
@@ -39,8 +54,10 @@ struct AcceptWire {
   std::uint16_t reserved0;
   std::uint32_t peer_id;  // the acceptor's EndpointOptions::peer_id
   std::uint32_t reserved1;
+  std::uint8_t nonce[16];
+  std::uint8_t mac[32];
 };
-static_assert(sizeof(AcceptWire) == 16);
+static_assert(sizeof(AcceptWire) == 64);
 static_assert(std::is_trivially_copyable_v<AcceptWire>);
 
 // Acceptor -> connector in the CM REJ.
@@ -61,9 +78,36 @@ enum RejectReason : std::uint8_t {
   kRejectBadVersion = 2,
   kRejectMalformed = 3,
   kRejectNoResources = 4,
+  kRejectReplay = 5,
 };
 
-// FNV-1a: peers compare hashes, the token itself never travels.
-std::uint64_t TokenHash(const std::string& token);
+// Host-order views and pure parsers (exactly the message's bytes; the
+// private data of a CM event may be longer than our struct: pass the
+// prefix). InvalidArgument for what is not ours.
+struct ConnectRequest {
+  std::uint16_t version = 0;
+  std::uint32_t peer_id = 0;
+  std::array<std::uint8_t, 8> nonce{};
+  std::vector<std::uint8_t> user_data;
+  std::array<std::uint8_t, 12> mac{};
+};
+struct AcceptReply {
+  std::uint16_t version = 0;
+  std::uint32_t peer_id = 0;
+  Nonce nonce{};
+  Mac mac{};
+};
+Result<ConnectRequest> ParseConnectWire(std::span<const std::byte> bytes);
+Result<AcceptReply> ParseAcceptWire(std::span<const std::byte> bytes);
+
+// The MACs of the header comment.
+std::array<std::uint8_t, 12> ConnectMac(const SecretKey& key, std::uint16_t version,
+                                        const std::array<std::uint8_t, 8>& nonce,
+                                        std::uint32_t peer_id,
+                                        std::span<const std::uint8_t> user_data);
+Mac AcceptMac(const SecretKey& key, std::uint16_t version,
+              const std::array<std::uint8_t, 8>& connector_nonce, const Nonce& acceptor_nonce,
+              std::uint32_t connector_id, std::uint32_t acceptor_id,
+              std::span<const std::uint8_t> user_data);
 
 }  // namespace rdmaps::transport::verbs::internal

@@ -27,8 +27,15 @@ int Fail(const rdmaps::Status& s, const char* what) {
 
 // Resolves the worker's layout from explicit options, as a launcher-less
 // program would, and connects with the options the layout decides.
+// The job secret both sides prove they know (one process: generated here).
+const std::string& JobSecret() {
+  static const std::string secret = rdmaps::GenerateJobSecret();
+  return secret;
+}
+
 rdmaps::Result<std::unique_ptr<rdmaps::Client>> ConnectWorker(const std::string& server) {
   rdmaps::ClusterOptions cluster;
+  cluster.job_token = JobSecret();
   cluster.role = "worker";
   cluster.task_index = 0;
   cluster.ps_hosts = server;
@@ -43,6 +50,7 @@ rdmaps::Result<std::unique_ptr<rdmaps::Client>> ConnectWorker(const std::string&
 int main() {
   using namespace rdmaps;
   ClusterOptions cluster;
+  cluster.job_token = JobSecret();
   cluster.role = "ps";
   cluster.task_index = 0;
   cluster.ps_hosts = "127.0.0.1:0";
