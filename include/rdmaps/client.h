@@ -64,21 +64,21 @@ struct ClientStats {
   std::uint64_t pushes = 0;
   std::uint64_t rows_pulled = 0;
   std::uint64_t rows_pushed = 0;
-  std::uint64_t bytes_read = 0;       // READ payload incl. block headers
-  std::uint64_t bytes_written = 0;    // WRITE payload incl. slot headers
-  std::uint64_t bytes_staged = 0;     // payload copied between staging and caller buffers
-  std::uint64_t zero_copy_calls = 0;  // pulls/pushes that used a registered buffer
-  std::uint64_t torn_retries = 0;     // blocks of rows re-read: their checksum failed
-  std::uint64_t control_torn_retries = 0;  // control blocks re-read: torn by the server's update
-  std::uint64_t clock_reads = 0;      // READs of server clock words
-  std::uint64_t pull_waits = 0;       // pulls that had to wait for other workers
-  std::uint64_t credit_waits = 0;     // pushes that had to wait for ring space
+  std::uint64_t bytes_read = 0;              // READ payload incl. block headers
+  std::uint64_t bytes_written = 0;           // WRITE payload incl. slot headers
+  std::uint64_t bytes_staged = 0;            // payload copied between staging and caller buffers
+  std::uint64_t zero_copy_calls = 0;         // pulls/pushes that used a registered buffer
+  std::uint64_t torn_retries = 0;            // blocks of rows re-read: their checksum failed
+  std::uint64_t control_torn_retries = 0;    // control blocks re-read: torn by the server's update
+  std::uint64_t clock_reads = 0;             // READs of server clock words
+  std::uint64_t pull_waits = 0;              // pulls that had to wait for other workers
+  std::uint64_t credit_waits = 0;            // pushes that had to wait for ring space
   std::chrono::nanoseconds blocked_time{0};  // total time spent waiting (all reasons)
   // Observed staleness: at each pull, worker clock minus the min clock seen.
   std::uint64_t staleness_sum = 0;
   std::uint64_t staleness_max = 0;
   std::uint64_t staleness_samples = 0;
-  std::uint64_t clock = 0;            // this worker's clock
+  std::uint64_t clock = 0;  // this worker's clock
 };
 
 // Describes a table as the servers publish it.
@@ -87,8 +87,14 @@ struct TableInfo {
   std::string name;
   std::uint64_t rows = 0;
   std::uint32_t dim = 0;
-  std::uint32_t staleness = kAsp;  // effective bound for this client
+  std::uint32_t staleness = kAsp;        // effective bound for this client
   RowLayout layout = RowLayout::kDense;  // as the servers chose it (never kAuto)
+};
+
+// A durable checkpoint (Client::Checkpoint).
+struct CheckpointInfo {
+  std::uint64_t clock = 0;  // workers resume at this clock after a restore from it
+  std::string name;         // its folder under the servers' checkpoint_dir: "ckpt-<clock>"
 };
 
 // Completion of an asynchronous call. Copyable; all copies share the result.
@@ -166,6 +172,16 @@ class Client {
   // until no worker is more than s clocks behind (TimedOut naming the lagging
   // workers after wait_timeout). Returns the new clock.
   virtual Result<std::uint64_t> Clock() = 0;
+  // A checkpoint of every table on every server at this worker's clock c:
+  // the state after every push sent before each worker's c-th Clock() and
+  // none later (docs/ps.md, "Checkpoints"). Collective: every worker calls
+  // it at the same clock, right after Clock() and before the iteration's
+  // first push (FailedPrecondition otherwise). Returns once every server has
+  // written its part durably; fails (naming the server) when one could not
+  // (no checkpoint_dir, a disk error, a worker already past c) and with
+  // TimedOut after wait_timeout. A checkpoint the servers take at the same
+  // clock on their own (checkpoint_every) is the same one.
+  virtual Result<CheckpointInfo> Checkpoint() = 0;
   // Returns when every worker has called Barrier() the same number of times.
   // TimedOut (how many arrived) after wait_timeout.
   virtual Status Barrier() = 0;
@@ -179,8 +195,7 @@ class Client {
   virtual Handle PullAsync(std::uint32_t table, RowRange range, std::span<float> out) = 0;
   virtual Handle PullAsync(std::uint32_t table, std::span<const std::uint64_t> rows,
                            std::span<float> out) = 0;
-  virtual Handle PushAsync(std::uint32_t table, RowRange range,
-                           std::span<const float> grads) = 0;
+  virtual Handle PushAsync(std::uint32_t table, RowRange range, std::span<const float> grads) = 0;
   virtual Handle PushAsync(std::uint32_t table, std::span<const std::uint64_t> rows,
                            std::span<const float> grads) = 0;
   // Callback forms: `done` runs on the client's internal thread.

@@ -129,6 +129,7 @@ class ClientImpl final : public Client {
   Status RegisterBuffer(std::span<float> buffer) override;
   Status UnregisterBuffer(std::span<float> buffer) override;
   Result<std::uint64_t> Clock() override;
+  Result<CheckpointInfo> Checkpoint() override;
   Status Barrier() override;
   Status Close() override;
 
@@ -163,6 +164,9 @@ class ClientImpl final : public Client {
  private:
   // --- setup
   Status ConnectAll(Deadline deadline) RDMAPS_REQUIRES(mu_);
+  // This worker's clock as the servers have it: 0, or the clock of the
+  // checkpoint they restored. FailedPrecondition when they disagree.
+  Status ReadStartClock(Deadline deadline) RDMAPS_REQUIRES(mu_);
   Status ReadDirectories(Deadline deadline) RDMAPS_REQUIRES(mu_);
   // Allocates and registers s's staging (to hold at least `min_staging`
   // bytes), push and control buffers.
@@ -222,6 +226,8 @@ class ClientImpl final : public Client {
   internal::PushWriter push_ RDMAPS_GUARDED_BY(mu_);
   std::vector<UserBuffer> user_buffers_ RDMAPS_GUARDED_BY(mu_);
   std::uint64_t clock_ RDMAPS_GUARDED_BY(mu_) = 0;
+  // A push since the last Clock() (Checkpoint() must come before any).
+  bool pushed_this_clock_ RDMAPS_GUARDED_BY(mu_) = false;
   bool closed_ RDMAPS_GUARDED_BY(mu_) = false;
 
   // Async executor.
@@ -254,7 +260,7 @@ Status ClientImpl::Init() {
   MutexLock lock(mu_);  // no other thread has the client yet; for the analysis
   RDMAPS_RETURN_IF_ERROR(ConnectAll(deadline));
   RDMAPS_RETURN_IF_ERROR(ReadDirectories(deadline));
-  return Status::OK();
+  return ReadStartClock(deadline);
 }
 
 Status ClientImpl::ConnectAll(Deadline deadline) {
@@ -479,6 +485,7 @@ Status ClientImpl::Push(std::uint32_t table, RowRange range, std::span<const flo
   if (range.count == 0) return Status::OK();
   RDMAPS_RETURN_IF_ERROR(push_.PushRange(
       *t, range, grads, FindRegistered(grads.data(), grads.size_bytes()), clock_, CallDeadline()));
+  pushed_this_clock_ = true;
   stats_.Update([&](ClientStats& st) {
     ++st.pushes;
     st.rows_pushed += range.count;
@@ -494,6 +501,7 @@ Status ClientImpl::Push(std::uint32_t table, std::span<const std::uint64_t> rows
   if (rows.empty()) return Status::OK();
   RDMAPS_RETURN_IF_ERROR(push_.PushRows(
       *t, rows, grads, FindRegistered(grads.data(), grads.size_bytes()), clock_, CallDeadline()));
+  pushed_this_clock_ = true;
   stats_.Update([&](ClientStats& st) {
     ++st.pushes;
     st.rows_pushed += rows.size();
@@ -563,6 +571,7 @@ Result<std::uint64_t> ClientImpl::Clock() {
   const Deadline deadline = CallDeadline();
   RDMAPS_RETURN_IF_ERROR(push_.SendControlSlot(SlotKind::kClock, clock_ + 1, deadline));
   ++clock_;
+  pushed_this_clock_ = false;
   const std::uint64_t now = clock_;
   stats_.Update([now](ClientStats& st) { st.clock = now; });
   // Do not run more than `bound` clocks ahead of the slowest worker.
@@ -577,6 +586,74 @@ Result<std::uint64_t> ClientImpl::Clock() {
         deadline));
   }
   return clock_;
+}
+
+Result<CheckpointInfo> ClientImpl::Checkpoint() {
+  MutexLock lock(mu_);
+  RDMAPS_RETURN_IF_ERROR(Usable());
+  if (pushed_this_clock_) {
+    return FailedPreconditionError(
+        "Checkpoint() at clock " + std::to_string(clock_) + " of worker " +
+        std::to_string(options_.worker_id) +
+        " came after a push of that clock's iteration: call it right after Clock(), before the "
+        "next iteration pushes (the checkpoint holds the pushes of earlier clocks only)");
+  }
+  const Deadline deadline = CallDeadline();
+  const std::uint64_t want = clock_ + 1;
+  RDMAPS_RETURN_IF_ERROR(push_.SendControlSlot(SlotKind::kCheckpoint, clock_, deadline));
+  std::vector<std::uint32_t> all(links_.size());
+  for (std::uint32_t i = 0; i < all.size(); ++i) all[i] = i;
+  const auto start = SteadyClock::now();
+  internal::Backoff backoff;
+  while (true) {
+    RDMAPS_RETURN_IF_ERROR(links_.ReadControl(all, deadline));
+    std::string pending;
+    for (const ServerLink& s : links_.servers()) {
+      if (s.ckpt.durable_plus1 >= want) continue;
+      if (s.ckpt.failed_plus1 == want) {
+        stats_.AddBlocked(SteadyClock::now() - start);
+        return FailedPreconditionError(
+            "checkpoint at clock " + std::to_string(clock_) + " failed on " + ServerName(s) +
+            ": see its log (no --checkpoint_dir, a disk error, or a worker that did not call "
+            "Checkpoint() at this clock)");
+      }
+      pending += " " + ServerName(s);
+    }
+    if (pending.empty()) break;
+    if (SteadyClock::now() >= deadline) {
+      stats_.AddBlocked(SteadyClock::now() - start);
+      return TimedOutError("checkpoint at clock " + std::to_string(clock_) +
+                           " not durable within wait_timeout on" + pending +
+                           "; is every worker calling Checkpoint() at this clock, and is the "
+                           "disk slow?");
+    }
+    backoff.Pause();
+  }
+  stats_.AddBlocked(SteadyClock::now() - start);
+  return CheckpointInfo{clock_, internal::CheckpointName(clock_)};
+}
+
+Status ClientImpl::ReadStartClock(Deadline deadline) {
+  std::vector<std::uint32_t> all(links_.size());
+  for (std::uint32_t i = 0; i < all.size(); ++i) all[i] = i;
+  RDMAPS_RETURN_IF_ERROR(links_.ReadControl(all, deadline));
+  const std::uint32_t me = options_.worker_id;
+  const ServerLink& first = links_[0];
+  for (const ServerLink& s : links_.servers()) {
+    if (s.clocks[me].clock != first.clocks[me].clock ||
+        s.ckpt.restored_plus1 != first.ckpt.restored_plus1) {
+      return FailedPreconditionError(
+          ServerName(s) + " has worker " + std::to_string(me) + " at clock " +
+          std::to_string(s.clocks[me].clock) + ", " + ServerName(first) + " at " +
+          std::to_string(first.clocks[me].clock) +
+          ": the servers restored different checkpoints (or some none); restart them all with "
+          "the same --restore");
+    }
+  }
+  clock_ = first.clocks[me].clock == internal::kClockDone ? 0 : first.clocks[me].clock;
+  const std::uint64_t now = clock_;
+  stats_.Update([now](ClientStats& st) { st.clock = now; });
+  return Status::OK();
 }
 
 Status ClientImpl::Barrier() {

@@ -89,6 +89,7 @@ struct ServerLink {
   std::uint64_t applied_seq = 0;
   std::uint64_t min_clock = 0;
   std::vector<ControlWorker> clocks;
+  ControlCheckpoint ckpt{};  // the checkpoint words of the control block
   // PostSlot added a READ of the control block behind the push (credits ran
   // low): refreshes applied_seq without an extra round trip.
   bool ctrl_inflight = false;

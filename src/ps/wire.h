@@ -58,7 +58,7 @@
 // memory. The worker's n-th push to a server (seq = n, from 1) goes into slot
 // (n - 1) % ring_slots as ONE WRITE_WITH_IMM of SlotHeader + payload, imm =
 // low 32 bits of seq. Payload: kRange: grads [num_rows x dim]; kRows: num_rows
-// u64 row ids (global), then grads; kClock and kBye: none. Flow control:
+// u64 row ids (global), then grads; kClock, kBye and kCheckpoint: none. Flow control:
 // the worker may have at most ring_slots pushes not yet consumed; it learns
 // what is consumed from ControlWorker::applied_seq (a READ of the control
 // block) when it runs out of credits. The server applies slots of a worker
@@ -74,6 +74,13 @@
 // kClockDone). A pull at clock c with staleness s needs min_clock >= c - s on
 // every server it reads from, and applied_seq[me] >= the seq it last pushed
 // there (read-my-writes).
+// After the workers comes ControlCheckpoint (appended last, so fields other
+// areas add go after it): the newest clock whose checkpoint part this server
+// has made durable and the newest whose part failed (each stored as clock + 1,
+// 0 = none), the clock it restored from (+ 1, 0 = started fresh) and a random
+// incarnation id drawn at start (a restarted server has a new one).
+// A kCheckpoint slot (no rows, clock = the worker's clock) asks for a
+// checkpoint at that clock (src/ps/checkpoint.h, docs/ps.md "Checkpoints").
 //
 // == Barrier ==
 // Server 0's atomics region holds a u64 counter touched only by transport
@@ -85,6 +92,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <type_traits>
 
 namespace rdmaps::internal {
@@ -113,8 +121,7 @@ struct ShardRange {
 };
 
 // Rows of `server` (0 <= server < num_servers, num_servers >= 1).
-inline ShardRange PartitionOf(std::uint64_t rows, std::uint32_t num_servers,
-                              std::uint32_t server) {
+inline ShardRange PartitionOf(std::uint64_t rows, std::uint32_t num_servers, std::uint32_t server) {
   const std::uint64_t base = rows / num_servers;
   const std::uint64_t extra = rows % num_servers;
   const std::uint64_t begin = server * base + (server < extra ? server : extra);
@@ -122,8 +129,7 @@ inline ShardRange PartitionOf(std::uint64_t rows, std::uint32_t num_servers,
 }
 
 // The server owning `row` (row < rows).
-inline std::uint32_t ServerOfRow(std::uint64_t rows, std::uint32_t num_servers,
-                                 std::uint64_t row) {
+inline std::uint32_t ServerOfRow(std::uint64_t rows, std::uint32_t num_servers, std::uint64_t row) {
   const std::uint64_t base = rows / num_servers;
   const std::uint64_t extra = rows % num_servers;
   const std::uint64_t big = extra * (base + 1);  // rows held by the larger shards
@@ -173,7 +179,7 @@ inline constexpr std::uint64_t kAutoEmbeddingMaxRowBytes = 1024;
 // embedding-shaped (pulled by scattered ids, as a rule), else dense.
 // Servers and clients agree.
 inline std::uint32_t ResolveRowLayout(std::uint32_t layout, std::uint64_t rows, std::uint32_t dim,
-                                   std::uint32_t num_servers) {
+                                      std::uint32_t num_servers) {
   if (layout != kLayoutAuto) return layout;
   const std::uint64_t largest = (rows + num_servers - 1) / num_servers;
   if (largest <= kAutoInlineMaxShardBytes / RowBytes(dim)) return kLayoutInline;
@@ -309,7 +315,7 @@ struct DirectoryTable {
   std::uint64_t shard_begin;
   std::uint64_t shard_rows;
   std::uint32_t staleness;
-  std::uint32_t row_bytes;       // RowBytes(dim)
+  std::uint32_t row_bytes;  // RowBytes(dim)
   WireRegion shard;  // the region GeometryOf(layout, shard_rows, dim, rows_per_block) describes
   std::uint64_t headers_offset;  // GeometryOf(...).headers_offset
   std::uint32_t layout;          // kLayoutDense or kLayoutInline
@@ -345,8 +351,19 @@ struct ControlWorker {
 };
 static_assert(std::is_trivially_copyable_v<ControlWorker> && sizeof(ControlWorker) == 16);
 
-inline std::size_t ControlPayloadBytes(std::uint32_t num_workers) {
+struct ControlCheckpoint {
+  std::uint64_t durable_plus1;   // newest clock with a durable part here, + 1 (0: none)
+  std::uint64_t failed_plus1;    // newest clock whose part failed here, + 1 (0: none)
+  std::uint64_t restored_plus1;  // clock restored from, + 1 (0: started fresh)
+  std::uint64_t incarnation;     // random per server start
+};
+static_assert(std::is_trivially_copyable_v<ControlCheckpoint> && sizeof(ControlCheckpoint) == 32);
+
+inline std::size_t ControlCheckpointOffset(std::uint32_t num_workers) {
   return sizeof(ControlHead) + num_workers * sizeof(ControlWorker);
+}
+inline std::size_t ControlPayloadBytes(std::uint32_t num_workers) {
+  return ControlCheckpointOffset(num_workers) + sizeof(ControlCheckpoint);
 }
 inline std::size_t ControlBlockBytes(std::uint32_t num_workers) {
   return sizeof(BlockHeader) + ControlPayloadBytes(num_workers);
@@ -356,13 +373,19 @@ inline constexpr std::size_t kAtomicsBytes = 64;
 
 // ---- Push slots --------------------------------------------------------------
 
-enum class SlotKind : std::uint32_t { kRange = 1, kRows = 2, kClock = 3, kBye = 4 };
+enum class SlotKind : std::uint32_t {
+  kRange = 1,
+  kRows = 2,
+  kClock = 3,
+  kBye = 4,
+  kCheckpoint = 5,
+};
 
 struct SlotHeader {
-  std::uint64_t seq;        // 1, 2, ... per (worker, server)
-  std::uint64_t clock;      // worker clock at push time; for kClock the NEW clock
-  std::uint32_t table;      // table id (kRange/kRows)
-  std::uint32_t kind;       // SlotKind
+  std::uint64_t seq;    // 1, 2, ... per (worker, server)
+  std::uint64_t clock;  // worker clock at push time; for kClock the NEW clock
+  std::uint32_t table;  // table id (kRange/kRows)
+  std::uint32_t kind;   // SlotKind
   std::uint32_t num_rows;
   std::uint32_t pad;
   std::uint64_t first_row;  // kRange: global index of the first row
@@ -377,5 +400,14 @@ inline std::uint64_t SlotRowCapacity(std::uint32_t slot_bytes, std::uint32_t dim
 }
 
 inline std::uint32_t ImmOfSeq(std::uint64_t seq) { return static_cast<std::uint32_t>(seq); }
+
+// ---- Checkpoints -------------------------------------------------------------
+
+// The folder of the checkpoint at `clock` under a checkpoint dir (servers
+// write it, Client::Checkpoint reports it): "ckpt-" and 20 digits.
+inline std::string CheckpointName(std::uint64_t clock) {
+  std::string digits = std::to_string(clock);
+  return "ckpt-" + std::string(20 - digits.size(), '0') + digits;
+}
 
 }  // namespace rdmaps::internal
