@@ -38,6 +38,7 @@ class PsStore : public ParameterStore {
   Status Push(const Params<float>& grads) override;
   Status Clock() override;
   Status Barrier() override;
+  std::uint64_t start_clock() const override { return start_clock_; }
   StoreStats stats() const override;
 
   // Tells the servers this worker is done. The destructor calls it.
@@ -47,7 +48,7 @@ class PsStore : public ParameterStore {
 
  private:
   PsStore(std::unique_ptr<Client> client, std::vector<TableInfo> tables)
-      : client_(std::move(client)), tables_(std::move(tables)) {}
+      : client_(std::move(client)), tables_(std::move(tables)), start_clock_(client_->clock()) {}
 
   // Registers `buffer` unless it is already; a buffer that moved since is
   // unregistered first. `slot` remembers what is registered for one use.
@@ -56,6 +57,7 @@ class PsStore : public ParameterStore {
   std::unique_ptr<Client> client_;
   const std::vector<TableInfo> tables_;                        // In ParameterTables order.
   std::vector<std::span<float>> pull_buffers_, push_buffers_;  // Registered, per table.
+  const std::uint64_t start_clock_;
 };
 
 }  // namespace rdmaps::train

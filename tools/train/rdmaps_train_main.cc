@@ -71,6 +71,12 @@ DEFINE_int32(inproc_servers, 0, "run this many servers as threads of this proces
 DEFINE_int32(inproc_workers, 0, "run this many workers as threads of this process");
 DEFINE_int32(wait_timeout_ms, 60000, "connect, pull (staleness) and barrier deadline");
 DEFINE_bool(print_tables, false, "print the model's tables as JSON and exit");
+DEFINE_string(checkpoint_dir, "", "servers run by this tool write checkpoints to this folder");
+DEFINE_uint64(checkpoint_every, 0, "... one every this many steps (clocks; 0: none)");
+DEFINE_bool(resume, false,
+            "servers run by this tool start from the newest complete checkpoint in "
+            "--checkpoint_dir; workers resume at its step, with the data order of an "
+            "uninterrupted run");
 
 namespace rdmaps::train {
 namespace {
@@ -213,6 +219,9 @@ Status Serve(const ClusterOptions& lo, ClusterLayout layout, const std::string& 
   ServerOptions so = ServerOptions::FromCluster(layout);
   so.transport.transport = transport;
   so.tables = tables;
+  so.checkpoint_dir = FLAGS_checkpoint_dir;
+  so.checkpoint_every = FLAGS_checkpoint_every;
+  if (FLAGS_resume) so.restore = "latest";
   RDMAPS_ASSIGN_OR_RETURN(std::unique_ptr<Server> server, Server::Start(so));
   RDMAPS_ASSIGN_OR_RETURN(layout, CompleteCluster(std::move(layout), server->address(), lo));
   LOG(INFO) << "ps" << so.server_index << " serving " << tables.size() << " tables at "
@@ -231,6 +240,9 @@ Status Run() {
   if (FLAGS_slow_mode != "compute" && FLAGS_slow_mode != "wait") {
     return InvalidArgumentError("--slow_mode=" + FLAGS_slow_mode +
                                 " is unknown; use compute or wait");
+  }
+  if ((FLAGS_checkpoint_every > 0 || FLAGS_resume) && FLAGS_checkpoint_dir.empty()) {
+    return InvalidArgumentError("--checkpoint_every and --resume need --checkpoint_dir");
   }
   const bool softmax = spec.hidden.empty();
   if (FLAGS_epochs == 0) FLAGS_epochs = softmax ? 20 : 8;
@@ -283,6 +295,9 @@ Status Run() {
     job.slow_worker = FLAGS_slow_worker;
     job.slow_factor = FLAGS_slow_factor;
     job.wait_timeout = std::chrono::milliseconds(FLAGS_wait_timeout_ms);
+    job.checkpoint_dir = FLAGS_checkpoint_dir;
+    job.checkpoint_every = FLAGS_checkpoint_every;
+    job.resume = FLAGS_resume;
     std::function<void(int, const Progress&)> worker_progress;
     if (FLAGS_progress) {
       worker_progress = [](int w, const Progress& p) {

@@ -87,6 +87,17 @@ Result<TrainReport> Train(const TrainOptions& options, const Dataset& train, con
 
   const std::uint64_t steps_per_epoch = part / options.batch_size;
   const std::uint64_t total_steps = steps_per_epoch * static_cast<std::uint64_t>(options.epochs);
+  // After a restore: the steps before the checkpoint's clock are done. The
+  // data order is a pure function of (seed, worker, epoch), so skipping them
+  // (still drawing every epoch's shuffle) gives the batches an uninterrupted
+  // run would have used.
+  const std::uint64_t first_step = store.start_clock();
+  if (first_step > total_steps) {
+    return InvalidArgumentError("the servers restored a checkpoint at clock " +
+                                std::to_string(first_step) + ", past this run's " +
+                                std::to_string(total_steps) +
+                                " steps; raise --epochs or restore an earlier checkpoint");
+  }
   const std::size_t b = options.batch_size;
   Mlp<float> model(options.model);
   Params<float> params = ZeroParams<float>(options.model);
@@ -118,7 +129,12 @@ Result<TrainReport> Train(const TrainOptions& options, const Dataset& train, con
   for (int epoch = 1; epoch <= options.epochs; ++epoch) {
     std::shuffle(mine.begin(), mine.end(), rng);
     double epoch_loss = 0;
+    std::uint64_t epoch_steps = 0;
     for (std::uint64_t s = 0; s < steps_per_epoch; ++s) {
+      if (step < first_step) {  // done before the checkpoint
+        ++step;
+        continue;
+      }
       const auto step_start = Clock::now();
       const double eval_before = eval_seconds;
       const double blocked_before = slow_wait ? store.stats().blocked_seconds : 0.0;
@@ -150,6 +166,7 @@ Result<TrainReport> Train(const TrainOptions& options, const Dataset& train, con
         }
       }
       ++step;
+      ++epoch_steps;
       epoch_loss += loss;
       loss_avg = loss_avg_set ? 0.95 * loss_avg + 0.05 * loss : loss;
       loss_avg_set = true;
@@ -169,17 +186,20 @@ Result<TrainReport> Train(const TrainOptions& options, const Dataset& train, con
         on_progress(p);
       }
     }
-    report.epoch_loss.push_back(epoch_loss / static_cast<double>(steps_per_epoch));
+    if (epoch_steps == 0) continue;  // the whole epoch was before the checkpoint
+    report.epoch_loss.push_back(epoch_loss / static_cast<double>(epoch_steps));
     if (options.evaluate && options.eval_every_steps == 0) {
       RDMAPS_RETURN_IF_ERROR(store.Pull(params));
       evaluate_now(step);
     }
   }
-  report.steps = step;
-  report.samples = step * b;
+  report.steps = step - first_step;
+  report.samples = report.steps * b;
   report.wall_seconds = train_seconds();
-  report.first_epoch_loss = report.epoch_loss.front();
-  report.last_epoch_loss = report.epoch_loss.back();
+  if (!report.epoch_loss.empty()) {
+    report.first_epoch_loss = report.epoch_loss.front();
+    report.last_epoch_loss = report.epoch_loss.back();
+  }
   RDMAPS_RETURN_IF_ERROR(store.Barrier());
   if (options.evaluate) {
     RDMAPS_RETURN_IF_ERROR(store.Pull(params));

@@ -51,6 +51,9 @@ class ParameterStore {
   virtual Status Clock() = 0;
   // Waits for every worker; the default has nobody to wait for.
   virtual Status Barrier() { return Status::OK(); }
+  // The clock (= steps done) this worker starts at: 0, or the clock of the
+  // checkpoint the servers restored. Train() resumes there.
+  virtual std::uint64_t start_clock() const { return 0; }
   virtual StoreStats stats() const = 0;
 };
 
