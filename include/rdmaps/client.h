@@ -206,6 +206,10 @@ class Client {
 
   virtual ClientStats stats() const = 0;
   virtual std::uint64_t clock() const = 0;
+  // Per server, the random id it drew when it started (read at Connect): a
+  // server restarted since has another one. For reconnecting after a server
+  // failure only to servers that have all been restarted.
+  virtual std::vector<std::uint64_t> server_incarnations() const = 0;
 
  protected:
   Client() = default;

@@ -86,10 +86,10 @@ struct ServerOptions {
   std::chrono::milliseconds checkpoint_timeout{600000};
   // Start from a checkpoint instead of the initialisers: the path of a
   // ckpt-<clock> folder, or "latest" (the newest complete one under
-  // checkpoint_dir). Start() fails, naming the cause and the fix, when it is
-  // incomplete, damaged, of a newer format or of other tables; it may have
-  // been written by a different number of servers. Every worker then starts
-  // at the checkpoint's clock.
+  // checkpoint_dir), or "auto" (like latest, but with none there yet, start
+  // from the initialisers: what a restarted job wants). Start() fails, naming the cause and the
+  // fix, when it is incomplete, damaged, of a newer format or of other tables; it may have been
+  // written by a different number of servers. Every worker then starts at the checkpoint's clock.
   std::string restore;
 
   // The options a server of `layout` (role kServer) starts with: the

@@ -130,6 +130,7 @@ class ClientImpl final : public Client {
   Status UnregisterBuffer(std::span<float> buffer) override;
   Result<std::uint64_t> Clock() override;
   Result<CheckpointInfo> Checkpoint() override;
+  std::vector<std::uint64_t> server_incarnations() const override { return incarnations_; }
   Status Barrier() override;
   Status Close() override;
 
@@ -213,6 +214,8 @@ class ClientImpl final : public Client {
   internal::AlignedBuffer boot_;
   std::unique_ptr<transport::MemoryRegion> boot_mr_;
   internal::RemoteTables tables_;
+  // Per server, its incarnation id as read at Connect (constant after it).
+  std::vector<std::uint64_t> incarnations_;
   // The smallest staleness bound of the tables (Clock() waits by it).
   std::uint32_t clock_bound_ = kAsp;
   internal::WireRegion atomics_{};  // server 0's barrier counter
@@ -651,6 +654,7 @@ Status ClientImpl::ReadStartClock(Deadline deadline) {
     }
   }
   clock_ = first.clocks[me].clock == internal::kClockDone ? 0 : first.clocks[me].clock;
+  for (const ServerLink& s : links_.servers()) incarnations_.push_back(s.ckpt.incarnation);
   const std::uint64_t now = clock_;
   stats_.Update([now](ClientStats& st) { st.clock = now; });
   return Status::OK();

@@ -697,13 +697,20 @@ void ServerImpl::AdvanceCut() {
 
 Status ServerImpl::Restore() {
   std::string path = options_.restore;
-  if (path == "latest") {
+  if (path == "latest" || path == "auto") {
     if (options_.checkpoint_dir.empty()) {
-      return InvalidArgumentError(
-          "ServerOptions.restore is \"latest\" but checkpoint_dir is empty: give the folder "
-          "to look in (--checkpoint_dir) or the checkpoint's path");
+      return InvalidArgumentError("ServerOptions.restore is \"" + path +
+                                  "\" but checkpoint_dir is empty: give the folder to look in "
+                                  "(--checkpoint_dir) or the checkpoint's path");
     }
-    RDMAPS_ASSIGN_OR_RETURN(path, internal::FindLatestCheckpoint(options_.checkpoint_dir));
+    auto found = internal::FindLatestCheckpoint(options_.checkpoint_dir);
+    if (!found.ok() && path == "auto" && found.status().code() == StatusCode::kNotFound) {
+      RDMAPS_LOG(INFO) << "ps server " << options_.server_index << ": no complete checkpoint in "
+                       << options_.checkpoint_dir << " yet; starting from the initialisers";
+      return Status::OK();
+    }
+    if (!found.ok()) return found.status();
+    path = *found;
   }
   auto parts = internal::OpenCheckpoint(path);
   if (!parts.ok())

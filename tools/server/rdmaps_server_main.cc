@@ -83,8 +83,9 @@ DEFINE_uint32(checkpoint_keep, 3, "keep the newest this many complete checkpoint
 DEFINE_int32(checkpoint_timeout_s, 600,
              "abandon a checkpoint that a worker has not reached after this long");
 DEFINE_string(restore, "",
-              "start from a checkpoint: its ckpt-<clock> folder, or latest (the newest complete "
-              "one under --checkpoint_dir); any number of servers may have written it");
+              "start from a checkpoint: its ckpt-<clock> folder, latest (the newest complete "
+              "one under --checkpoint_dir) or auto (latest if there is one, else start fresh); "
+              "any number of servers may have written it");
 DEFINE_int32(ready_fd, -1, "write \"host:port\\n\" to this fd when ready (used by rdmaps-local)");
 DEFINE_int32(run_timeout_s, 0, "give up (exit 1) after this long serving; 0: no limit");
 

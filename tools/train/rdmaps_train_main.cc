@@ -73,6 +73,9 @@ DEFINE_int32(wait_timeout_ms, 60000, "connect, pull (staleness) and barrier dead
 DEFINE_bool(print_tables, false, "print the model's tables as JSON and exit");
 DEFINE_string(checkpoint_dir, "", "servers run by this tool write checkpoints to this folder");
 DEFINE_uint64(checkpoint_every, 0, "... one every this many steps (clocks; 0: none)");
+DEFINE_int32(max_recoveries, 0,
+             "after a server failure, reconnect to the restarted servers and rewind to their "
+             "checkpoint this many times (rdmaps-local --restart_servers restarts them)");
 DEFINE_bool(resume, false,
             "servers run by this tool start from the newest complete checkpoint in "
             "--checkpoint_dir; workers resume at its step, with the data order of an "
@@ -258,6 +261,7 @@ Status Run() {
   o.eval_limit = FLAGS_eval_limit;
   o.target_accuracy = FLAGS_target_accuracy;
   o.slow_mode = FLAGS_slow_mode == "wait" ? SlowMode::kWait : SlowMode::kCompute;
+  o.max_recoveries = std::max(0, FLAGS_max_recoveries);
 
   RDMAPS_ASSIGN_OR_RETURN(const std::uint32_t staleness, ParseStaleness(FLAGS_staleness));
   const std::vector<TableOptions> tables = ModelTables(spec, opt, FLAGS_seed, staleness);
