@@ -713,6 +713,12 @@ void CheckpointWriter::Submit(std::unique_ptr<ShardSnapshot> snap) {
   cv_.notify_all();
 }
 
+std::unique_ptr<ShardSnapshot> CheckpointWriter::TakeSpare() {
+  MutexLock lock(mu_);
+  if (spare_ == nullptr) return std::make_unique<ShardSnapshot>();
+  return std::move(spare_);
+}
+
 void CheckpointWriter::Loop() {
   MutexLock lock(mu_);
   while (true) {
@@ -730,8 +736,8 @@ void CheckpointWriter::Loop() {
                        << " of " << snap->num_servers << " in " << *r;
     }
     done_(snap->clock, r.status());
-    snap.reset();
     lock.Lock();
+    spare_ = std::move(snap);
   }
 }
 

@@ -125,7 +125,9 @@ struct ShardSnapshot {
   std::vector<TableSnapshot> tables;
 };
 
-// Copies the rows and state of `view` into `out` (memcpy speed).
+// Copies the rows and state of `view` into `out`. At memcpy speed when `out`
+// already holds a copy of the same shard (its memory is reused); the first
+// copy also pays for allocating and faulting in the pages.
 void CaptureTable(const ShardView& view, TableSnapshot* out);
 
 // The optimizer state tensors of a row's state_floats: name, first float,
@@ -213,6 +215,9 @@ class CheckpointWriter {
   ~CheckpointWriter();  // writes what was submitted, then stops
 
   void Submit(std::unique_ptr<ShardSnapshot> snap) RDMAPS_EXCLUDES(mu_);
+  // The last snapshot written, to capture the next one into (its pages are
+  // in memory already), or a new empty one.
+  std::unique_ptr<ShardSnapshot> TakeSpare() RDMAPS_EXCLUDES(mu_);
 
  private:
   void Loop();
@@ -223,6 +228,7 @@ class CheckpointWriter {
   Mutex mu_;
   std::condition_variable cv_;
   std::unique_ptr<ShardSnapshot> waiting_ RDMAPS_GUARDED_BY(mu_);
+  std::unique_ptr<ShardSnapshot> spare_ RDMAPS_GUARDED_BY(mu_);
   bool stop_ RDMAPS_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };
