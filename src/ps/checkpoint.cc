@@ -26,6 +26,8 @@ using nlohmann::json;
 
 constexpr char kFormatName[] = "rdmaps-checkpoint";
 constexpr std::size_t kIoChunk = 4 << 20;
+// More parts than this in a folder name is damage, not a job.
+constexpr std::uint32_t kMaxParts = 1 << 16;
 
 std::string PartName(std::uint32_t i, std::uint32_t n) {
   return "part-" + std::to_string(i) + "-of-" + std::to_string(n);
@@ -200,14 +202,6 @@ std::vector<std::uint64_t> ListCheckpoints(const std::string& dir) {
   return out;
 }
 
-bool AllPartsPresent(const std::string& ckpt, std::uint32_t n) {
-  for (std::uint32_t i = 0; i < n; ++i) {
-    struct stat st;
-    if (::stat((ckpt + "/" + PartName(i, n) + "/manifest.json").c_str(), &st) != 0) return false;
-  }
-  return true;
-}
-
 void UpdateLatest(const std::string& dir, const ShardSnapshot& snap) {
   const std::string latest = dir + "/latest";
   auto cur = ReadText(latest, 4096);
@@ -278,6 +272,7 @@ Result<CheckpointPart> ReadPart(const std::string& part_dir) {
         "); restore it with a newer rdmaps");
   }
   RDMAPS_RETURN_IF_ERROR(Field(j, "clock", mpath, &p.clock));
+  RDMAPS_RETURN_IF_ERROR(Field(j, "lineage", mpath, &p.lineage));
   RDMAPS_RETURN_IF_ERROR(Field(j, "server_index", mpath, &p.server_index));
   RDMAPS_RETURN_IF_ERROR(Field(j, "num_servers", mpath, &p.num_servers));
   if (!j.contains("tables") || !j["tables"].is_array()) {
@@ -338,6 +333,10 @@ Result<NpyReader> OpenNpy(const std::string& part_dir, const CheckpointFile& f, 
                          " and a shape other than the table's; the checkpoint is damaged");
   }
   const std::string header = NpyHeader(dtype, shape);
+  if (f.bytes != header.size() + rows * columns * 4) {
+    return DataLossError(r.path + ": the manifest gives " + std::to_string(f.bytes) +
+                         " bytes, not what its shape takes; the checkpoint is damaged");
+  }
   std::string got(header.size(), '\0');
   if (::pread(r.fd.get(), got.data(), got.size(), 0) != static_cast<ssize_t>(got.size()) ||
       got != header) {
@@ -476,6 +475,7 @@ Result<std::string> WriteCheckpointPart(const std::string& dir, const ShardSnaps
   json m = {{"format", kFormatName},
             {"format_version", kCheckpointFormatVersion},
             {"clock", snap.clock},
+            {"lineage", snap.lineage},
             {"server_index", snap.server_index},
             {"num_servers", snap.num_servers},
             {"num_workers", snap.num_workers},
@@ -492,7 +492,7 @@ Result<std::string> WriteCheckpointPart(const std::string& dir, const ShardSnaps
     return ErrnoError("publishing " + final_dir, errno);
   }
   RDMAPS_RETURN_IF_ERROR(FsyncPath(ckpt));
-  if (AllPartsPresent(ckpt, snap.num_servers)) {
+  if (OpenCheckpoint(ckpt).ok()) {  // every part there, of this run
     UpdateLatest(dir, snap);
     if (keep > 0) Prune(dir, keep);  // whoever completes it; the same folders go
   }
@@ -512,7 +512,7 @@ Result<std::vector<CheckpointPart>> OpenCheckpoint(const std::string& path) {
     unsigned i = 0, k = 0;
     char tail = 0;
     if (std::sscanf(e.path().filename().c_str(), "part-%u-of-%u%c", &i, &k, &tail) == 2 && k > 0 &&
-        i < k) {
+        i < k && k <= kMaxParts) {
       n = std::max<std::uint32_t>(n, k);
     }
   }
@@ -537,6 +537,13 @@ Result<std::vector<CheckpointPart>> OpenCheckpoint(const std::string& path) {
     }
     if (!parts.empty()) {
       const CheckpointPart& a = parts.front();
+      if (p.lineage != a.lineage) {
+        return FailedPreconditionError(
+            "checkpoint " + path + " is incomplete: " + PartName(i, n) +
+            " was written by another run than part 0 (lineage " + p.lineage + " vs " + a.lineage +
+            ": a run rewound or restarted in the same folder took the same clock, and not every "
+            "server has written its part yet); restore an older checkpoint");
+      }
       bool same = p.clock == a.clock && p.tables.size() == a.tables.size();
       for (std::size_t t = 0; same && t < p.tables.size(); ++t) {
         same = p.tables[t].id == a.tables[t].id && p.tables[t].rows == a.tables[t].rows &&
@@ -687,6 +694,13 @@ Status RestoreTable(const std::vector<CheckpointPart>& parts, const ShardView& v
     }
   }
   return Status::OK();
+}
+
+std::string CheckpointLineage(const std::string& job_token, const std::string& restored_lineage,
+                              std::optional<std::uint64_t> restored_clock) {
+  const std::string key = job_token + "|" + restored_lineage + "|" +
+                          (restored_clock ? std::to_string(*restored_clock) : "fresh");
+  return Hex(XXH3_64bits(key.data(), key.size()));
 }
 
 // ---- CheckpointWriter --------------------------------------------------------------

@@ -17,7 +17,8 @@
 //                                     (uint32 [shard_rows])
 //       .part-<i>-of-<n>.tmp/         a part being written (never read)
 // A checkpoint is complete when part-i-of-n/manifest.json exists for every
-// i < n, every manifest agrees (format, clock, n, tables) and every file has
+// i < n, every manifest agrees (format, clock, n, tables, lineage) and every
+// file has
 // the size and XXH3-64 the manifest gives (checked when read). The rows of
 // a part are the rows PartitionOf(rows, n, i) gives server i, so a job with
 // another number of servers picks its rows from the parts that hold them.
@@ -119,6 +120,9 @@ struct TableSnapshot {
 
 struct ShardSnapshot {
   std::uint64_t clock = 0;
+  // The run that took it (CheckpointLineage): every part of one checkpoint
+  // must come from the same run.
+  std::string lineage;
   std::uint32_t server_index = 0;
   std::uint32_t num_servers = 1;
   std::uint32_t num_workers = 1;
@@ -174,6 +178,7 @@ struct CheckpointTable {
 
 struct CheckpointPart {
   std::string path;  // the part's folder
+  std::string lineage;
   std::uint32_t format_version = 0;
   std::uint64_t clock = 0;
   std::uint32_t server_index = 0;
@@ -201,6 +206,14 @@ Status CheckCheckpointTables(const std::vector<CheckpointPart>& parts,
 // hold them, checking each file read against its manifest checksum
 // (DataLoss naming the file). Leaves the block headers to the caller.
 Status RestoreTable(const std::vector<CheckpointPart>& parts, const ShardView& view);
+
+// The lineage of a run: a hash of the job token and of where it started
+// (the lineage and clock of the checkpoint it restored, or none). Every
+// server of a run computes the same one without a message; a run rewound to
+// a checkpoint gets a new one, so its checkpoint at clock c is never mixed
+// with a part the run before the rewind wrote at the same clock.
+std::string CheckpointLineage(const std::string& job_token, const std::string& restored_lineage,
+                              std::optional<std::uint64_t> restored_clock);
 
 // ---- The writer thread -------------------------------------------------------
 

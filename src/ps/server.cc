@@ -168,6 +168,7 @@ class ServerImpl final : public Server {
   std::uint64_t published_ckpt_ = 0;  // apply thread: durable + failed last published
   std::uint64_t restored_plus1_ = 0;  // constant after Init
   std::uint64_t incarnation_ = 0;     // constant after Init
+  std::string lineage_;               // constant after Init (CheckpointLineage)
 
   // Accept thread only.
   std::vector<std::unique_ptr<transport::Connection>> connections_;
@@ -241,6 +242,8 @@ Status ServerImpl::Init() {
       static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
   cut_.emplace(options_.num_workers, options_.checkpoint_every);
   if (!options_.restore.empty()) RDMAPS_RETURN_IF_ERROR(Restore());
+  if (lineage_.empty())
+    lineage_ = internal::CheckpointLineage(options_.transport.job_token, "", {});
   if (!options_.checkpoint_dir.empty()) {
     writer_ = std::make_unique<internal::CheckpointWriter>(
         options_.checkpoint_dir, options_.checkpoint_keep,
@@ -657,6 +660,7 @@ void ServerImpl::AdvanceCut() {
       // The last snapshot's memory, so that the copy runs at memcpy speed.
       auto snap = writer_ ? writer_->TakeSpare() : std::make_unique<internal::ShardSnapshot>();
       snap->clock = clock;
+      snap->lineage = lineage_;
       snap->server_index = options_.server_index;
       snap->num_servers = options_.num_servers;
       snap->num_workers = options_.num_workers;
@@ -730,6 +734,8 @@ Status ServerImpl::Restore() {
   for (WorkerState& ws : workers_) ws.clock = clock;
   cut_->SetCaptured(clock);
   restored_plus1_ = clock + 1;
+  lineage_ =
+      internal::CheckpointLineage(options_.transport.job_token, parts->front().lineage, clock);
   RDMAPS_LOG(INFO) << "ps server " << options_.server_index << " restored " << path << " (clock "
                    << clock << ", written by " << parts->size() << " servers)";
   return Status::OK();

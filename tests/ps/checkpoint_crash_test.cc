@@ -28,8 +28,8 @@ TableOptions Table() {
   TableOptions t;
   t.id = 4;
   t.name = "emb";
-  t.rows = 3001;
-  t.dim = 16;
+  t.rows = 1001;
+  t.dim = 8;
   t.optimizer = OptimizerOptions::Adam(0.1f);
   return t;
 }
@@ -43,6 +43,7 @@ std::size_t StateFloats() { return 2 * std::size_t{Table().dim} + 1; }
 ShardSnapshot Snapshot(std::uint64_t clock, std::uint32_t server) {
   ShardSnapshot s;
   s.clock = clock;
+  s.lineage = "crash-test";
   s.server_index = server;
   s.num_servers = kServers;
   TableSnapshot t;
@@ -111,7 +112,7 @@ TEST(CheckpointCrashTest, KilledWriterNeverLeavesACheckpointThatLooksCompleteAnd
   std::uniform_int_distribution<std::int64_t> delay_us(0, 3 * once.count() + 100);
   std::uint64_t next = 1;
   int complete_seen = 0;
-  for (int round = 0; round < 30; ++round) {
+  for (int round = 0; round < 25; ++round) {
     const pid_t pid = ::fork();
     ASSERT_GE(pid, 0);
     if (pid == 0) WriterChild(dir, next);

@@ -378,6 +378,32 @@ TEST_P(CheckpointTest, RefusesIncompleteDamagedAndNewerCheckpoints) {
     std::ofstream(m) << text.substr(0, text.size() / 2);
     ExpectRefused(StartOne(transport(), 1, {t}, ckpt), StatusCode::kDataLoss, "not valid JSON");
   }
+  {  // parts of two runs at the same clock (a run rewound into the same folder)
+    TempDir a, b;
+    const std::string ckpt_a = fresh(a.path);
+    Job j = StartServers(transport(), 2, 1, {t}, [&](ServerOptions& o) {
+      o.checkpoint_dir = b.path;
+      o.transport.job_token = "another-run";
+    });
+    ASSERT_EQ(j.servers.size(), 2u);
+    auto c = Client::Connect([&] {
+      ClientOptions co = MakeClientOptions(transport(), 0, 1, j.addresses);
+      co.transport.job_token = "another-run";
+      return co;
+    }());
+    ASSERT_TRUE(c.ok()) << c.status();
+    ASSERT_TRUE((*c)->Clock().ok());
+    ASSERT_TRUE((*c)->Clock().ok());
+    ASSERT_TRUE((*c)->Checkpoint().ok());
+    ASSERT_TRUE((*c)->Close().ok());
+    j.servers.clear();
+    const std::string ckpt_b = b.path + "/" + internal::CheckpointName(2);
+    ASSERT_TRUE(internal::OpenCheckpoint(ckpt_b).ok());
+    fs::remove_all(ckpt_b + "/part-1-of-2");
+    fs::copy(ckpt_a + "/part-1-of-2", ckpt_b + "/part-1-of-2");
+    ExpectRefused(StartOne(transport(), 1, {t}, ckpt_b), StatusCode::kFailedPrecondition,
+                  "was written by another run than part 0");
+  }
   {  // nothing there
     TempDir dir;
     ExpectRefused(StartOne(transport(), 1, {t}, dir.path + "/ckpt-7"), StatusCode::kNotFound,
