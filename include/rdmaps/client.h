@@ -64,21 +64,21 @@ struct ClientStats {
   std::uint64_t pushes = 0;
   std::uint64_t rows_pulled = 0;
   std::uint64_t rows_pushed = 0;
-  std::uint64_t bytes_read = 0;              // READ payload incl. block headers
-  std::uint64_t bytes_written = 0;           // WRITE payload incl. slot headers
-  std::uint64_t bytes_staged = 0;            // payload copied between staging and caller buffers
-  std::uint64_t zero_copy_calls = 0;         // pulls/pushes that used a registered buffer
-  std::uint64_t torn_retries = 0;            // blocks of rows re-read: their checksum failed
-  std::uint64_t control_torn_retries = 0;    // control blocks re-read: torn by the server's update
-  std::uint64_t clock_reads = 0;             // READs of server clock words
-  std::uint64_t pull_waits = 0;              // pulls that had to wait for other workers
-  std::uint64_t credit_waits = 0;            // pushes that had to wait for ring space
+  std::uint64_t bytes_read = 0;       // READ payload incl. block headers
+  std::uint64_t bytes_written = 0;    // WRITE payload incl. slot headers
+  std::uint64_t bytes_staged = 0;     // payload copied between staging and caller buffers
+  std::uint64_t zero_copy_calls = 0;  // pulls/pushes that used a registered buffer
+  std::uint64_t torn_retries = 0;     // blocks of rows re-read: their checksum failed
+  std::uint64_t control_torn_retries = 0;  // control blocks re-read: torn by the server's update
+  std::uint64_t clock_reads = 0;      // READs of server clock words
+  std::uint64_t pull_waits = 0;       // pulls that had to wait for other workers
+  std::uint64_t credit_waits = 0;     // pushes that had to wait for ring space
   std::chrono::nanoseconds blocked_time{0};  // total time spent waiting (all reasons)
   // Observed staleness: at each pull, worker clock minus the min clock seen.
   std::uint64_t staleness_sum = 0;
   std::uint64_t staleness_max = 0;
   std::uint64_t staleness_samples = 0;
-  std::uint64_t clock = 0;  // this worker's clock
+  std::uint64_t clock = 0;            // this worker's clock
 };
 
 // Describes a table as the servers publish it.
@@ -87,7 +87,7 @@ struct TableInfo {
   std::string name;
   std::uint64_t rows = 0;
   std::uint32_t dim = 0;
-  std::uint32_t staleness = kAsp;        // effective bound for this client
+  std::uint32_t staleness = kAsp;  // effective bound for this client
   RowLayout layout = RowLayout::kDense;  // as the servers chose it (never kAuto)
 };
 
@@ -195,7 +195,8 @@ class Client {
   virtual Handle PullAsync(std::uint32_t table, RowRange range, std::span<float> out) = 0;
   virtual Handle PullAsync(std::uint32_t table, std::span<const std::uint64_t> rows,
                            std::span<float> out) = 0;
-  virtual Handle PushAsync(std::uint32_t table, RowRange range, std::span<const float> grads) = 0;
+  virtual Handle PushAsync(std::uint32_t table, RowRange range,
+                           std::span<const float> grads) = 0;
   virtual Handle PushAsync(std::uint32_t table, std::span<const std::uint64_t> rows,
                            std::span<const float> grads) = 0;
   // Callback forms: `done` runs on the client's internal thread.

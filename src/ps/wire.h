@@ -58,7 +58,7 @@
 // memory. The worker's n-th push to a server (seq = n, from 1) goes into slot
 // (n - 1) % ring_slots as ONE WRITE_WITH_IMM of SlotHeader + payload, imm =
 // low 32 bits of seq. Payload: kRange: grads [num_rows x dim]; kRows: num_rows
-// u64 row ids (global), then grads; kClock, kBye and kCheckpoint: none. Flow control:
+// u64 row ids (global), then grads; kClock, kBye, kCheckpoint: none. Flow control:
 // the worker may have at most ring_slots pushes not yet consumed; it learns
 // what is consumed from ControlWorker::applied_seq (a READ of the control
 // block) when it runs out of credits. The server applies slots of a worker
@@ -121,7 +121,8 @@ struct ShardRange {
 };
 
 // Rows of `server` (0 <= server < num_servers, num_servers >= 1).
-inline ShardRange PartitionOf(std::uint64_t rows, std::uint32_t num_servers, std::uint32_t server) {
+inline ShardRange PartitionOf(std::uint64_t rows, std::uint32_t num_servers,
+                              std::uint32_t server) {
   const std::uint64_t base = rows / num_servers;
   const std::uint64_t extra = rows % num_servers;
   const std::uint64_t begin = server * base + (server < extra ? server : extra);
@@ -129,7 +130,8 @@ inline ShardRange PartitionOf(std::uint64_t rows, std::uint32_t num_servers, std
 }
 
 // The server owning `row` (row < rows).
-inline std::uint32_t ServerOfRow(std::uint64_t rows, std::uint32_t num_servers, std::uint64_t row) {
+inline std::uint32_t ServerOfRow(std::uint64_t rows, std::uint32_t num_servers,
+                                 std::uint64_t row) {
   const std::uint64_t base = rows / num_servers;
   const std::uint64_t extra = rows % num_servers;
   const std::uint64_t big = extra * (base + 1);  // rows held by the larger shards
@@ -179,7 +181,7 @@ inline constexpr std::uint64_t kAutoEmbeddingMaxRowBytes = 1024;
 // embedding-shaped (pulled by scattered ids, as a rule), else dense.
 // Servers and clients agree.
 inline std::uint32_t ResolveRowLayout(std::uint32_t layout, std::uint64_t rows, std::uint32_t dim,
-                                      std::uint32_t num_servers) {
+                                   std::uint32_t num_servers) {
   if (layout != kLayoutAuto) return layout;
   const std::uint64_t largest = (rows + num_servers - 1) / num_servers;
   if (largest <= kAutoInlineMaxShardBytes / RowBytes(dim)) return kLayoutInline;
@@ -315,7 +317,7 @@ struct DirectoryTable {
   std::uint64_t shard_begin;
   std::uint64_t shard_rows;
   std::uint32_t staleness;
-  std::uint32_t row_bytes;  // RowBytes(dim)
+  std::uint32_t row_bytes;       // RowBytes(dim)
   WireRegion shard;  // the region GeometryOf(layout, shard_rows, dim, rows_per_block) describes
   std::uint64_t headers_offset;  // GeometryOf(...).headers_offset
   std::uint32_t layout;          // kLayoutDense or kLayoutInline
@@ -382,10 +384,10 @@ enum class SlotKind : std::uint32_t {
 };
 
 struct SlotHeader {
-  std::uint64_t seq;    // 1, 2, ... per (worker, server)
-  std::uint64_t clock;  // worker clock at push time; for kClock the NEW clock
-  std::uint32_t table;  // table id (kRange/kRows)
-  std::uint32_t kind;   // SlotKind
+  std::uint64_t seq;        // 1, 2, ... per (worker, server)
+  std::uint64_t clock;      // worker clock at push time; for kClock the NEW clock
+  std::uint32_t table;      // table id (kRange/kRows)
+  std::uint32_t kind;       // SlotKind
   std::uint32_t num_rows;
   std::uint32_t pad;
   std::uint64_t first_row;  // kRange: global index of the first row

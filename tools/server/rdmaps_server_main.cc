@@ -30,12 +30,12 @@
 
 #include <atomic>
 #include <chrono>
+#include <ctime>
 #include <cstdio>
 #include <cstring>
-#include <ctime>
 #include <iostream>
-#include <limits>
 #include <memory>
+#include <limits>
 #include <string>
 #include <thread>
 #include <vector>
@@ -62,8 +62,7 @@ DEFINE_int32(startup_timeout_s, 120,
 DEFINE_bool(print_layout, false, "print the resolved layout and exit");
 
 // Server.
-DEFINE_string(tables, "",
-              "the job's tables as JSON (see docs/deploying.md); without it, "
+DEFINE_string(tables, "", "the job's tables as JSON (see docs/deploying.md); without it, "
               "the worker command after -- is asked for them");
 DEFINE_string(listen, "", "host:port to listen on (default: this server's layout address)");
 DEFINE_string(transport, "", "tcp, verbs or auto (default: $RDMAPS_TRANSPORT, else auto)");
@@ -91,8 +90,8 @@ DEFINE_int32(run_timeout_s, 0, "give up (exit 1) after this long serving; 0: no 
 
 namespace {
 
-using rdmaps::ClusterLayout;
 using rdmaps::Environment;
+using rdmaps::ClusterLayout;
 using rdmaps::Result;
 using rdmaps::Role;
 using rdmaps::Status;
@@ -380,9 +379,10 @@ int RealMain(SignalThread& signals) {
     LOG(INFO) << layout.name() << ": all " << so.num_workers << " workers connected";
   }
 
-  Status run = FLAGS_run_timeout_s > 0 ? server->RunUntil(std::chrono::steady_clock::now() +
-                                                          std::chrono::seconds(FLAGS_run_timeout_s))
-                                       : server->Run();
+  Status run = FLAGS_run_timeout_s > 0
+                   ? server->RunUntil(std::chrono::steady_clock::now() +
+                                      std::chrono::seconds(FLAGS_run_timeout_s))
+                   : server->Run();
   auto st = server->stats();
   server->Stop();
   (void)SdNotify(env, "STOPPING=1");
