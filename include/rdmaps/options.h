@@ -124,6 +124,10 @@ struct ClientOptions {
   // A Pull waiting for slow workers, a Push waiting for ring space, a
   // Barrier: each fails with TimedOut (naming who is late) after this long.
   std::chrono::milliseconds wait_timeout{60000};
+  // Connect() fails with Unavailable (having sent nothing) when server i's
+  // incarnation id (Client::server_incarnations) is refuse_incarnations[i]:
+  // for reconnecting after a failure only to servers restarted since.
+  std::vector<std::uint64_t> refuse_incarnations;
   // Bytes of registered staging memory per server connection (pull side);
   // a pull larger than this is split into several batches of READs.
   std::size_t staging_bytes = 4 << 20;

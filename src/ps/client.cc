@@ -261,9 +261,14 @@ Status ClientImpl::Init() {
                               options_.transport, options_.worker_id, options_.servers.front())));
   const Deadline deadline = SteadyClock::now() + options_.connect_timeout;
   MutexLock lock(mu_);  // no other thread has the client yet; for the analysis
+  // A Connect that fails says no goodbye (the destructor's Close() would):
+  // the servers keep this worker's state for a Connect that succeeds.
+  closed_ = true;
   RDMAPS_RETURN_IF_ERROR(ConnectAll(deadline));
   RDMAPS_RETURN_IF_ERROR(ReadDirectories(deadline));
-  return ReadStartClock(deadline);
+  RDMAPS_RETURN_IF_ERROR(ReadStartClock(deadline));
+  closed_ = false;
+  return Status::OK();
 }
 
 Status ClientImpl::ConnectAll(Deadline deadline) {
@@ -651,6 +656,13 @@ Status ClientImpl::ReadStartClock(Deadline deadline) {
           std::to_string(first.clocks[me].clock) +
           ": the servers restored different checkpoints (or some none); restart them all with "
           "the same --restore");
+    }
+  }
+  for (std::size_t i = 0; i < options_.refuse_incarnations.size() && i < links_.size(); ++i) {
+    if (links_[static_cast<std::uint32_t>(i)].ckpt.incarnation == options_.refuse_incarnations[i]) {
+      return UnavailableError(ServerName(links_[static_cast<std::uint32_t>(i)]) +
+                              " has not been restarted since (its incarnation id is one "
+                              "ClientOptions.refuse_incarnations refuses)");
     }
   }
   clock_ = first.clocks[me].clock == internal::kClockDone ? 0 : first.clocks[me].clock;

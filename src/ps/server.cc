@@ -416,6 +416,12 @@ void ServerImpl::AcceptLoop() {
       if (seen_[hello.worker_id]) {
         RDMAPS_LOG(WARNING) << "ps server: worker " << hello.worker_id << " connected again";
       }
+      // A worker whose earlier connection ended (e.g. an attempt to
+      // reconnect after a restart that gave up) is back: not dead, not gone.
+      if (gone_[hello.worker_id]) {
+        gone_[hello.worker_id] = false;
+        std::erase(stats_.dead_workers, hello.worker_id);
+      }
       seen_[hello.worker_id] = true;
       ++stats_.workers_connected;
     }

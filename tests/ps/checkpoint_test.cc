@@ -419,7 +419,8 @@ TEST_P(CheckpointTest, CheckpointWithoutADirFailsNamingTheServer) {
   auto ck = (*c)->Checkpoint();
   ASSERT_FALSE(ck.ok());
   EXPECT_EQ(ck.status().code(), StatusCode::kFailedPrecondition) << ck.status();
-  EXPECT_NE(ck.status().message().find("server 0"), std::string::npos) << ck.status();
+  // Whichever server the client reads first to have failed.
+  EXPECT_NE(ck.status().message().find("failed on server "), std::string::npos) << ck.status();
   // After a push of the iteration: refused before anything is sent.
   std::vector<float> g(1, 1.0f);
   ASSERT_TRUE((*c)->Push(1, {0, 1}, g).ok());

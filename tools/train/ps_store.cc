@@ -2,6 +2,7 @@
 
 #include <glog/logging.h>
 
+#include <algorithm>
 #include <chrono>
 #include <string>
 #include <thread>
@@ -32,6 +33,10 @@ Result<std::unique_ptr<PsStore>> PsStore::Connect(const ClientOptions& options,
   return std::unique_ptr<PsStore>(new PsStore(options, std::move(client), std::move(tables)));
 }
 
+namespace {
+constexpr std::chrono::milliseconds kRecoverAttempt{3000};
+}  // namespace
+
 Status PsStore::Recover() {
   const std::vector<std::uint64_t> old = client_->server_incarnations();
   pull_buffers_.clear();  // registered with the old Client
@@ -40,29 +45,25 @@ Status PsStore::Recover() {
   const auto deadline = std::chrono::steady_clock::now() + options_.connect_timeout;
   Status last = UnavailableError("no attempt");
   while (std::chrono::steady_clock::now() < deadline) {
+    // Each attempt is short: one that reached a survivor the launcher kills
+    // meanwhile would otherwise wait out the whole timeout for its bootstrap.
     ClientOptions o = options_;
-    o.connect_timeout = std::chrono::duration_cast<std::chrono::milliseconds>(
-        deadline - std::chrono::steady_clock::now());
+    o.connect_timeout =
+        std::min(kRecoverAttempt, std::chrono::duration_cast<std::chrono::milliseconds>(
+                                      deadline - std::chrono::steady_clock::now()));
+    o.refuse_incarnations = old;
     Result<std::unique_ptr<Client>> c = Client::Connect(o);
     if (c.ok()) {
-      const std::vector<std::uint64_t> now = (*c)->server_incarnations();
-      std::string stale;
-      for (std::size_t i = 0; i < now.size() && i < old.size(); ++i) {
-        if (now[i] == old[i]) stale += " " + std::to_string(i);
-      }
-      if (stale.empty()) {
-        client_ = std::move(*c);
-        start_clock_ = client_->clock();
-        LOG(INFO) << "worker " << options_.worker_id << " reconnected to the restarted servers; "
-                  << "resuming at clock " << start_clock_;
-        return Status::OK();
-      }
-      // A server that has not been restarted yet: the whole job must go back
-      // to one checkpoint, so wait for the launcher to restart it too.
-      last = UnavailableError("servers" + stale + " have not been restarted");
-    } else {
-      last = c.status();
+      client_ = std::move(*c);
+      start_clock_ = client_->clock();
+      LOG(INFO) << "worker " << options_.worker_id << " reconnected to the restarted servers; "
+                << "resuming at clock " << start_clock_;
+      return Status::OK();
     }
+    // Not up yet, or (Unavailable) one has not been restarted yet: the whole
+    // job must go back to one checkpoint, so wait for the launcher to
+    // restart it too.
+    last = c.status();
     std::this_thread::sleep_for(std::chrono::milliseconds(100));  // polling a launcher's restart
   }
   return last.WithContext("worker " + std::to_string(options_.worker_id) +
