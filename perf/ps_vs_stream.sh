@@ -24,6 +24,9 @@
 # ratios. Needs iperf3 (Debian's; scripts/dev.sh installs it). Raw outputs
 # stay in OUT.
 set -euo pipefail
+# ps-shapes proves a job secret: a fresh one per run.
+RDMAPS_JOB_SECRET="$(od -An -N16 -tx1 /dev/urandom | tr -d " \n")"
+export RDMAPS_JOB_SECRET
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 abs() { [[ "$1" = /* ]] && echo "$1" || echo "$here/$1"; }

@@ -94,6 +94,12 @@ struct TableInfo {
   RowLayout layout = RowLayout::kDense;  // as the servers chose it (never kAuto)
 };
 
+// A durable checkpoint (Client::Checkpoint).
+struct CheckpointInfo {
+  std::uint64_t clock = 0;  // workers resume at this clock after a restore from it
+  std::string name;         // its folder under the servers' checkpoint_dir: "ckpt-<clock>"
+};
+
 // Completion of an asynchronous call. Copyable; all copies share the result.
 class Handle {
  public:
@@ -177,6 +183,16 @@ class Client {
   // (one READ per server and poll). TimedOut naming the server that lags
   // after wait_timeout.
   virtual Status Flush() = 0;
+  // A checkpoint of every table on every server at this worker's clock c:
+  // the state after every push sent before each worker's c-th Clock() and
+  // none later (docs/ps.md, "Checkpoints"). Collective: every worker calls
+  // it at the same clock, right after Clock() and before the iteration's
+  // first push (FailedPrecondition otherwise). Returns once every server has
+  // written its part durably; fails (naming the server) when one could not
+  // (no checkpoint_dir, a disk error, a worker already past c) and with
+  // TimedOut after wait_timeout. A checkpoint the servers take at the same
+  // clock on their own (checkpoint_every) is the same one.
+  virtual Result<CheckpointInfo> Checkpoint() = 0;
   // Returns when every worker has called Barrier() the same number of times.
   // Every push any worker made before its Barrier() is applied and visible
   // to every pull after the barrier, in every consistency mode (each worker
@@ -215,6 +231,10 @@ class Client {
 
   virtual ClientStats stats() const = 0;
   virtual std::uint64_t clock() const = 0;
+  // Per server, the random id it drew when it started (read at Connect): a
+  // server restarted since has another one. For reconnecting after a server
+  // failure only to servers that have all been restarted.
+  virtual std::vector<std::uint64_t> server_incarnations() const = 0;
 
  protected:
   Client() = default;

@@ -75,6 +75,27 @@ struct ServerOptions {
   // Run() returns once every worker has connected and then closed or died.
   bool exit_when_workers_done = true;
 
+  // Checkpoints (docs/ps.md, "Checkpoints"). The folder this server writes
+  // its part of each checkpoint to; every server of a job gives the same one
+  // (a shared file system when they run on several hosts). Empty: no
+  // checkpoints are written (Client::Checkpoint fails).
+  std::string checkpoint_dir;
+  // A checkpoint at every clock that is a multiple of this (0: only those
+  // workers ask for with Client::Checkpoint). The same on every server.
+  std::uint64_t checkpoint_every = 0;
+  // Keep the newest this many complete checkpoints (0: keep all).
+  std::uint32_t checkpoint_keep = 3;
+  // A cut still waiting for a worker after this long is abandoned (a worker
+  // died or stopped clocking); the workers it held go on.
+  std::chrono::milliseconds checkpoint_timeout{600000};
+  // Start from a checkpoint instead of the initialisers: the path of a
+  // ckpt-<clock> folder, or "latest" (the newest complete one under
+  // checkpoint_dir), or "auto" (like latest, but with none there yet, start
+  // from the initialisers: what a restarted job wants). Start() fails, naming the cause and the
+  // fix, when it is incomplete, damaged, of a newer format or of other tables; it may have been
+  // written by a different number of servers. Every worker then starts at the checkpoint's clock.
+  std::string restore;
+
   // The options a server of `layout` (role kServer) starts with: the
   // layout's transport (when it names one) and job token, listen_address,
   // server_index (when known: a ps-lite server learns it in CompleteCluster;
@@ -107,6 +128,10 @@ struct ClientOptions {
   // A Pull waiting for slow workers, a Push waiting for ring space, a
   // Barrier: each fails with TimedOut (naming who is late) after this long.
   std::chrono::milliseconds wait_timeout{60000};
+  // Connect() fails with Unavailable (having sent nothing) when server i's
+  // incarnation id (Client::server_incarnations) is refuse_incarnations[i]:
+  // for reconnecting after a failure only to servers restarted since.
+  std::vector<std::uint64_t> refuse_incarnations;
   // Bytes of registered staging memory per server connection (pull side);
   // a pull larger than this is split into several batches of READs.
   std::size_t staging_bytes = 4 << 20;

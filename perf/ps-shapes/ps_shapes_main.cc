@@ -69,9 +69,18 @@ void Check(const Status& s, const char* what) {
   }
 }
 
+// The job secret both processes prove: RDMAPS_JOB_SECRET (perf/ps_vs_stream.sh
+// exports a random one), else a fixed one, as rdmaps-perf's default token:
+// a benchmark on loopback, not a job to protect.
+std::string JobSecret() {
+  const char* s = std::getenv("RDMAPS_JOB_SECRET");
+  return s != nullptr && *s != '\0' ? s : "ps-shapes";
+}
+
 int RunServer() {
   ServerOptions so;
   so.transport.transport = FLAGS_transport;
+  so.transport.job_token = JobSecret();
   so.listen_address = FLAGS_host + ":0";
   so.tables = Tables();
   auto server = Server::Start(so);
@@ -99,6 +108,7 @@ int RunWorker() {
   }
   ClientOptions co;
   co.transport.transport = FLAGS_transport;
+  co.transport.job_token = JobSecret();
   co.servers = {FLAGS_server};
   auto client = Client::Connect(co);
   Check(client.status(), "connecting");

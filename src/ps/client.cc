@@ -132,6 +132,8 @@ class ClientImpl final : public Client {
   Status UnregisterBuffer(std::span<float> buffer) override;
   Result<std::uint64_t> Clock() override;
   Status Flush() override;
+  Result<CheckpointInfo> Checkpoint() override;
+  std::vector<std::uint64_t> server_incarnations() const override { return incarnations_; }
   Status Barrier() override;
   Status Close() override;
 
@@ -192,6 +194,9 @@ class ClientImpl final : public Client {
  private:
   // --- setup
   Status ConnectAll(Deadline deadline) RDMAPS_REQUIRES(mu_);
+  // This worker's clock as the servers have it: 0, or the clock of the
+  // checkpoint they restored. FailedPrecondition when they disagree.
+  Status ReadStartClock(Deadline deadline) RDMAPS_REQUIRES(mu_);
   Status ReadDirectories(Deadline deadline) RDMAPS_REQUIRES(mu_);
   // Allocates and registers s's staging (to hold at least `min_staging`
   // bytes), push and control buffers.
@@ -245,6 +250,8 @@ class ClientImpl final : public Client {
   internal::AlignedBuffer boot_;
   std::unique_ptr<transport::MemoryRegion> boot_mr_;
   internal::RemoteTables tables_;
+  // Per server, its incarnation id as read at Connect (constant after it).
+  std::vector<std::uint64_t> incarnations_;
   // The smallest staleness bound of the tables (Clock() waits by it).
   std::uint32_t clock_bound_ = kAsp;
   internal::WireRegion atomics_{};  // server 0's barrier counter
@@ -263,6 +270,8 @@ class ClientImpl final : public Client {
   std::size_t scratch_floats_ RDMAPS_GUARDED_BY(mu_) = 0;
   internal::PullCosts costs_{};  // constant after Init()
   std::uint64_t clock_ RDMAPS_GUARDED_BY(mu_) = 0;
+  // A push since the last Clock() (Checkpoint() must come before any).
+  bool pushed_this_clock_ RDMAPS_GUARDED_BY(mu_) = false;
   bool closed_ RDMAPS_GUARDED_BY(mu_) = false;
   // Init() succeeded. A client whose Connect failed part-way (a server not
   // up, a refused handshake, tables that do not match) has links without
@@ -301,6 +310,7 @@ Status ClientImpl::Init() {
   MutexLock lock(mu_);  // no other thread has the client yet; for the analysis
   RDMAPS_RETURN_IF_ERROR(ConnectAll(deadline));
   RDMAPS_RETURN_IF_ERROR(ReadDirectories(deadline));
+  RDMAPS_RETURN_IF_ERROR(ReadStartClock(deadline));
   connected_ = true;
   return Status::OK();
 }
@@ -576,6 +586,7 @@ Status ClientImpl::Push(std::uint32_t table, RowRange range, std::span<const flo
   if (range.count == 0) return Status::OK();
   RDMAPS_RETURN_IF_ERROR(push_.PushRange(
       *t, range, grads, FindRegistered(grads.data(), grads.size_bytes()), clock_, CallDeadline()));
+  pushed_this_clock_ = true;
   stats_.Update([&](ClientStats& st) {
     ++st.pushes;
     st.rows_pushed += range.count;
@@ -591,6 +602,7 @@ Status ClientImpl::Push(std::uint32_t table, std::span<const std::uint64_t> rows
   if (rows.empty()) return Status::OK();
   RDMAPS_RETURN_IF_ERROR(push_.PushRows(
       *t, rows, grads, FindRegistered(grads.data(), grads.size_bytes()), clock_, CallDeadline()));
+  pushed_this_clock_ = true;
   stats_.Update([&](ClientStats& st) {
     ++st.pushes;
     st.rows_pushed += rows.size();
@@ -660,6 +672,7 @@ Result<std::uint64_t> ClientImpl::Clock() {
   const Deadline deadline = CallDeadline();
   RDMAPS_RETURN_IF_ERROR(push_.SendControlSlot(SlotKind::kClock, clock_ + 1, deadline));
   ++clock_;
+  pushed_this_clock_ = false;
   const std::uint64_t now = clock_;
   stats_.Update([now](ClientStats& st) { st.clock = now; });
   // Do not run more than `bound` clocks ahead of the slowest worker.
@@ -690,6 +703,82 @@ Status ClientImpl::Flush() {
   MutexLock lock(mu_);
   RDMAPS_RETURN_IF_ERROR(Usable());
   return FlushLocked(CallDeadline());
+}
+
+Result<CheckpointInfo> ClientImpl::Checkpoint() {
+  MutexLock lock(mu_);
+  RDMAPS_RETURN_IF_ERROR(Usable());
+  if (pushed_this_clock_) {
+    return FailedPreconditionError(
+        "Checkpoint() at clock " + std::to_string(clock_) + " of worker " +
+        std::to_string(options_.worker_id) +
+        " came after a push of that clock's iteration: call it right after Clock(), before the "
+        "next iteration pushes (the checkpoint holds the pushes of earlier clocks only)");
+  }
+  const Deadline deadline = CallDeadline();
+  const std::uint64_t want = clock_ + 1;
+  RDMAPS_RETURN_IF_ERROR(push_.SendControlSlot(SlotKind::kCheckpoint, clock_, deadline));
+  std::vector<std::uint32_t> all(links_.size());
+  for (std::uint32_t i = 0; i < all.size(); ++i) all[i] = i;
+  const auto start = SteadyClock::now();
+  internal::Backoff backoff;
+  while (true) {
+    RDMAPS_RETURN_IF_ERROR(links_.ReadControl(all, deadline));
+    std::string pending;
+    for (const ServerLink& s : links_.servers()) {
+      if (s.ckpt.durable_plus1 >= want) continue;
+      if (s.ckpt.failed_plus1 == want) {
+        stats_.AddBlocked(SteadyClock::now() - start);
+        return FailedPreconditionError(
+            "checkpoint at clock " + std::to_string(clock_) + " failed on " + ServerName(s) +
+            ": see its log (no --checkpoint_dir, a disk error, or a worker that did not call "
+            "Checkpoint() at this clock)");
+      }
+      pending += " " + ServerName(s);
+    }
+    if (pending.empty()) break;
+    if (SteadyClock::now() >= deadline) {
+      stats_.AddBlocked(SteadyClock::now() - start);
+      return TimedOutError("checkpoint at clock " + std::to_string(clock_) +
+                           " not durable within wait_timeout on" + pending +
+                           "; is every worker calling Checkpoint() at this clock, and is the "
+                           "disk slow?");
+    }
+    backoff.Pause();
+  }
+  stats_.AddBlocked(SteadyClock::now() - start);
+  return CheckpointInfo{clock_, internal::CheckpointName(clock_)};
+}
+
+Status ClientImpl::ReadStartClock(Deadline deadline) {
+  std::vector<std::uint32_t> all(links_.size());
+  for (std::uint32_t i = 0; i < all.size(); ++i) all[i] = i;
+  RDMAPS_RETURN_IF_ERROR(links_.ReadControl(all, deadline));
+  const std::uint32_t me = options_.worker_id;
+  const ServerLink& first = links_[0];
+  for (const ServerLink& s : links_.servers()) {
+    if (s.clocks[me].clock != first.clocks[me].clock ||
+        s.ckpt.restored_plus1 != first.ckpt.restored_plus1) {
+      return FailedPreconditionError(
+          ServerName(s) + " has worker " + std::to_string(me) + " at clock " +
+          std::to_string(s.clocks[me].clock) + ", " + ServerName(first) + " at " +
+          std::to_string(first.clocks[me].clock) +
+          ": the servers restored different checkpoints (or some none); restart them all with "
+          "the same --restore");
+    }
+  }
+  for (std::size_t i = 0; i < options_.refuse_incarnations.size() && i < links_.size(); ++i) {
+    if (links_[static_cast<std::uint32_t>(i)].ckpt.incarnation == options_.refuse_incarnations[i]) {
+      return UnavailableError(ServerName(links_[static_cast<std::uint32_t>(i)]) +
+                              " has not been restarted since (its incarnation id is one "
+                              "ClientOptions.refuse_incarnations refuses)");
+    }
+  }
+  clock_ = first.clocks[me].clock == internal::kClockDone ? 0 : first.clocks[me].clock;
+  for (const ServerLink& s : links_.servers()) incarnations_.push_back(s.ckpt.incarnation);
+  const std::uint64_t now = clock_;
+  stats_.Update([now](ClientStats& st) { st.clock = now; });
+  return Status::OK();
 }
 
 Status ClientImpl::Barrier() {

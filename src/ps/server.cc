@@ -16,12 +16,14 @@
 #include <condition_variable>
 #include <cstring>
 #include <optional>
+#include <random>
 #include <system_error>
 #include <thread>
 #include <unordered_map>
 
 #include "src/base/log.h"
 #include "src/base/mutex.h"
+#include "src/ps/checkpoint.h"
 #include "src/ps/common.h"
 #include "src/ps/directory.h"
 #include "src/ps/initializer.h"
@@ -119,6 +121,16 @@ class ServerImpl final : public Server {
   // thread only.
   bool ApplySlot(std::uint32_t w, const SlotHeader& h, const std::byte* payload)
       RDMAPS_REQUIRES(apply_mu_);
+  // Takes worker w's slot of notification `imm`: applies it, or queues it
+  // behind the checkpoint cut (src/ps/checkpoint.h). Apply thread only.
+  void TakeSlot(std::uint32_t w, std::uint32_t imm) RDMAPS_REQUIRES(apply_mu_);
+  void HandleSlot(std::uint32_t w, std::uint32_t imm) RDMAPS_REQUIRES(apply_mu_);
+  // Captures the shards once the cut is complete (or abandons it after
+  // checkpoint_timeout), then lets the held slots through. Apply thread only.
+  void AdvanceCut() RDMAPS_REQUIRES(apply_mu_);
+  std::vector<internal::ShardView> Views();
+  // Loads options_.restore into the shards (Init, before serving).
+  Status Restore();
   // Under apply_mu_, which the apply thread holds while TBB tasks of
   // ApplySlot call it (the analysis does not follow it into them).
   void ApplyRow(TableState& t, std::uint64_t local, const float* grad);
@@ -155,6 +167,15 @@ class ServerImpl final : public Server {
   std::vector<ControlWorker> control_scratch_;  // PublishControl's
   std::vector<std::uint64_t> dirty_blocks_;     // ApplySlot's
   mutable Mutex apply_mu_;
+  std::optional<internal::CheckpointCut> cut_;          // apply thread only (after Init)
+  std::unique_ptr<internal::CheckpointWriter> writer_;  // when checkpoint_dir is set
+  // Set by the writer thread, published in the control block.
+  std::atomic<std::uint64_t> durable_plus1_{0};
+  std::atomic<std::uint64_t> failed_plus1_{0};
+  std::uint64_t published_ckpt_ = 0;  // apply thread: durable + failed last published
+  std::uint64_t restored_plus1_ = 0;  // constant after Init
+  std::uint64_t incarnation_ = 0;     // constant after Init
+  std::string lineage_;               // constant after Init (CheckpointLineage)
 
   // Accept thread only.
   std::vector<std::unique_ptr<transport::Connection>> connections_;
@@ -239,7 +260,28 @@ Status ServerImpl::Init() {
     stats_.worker_clocks.assign(options_.num_workers, 0);
   }
   RDMAPS_RETURN_IF_ERROR(RegisterAll());
-  PublishControl();
+  incarnation_ =
+      (std::uint64_t{std::random_device{}()} << 32) ^ std::random_device{}() ^
+      static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+  cut_.emplace(options_.num_workers, options_.checkpoint_every);
+  if (!options_.restore.empty()) RDMAPS_RETURN_IF_ERROR(Restore());
+  if (lineage_.empty())
+    lineage_ = internal::CheckpointLineage(options_.transport.job_token, "", {});
+  if (!options_.checkpoint_dir.empty()) {
+    writer_ = std::make_unique<internal::CheckpointWriter>(
+        options_.checkpoint_dir, options_.checkpoint_keep,
+        [this](std::uint64_t clock, const Status& st) {
+          std::atomic<std::uint64_t>& word = st.ok() ? durable_plus1_ : failed_plus1_;
+          std::uint64_t cur = word.load();
+          while (cur < clock + 1 && !word.compare_exchange_weak(cur, clock + 1)) {
+          }
+          // The apply thread publishes it within its 200 ms idle wake-up.
+        });
+  }
+  {
+    MutexLock apply_lock(apply_mu_);  // no other thread yet; for the analysis
+    PublishControl();
+  }
   RDMAPS_ASSIGN_OR_RETURN(address_, endpoint_->Listen(options_.listen_address));
   running_.store(2);
   accept_thread_ = std::thread([this] {
@@ -401,6 +443,12 @@ void ServerImpl::AcceptLoop() {
       if (seen_[hello.worker_id]) {
         RDMAPS_LOG(WARNING) << "ps server: worker " << hello.worker_id << " connected again";
       }
+      // A worker whose earlier connection ended (e.g. an attempt to
+      // reconnect after a restart that gave up) is back: not dead, not gone.
+      if (gone_[hello.worker_id]) {
+        gone_[hello.worker_id] = false;
+        std::erase(stats_.dead_workers, hello.worker_id);
+      }
       seen_[hello.worker_id] = true;
       ++stats_.workers_connected;
     }
@@ -422,12 +470,32 @@ bool ServerImpl::ApplySlot(std::uint32_t w, const SlotHeader& h, const std::byte
   if (kind == SlotKind::kClock) {
     if (h.clock != ws.clock + 1) return false;
     ws.clock = h.clock;
+    cut_->OnClock(w, ws.clock);
     MutexLock lock(mu_);
     ++stats_.clocks_applied;
     return true;
   }
   if (kind == SlotKind::kBye) {
     ws.done = true;
+    return true;
+  }
+  if (kind == SlotKind::kCheckpoint) {
+    if (h.clock != ws.clock) return false;
+    std::vector<std::uint64_t> clocks(workers_.size());
+    for (std::size_t i = 0; i < workers_.size(); ++i) {
+      clocks[i] = workers_[i].done ? internal::kClockDone : workers_[i].clock;
+    }
+    if (options_.checkpoint_dir.empty() || !cut_->OnRequest(w, h.clock, clocks)) {
+      RDMAPS_LOG(WARNING) << "ps server " << options_.server_index << ": worker " << w
+                          << " asked for a checkpoint at clock " << h.clock
+                          << (options_.checkpoint_dir.empty()
+                                  ? ", but this server has no --checkpoint_dir"
+                                  : ", which another worker has passed already (every worker "
+                                    "must call Checkpoint() at the same clock)");
+      std::uint64_t cur = failed_plus1_.load();
+      while (cur < h.clock + 1 && !failed_plus1_.compare_exchange_weak(cur, h.clock + 1)) {
+      }
+    }
     return true;
   }
   if (kind != SlotKind::kRange && kind != SlotKind::kRows) return false;
@@ -514,6 +582,13 @@ void ServerImpl::PublishControl() {
   std::byte* payload = control_.get() + sizeof(BlockHeader);
   std::memcpy(payload, &head, sizeof(head));
   std::memcpy(payload + sizeof(ControlHead), control_scratch_.data(), W * sizeof(ControlWorker));
+  internal::ControlCheckpoint ck{};
+  ck.durable_plus1 = durable_plus1_.load();
+  ck.failed_plus1 = failed_plus1_.load();
+  ck.restored_plus1 = restored_plus1_;
+  ck.incarnation = incarnation_;
+  published_ckpt_ = ck.durable_plus1 + ck.failed_plus1;
+  std::memcpy(payload + internal::ControlCheckpointOffset(W), &ck, sizeof(ck));
   internal::SealBlock(control_.get(), ++control_version_, internal::ControlPayloadBytes(W));
 }
 
@@ -525,7 +600,13 @@ void ServerImpl::ApplyLoop() {
       if (!stop_.load()) RDMAPS_LOG(WARNING) << "ps server: WaitNotifications: " << r.status();
       continue;
     }
-    if (*r == 0) continue;
+    if (*r == 0) {
+      // Idle: an abandoned cut or a checkpoint made durable still gets out.
+      MutexLock apply_lock(apply_mu_);
+      AdvanceCut();
+      if (durable_plus1_.load() + failed_plus1_.load() != published_ckpt_) PublishControl();
+      continue;
+    }
     while (test_paused_.load() && !stop_.load()) {  // TEST_PauseApply: hold the batch
       std::this_thread::sleep_for(std::chrono::microseconds(200));
     }
@@ -573,23 +654,7 @@ void ServerImpl::ApplyLoop() {
           }
           continue;
         }
-        WorkerState& ws = workers_[w];
-        const std::uint64_t seq = ws.next_seq;
-        const std::size_t slot = (seq - 1) % options_.push_slots;
-        const std::byte* base = rings_[w].get() + slot * options_.push_slot_bytes;
-        SlotHeader h;
-        std::memcpy(&h, base, sizeof(h));
-        if (n.imm != internal::ImmOfSeq(seq) || h.seq != seq ||
-            !ApplySlot(w, h, base + sizeof(SlotHeader))) {
-          RDMAPS_LOG_EVERY_N(WARNING, 100)
-              << "ps server " << options_.server_index
-              << ": dropping malformed or out-of-sequence push from worker " << w
-              << " (expected seq " << seq << ", slot says " << h.seq << ", imm " << n.imm << ")";
-          MutexLock lock(mu_);
-          ++stats_.protocol_errors;
-          continue;
-        }
-        ++ws.next_seq;
+        TakeSlot(w, n.imm);
         // A long batch republishes as it goes, so a pipelining worker gets
         // its credits (and a Flush its answer) before the batch ends.
         if (++since_publish == kPublishEverySlots) {
@@ -597,6 +662,7 @@ void ServerImpl::ApplyLoop() {
           since_publish = 0;
         }
       }
+      AdvanceCut();
       PublishControl();
     }
     {
@@ -605,6 +671,138 @@ void ServerImpl::ApplyLoop() {
     }
     if (membership_changed) cv_.notify_all();
   }
+}
+
+void ServerImpl::TakeSlot(std::uint32_t w, std::uint32_t imm) {
+  // A slot on the worker's bound connection: it is back (it reconnected
+  // after an earlier connection died), whatever that disconnect said.
+  workers_[w].died = false;
+  std::deque<std::uint32_t>& held = cut_->held()[w];
+  if (cut_->Holding(w) || !held.empty()) {
+    held.push_back(imm);  // at most push_slots: the worker has no more credits
+    return;
+  }
+  HandleSlot(w, imm);
+}
+
+void ServerImpl::HandleSlot(std::uint32_t w, std::uint32_t imm) {
+  WorkerState& ws = workers_[w];
+  const std::uint64_t seq = ws.next_seq;
+  const std::size_t slot = (seq - 1) % options_.push_slots;
+  const std::byte* base = rings_[w].get() + slot * options_.push_slot_bytes;
+  SlotHeader h;
+  std::memcpy(&h, base, sizeof(h));
+  if (imm != internal::ImmOfSeq(seq) || h.seq != seq ||
+      !ApplySlot(w, h, base + sizeof(SlotHeader))) {
+    RDMAPS_LOG_EVERY_N(WARNING, 100)
+        << "ps server " << options_.server_index
+        << ": dropping malformed or out-of-sequence push from worker " << w << " (expected seq "
+        << seq << ", slot says " << h.seq << ", imm " << imm << ")";
+    MutexLock lock(mu_);
+    ++stats_.protocol_errors;
+    return;
+  }
+  ++ws.next_seq;
+}
+
+std::vector<internal::ShardView> ServerImpl::Views() {
+  std::vector<internal::ShardView> views;
+  for (TableState& t : tables_) {
+    views.push_back({&t.options, t.shard, t.geometry, t.memory.get(), t.state.data(),
+                     t.optimizer->state_floats()});
+  }
+  return views;
+}
+
+void ServerImpl::AdvanceCut() {
+  while (cut_->armed()) {
+    std::vector<bool> done(workers_.size());
+    for (std::size_t w = 0; w < workers_.size(); ++w) done[w] = workers_[w].done;
+    const std::uint64_t clock = *cut_->armed();
+    bool captured = false;
+    if (cut_->Complete(done)) {
+      // The last snapshot's memory, so that the copy runs at memcpy speed.
+      auto snap = writer_ ? writer_->TakeSpare() : std::make_unique<internal::ShardSnapshot>();
+      snap->clock = clock;
+      snap->lineage = lineage_;
+      snap->server_index = options_.server_index;
+      snap->num_servers = options_.num_servers;
+      snap->num_workers = options_.num_workers;
+      const auto start = std::chrono::steady_clock::now();
+      const std::vector<internal::ShardView> views = Views();
+      snap->tables.resize(views.size());
+      for (std::size_t i = 0; i < views.size(); ++i) {
+        internal::CaptureTable(views[i], &snap->tables[i]);
+      }
+      RDMAPS_LOG(VERBOSE) << "ps server " << options_.server_index << ": checkpoint at clock "
+                          << clock << " captured in "
+                          << std::chrono::duration<double, std::milli>(
+                                 std::chrono::steady_clock::now() - start)
+                                 .count()
+                          << " ms";
+      if (writer_) writer_->Submit(std::move(snap));
+      captured = true;
+    } else if (std::chrono::steady_clock::now() - cut_->armed_at() >= options_.checkpoint_timeout) {
+      RDMAPS_LOG(ERROR) << "ps server " << options_.server_index << ": checkpoint at clock "
+                        << clock << " abandoned: not every worker reached it within "
+                        << options_.checkpoint_timeout.count() << " ms (a worker died?)";
+      std::uint64_t cur = failed_plus1_.load();
+      while (cur < clock + 1 && !failed_plus1_.compare_exchange_weak(cur, clock + 1)) {
+      }
+    } else {
+      return;
+    }
+    cut_->Release(captured);
+    // The held slots, in order, until a worker reaches the next cut.
+    for (std::uint32_t w = 0; w < workers_.size(); ++w) {
+      std::deque<std::uint32_t>& held = cut_->held()[w];
+      while (!held.empty() && !cut_->Holding(w)) {
+        const std::uint32_t imm = held.front();
+        held.pop_front();
+        HandleSlot(w, imm);
+      }
+    }
+  }
+}
+
+Status ServerImpl::Restore() {
+  std::string path = options_.restore;
+  if (path == "latest" || path == "auto") {
+    if (options_.checkpoint_dir.empty()) {
+      return InvalidArgumentError("ServerOptions.restore is \"" + path +
+                                  "\" but checkpoint_dir is empty: give the folder to look in "
+                                  "(--checkpoint_dir) or the checkpoint's path");
+    }
+    auto found = internal::FindLatestCheckpoint(options_.checkpoint_dir);
+    if (!found.ok() && path == "auto" && found.status().code() == StatusCode::kNotFound) {
+      RDMAPS_LOG(INFO) << "ps server " << options_.server_index << ": no complete checkpoint in "
+                       << options_.checkpoint_dir << " yet; starting from the initialisers";
+      return Status::OK();
+    }
+    if (!found.ok()) return found.status();
+    path = *found;
+  }
+  auto parts = internal::OpenCheckpoint(path);
+  if (!parts.ok())
+    return parts.status().WithContext("restoring ps server " +
+                                      std::to_string(options_.server_index));
+  RDMAPS_RETURN_IF_ERROR(internal::CheckCheckpointTables(*parts, options_.tables, path));
+  MutexLock apply_lock(apply_mu_);  // no other thread yet; for the analysis
+  for (TableState& t : tables_) {
+    const internal::ShardView v{&t.options,     t.shard,        t.geometry,
+                                t.memory.get(), t.state.data(), t.optimizer->state_floats()};
+    RDMAPS_RETURN_IF_ERROR(internal::RestoreTable(*parts, v));
+    for (std::uint64_t b = 0; b < t.geometry.blocks(); ++b) t.Seal(b);
+  }
+  const std::uint64_t clock = parts->front().clock;
+  for (WorkerState& ws : workers_) ws.clock = clock;
+  cut_->SetCaptured(clock);
+  restored_plus1_ = clock + 1;
+  lineage_ =
+      internal::CheckpointLineage(options_.transport.job_token, parts->front().lineage, clock);
+  RDMAPS_LOG(INFO) << "ps server " << options_.server_index << " restored " << path << " (clock "
+                   << clock << ", written by " << parts->size() << " servers)";
+  return Status::OK();
 }
 
 std::string ServerImpl::WorkerList(const std::vector<std::uint32_t>& ids) const {
@@ -666,6 +864,7 @@ void ServerImpl::Stop() {
   }
   if (accept_thread_.joinable()) accept_thread_.join();
   if (apply_thread_.joinable()) apply_thread_.join();
+  writer_.reset();  // finishes the parts already captured
 }
 
 Status ServerImpl::ReadLocal(std::uint32_t table, RowRange range, std::vector<float>* out) const {

@@ -73,6 +73,7 @@ bool ServerLinks::ParseControl(ServerLink& s) {
   ControlHead head;
   std::memcpy(&head, p, sizeof(head));
   std::memcpy(s.clocks.data(), p + sizeof(head), W * sizeof(ControlWorker));
+  std::memcpy(&s.ckpt, p + ControlCheckpointOffset(W), sizeof(s.ckpt));
   // The newest knowledge wins (a piggybacked read may be older than a poll).
   s.min_clock = std::max(s.min_clock, head.min_clock);
   s.applied_seq = std::max(s.applied_seq, s.clocks[worker_id_].applied_seq);

@@ -59,7 +59,7 @@
 // memory. The worker's n-th push to a server (seq = n, from 1) goes into slot
 // (n - 1) % ring_slots as ONE WRITE_WITH_IMM of SlotHeader + payload, imm =
 // low 32 bits of seq. Payload: kRange: grads [num_rows x dim]; kRows: num_rows
-// u64 row ids (global), then grads; kClock and kBye: none. Flow control:
+// u64 row ids (global), then grads; kClock, kBye, kCheckpoint: none. Flow control:
 // the worker may have at most ring_slots pushes not yet consumed; it learns
 // what is consumed from ControlWorker::applied_seq (a READ of the control
 // block) when it runs out of credits. The server applies slots of a worker
@@ -79,6 +79,14 @@
 // a worker waiting for a clock that a died worker never reaches fails at
 // its next poll naming that worker instead of waiting out its deadline.
 // `epoch` is 0 (reserved for membership changes: a worker that rejoins).
+// there (read-my-writes).
+// After the workers comes ControlCheckpoint (appended last, so fields other
+// areas add go after it): the newest clock whose checkpoint part this server
+// has made durable and the newest whose part failed (each stored as clock + 1,
+// 0 = none), the clock it restored from (+ 1, 0 = started fresh) and a random
+// incarnation id drawn at start (a restarted server has a new one).
+// A kCheckpoint slot (no rows, clock = the worker's clock) asks for a
+// checkpoint at that clock (src/ps/checkpoint.h, docs/ps.md "Checkpoints").
 //
 // == Barrier ==
 // Server 0's atomics region holds a u64 counter touched only by transport
@@ -91,6 +99,7 @@
 #include <cstdint>
 #include <cstring>
 #include <optional>
+#include <string>
 #include <type_traits>
 
 #include "src/base/checked.h"
@@ -103,7 +112,7 @@ static_assert(std::endian::native == std::endian::little,
 inline constexpr std::uint32_t kHelloMagic = 0x50414d52;      // "RMAP"
 inline constexpr std::uint32_t kBootstrapMagic = 0x544f4f42;  // "BOOT"
 inline constexpr std::uint32_t kDirectoryMagic = 0x52494452;  // "RDIR"
-inline constexpr std::uint32_t kLayoutVersion = 5;
+inline constexpr std::uint32_t kLayoutVersion = 6;
 inline constexpr std::uint32_t kBootstrapImm = 0x80000000u;
 inline constexpr std::size_t kBootstrapSlotBytes = 64;
 inline constexpr std::size_t kCacheLine = 64;
@@ -387,8 +396,19 @@ struct ControlWorker {
 };
 static_assert(std::is_trivially_copyable_v<ControlWorker> && sizeof(ControlWorker) == 24);
 
-inline std::size_t ControlPayloadBytes(std::uint32_t num_workers) {
+struct ControlCheckpoint {
+  std::uint64_t durable_plus1;   // newest clock with a durable part here, + 1 (0: none)
+  std::uint64_t failed_plus1;    // newest clock whose part failed here, + 1 (0: none)
+  std::uint64_t restored_plus1;  // clock restored from, + 1 (0: started fresh)
+  std::uint64_t incarnation;     // random per server start
+};
+static_assert(std::is_trivially_copyable_v<ControlCheckpoint> && sizeof(ControlCheckpoint) == 32);
+
+inline std::size_t ControlCheckpointOffset(std::uint32_t num_workers) {
   return sizeof(ControlHead) + num_workers * sizeof(ControlWorker);
+}
+inline std::size_t ControlPayloadBytes(std::uint32_t num_workers) {
+  return ControlCheckpointOffset(num_workers) + sizeof(ControlCheckpoint);
 }
 inline std::size_t ControlBlockBytes(std::uint32_t num_workers) {
   return sizeof(BlockHeader) + ControlPayloadBytes(num_workers);
@@ -398,7 +418,13 @@ inline constexpr std::size_t kAtomicsBytes = 64;
 
 // ---- Push slots --------------------------------------------------------------
 
-enum class SlotKind : std::uint32_t { kRange = 1, kRows = 2, kClock = 3, kBye = 4 };
+enum class SlotKind : std::uint32_t {
+  kRange = 1,
+  kRows = 2,
+  kClock = 3,
+  kBye = 4,
+  kCheckpoint = 5,
+};
 
 struct SlotHeader {
   std::uint64_t seq;    // 1, 2, ... per (worker, server)
@@ -419,5 +445,14 @@ inline std::uint64_t SlotRowCapacity(std::uint32_t slot_bytes, std::uint32_t dim
 }
 
 inline std::uint32_t ImmOfSeq(std::uint64_t seq) { return static_cast<std::uint32_t>(seq); }
+
+// ---- Checkpoints -------------------------------------------------------------
+
+// The folder of the checkpoint at `clock` under a checkpoint dir (servers
+// write it, Client::Checkpoint reports it): "ckpt-" and 20 digits.
+inline std::string CheckpointName(std::uint64_t clock) {
+  std::string digits = std::to_string(clock);
+  return "ckpt-" + std::string(20 - digits.size(), '0') + digits;
+}
 
 }  // namespace rdmaps::internal

@@ -8,7 +8,9 @@
 #   perf/<tool>/ may also include transport/transport.h and perf/rdmaps-perf/ (the report and command-line library the perf tools
 #     share); perf/ps-bench/ also src/ps/wire.h, src/ps/memory.h and
 #     src/ps/optimizer.h, to measure the raw baselines against the wire
-#     format, memory layout and optimizer kernels the server uses.
+#     format, memory layout and optimizer kernels the server uses;
+#     perf/ckpt-bench/ src/ps/checkpoint.h and src/ps/wire.h, to time the
+#     server's own checkpoint capture and writer against memcpy and the disk.
 # System and third-party headers are not restricted (rdmaps-doctor inspects
 # devices with libibverbs and librdmacm itself). Fails naming every file and
 # include that breaks the rule.
@@ -36,6 +38,9 @@ foreach(file ${_files})
   endif()
   if(_folder STREQUAL "perf/ps-bench")
     list(APPEND _allowed "^src/ps/wire\\.h$" "^src/ps/memory\\.h$" "^src/ps/optimizer\\.h$")
+  endif()
+  if(_folder STREQUAL "perf/ckpt-bench")
+    list(APPEND _allowed "^src/ps/checkpoint\\.h$" "^src/ps/wire\\.h$")
   endif()
   file(STRINGS "${SOURCE_DIR}/${file}" _lines REGEX "^[ \t]*#[ \t]*include")
   foreach(line ${_lines})

@@ -268,6 +268,23 @@ void Job::FlushLines(Child& c, bool all) {
   }
 }
 
+void Job::KillAndForget(const std::vector<ChildId>& ids) {
+  for (ChildId id : ids) {
+    Child& c = *children_[id];
+    if (!c.exit_code) kill(c.pid, SIGKILL);
+  }
+  auto reaped = [&] {
+    for (ChildId id : ids) {
+      if (!children_[id]->exit_code) return false;
+    }
+    return true;
+  };
+  const auto give_up = Clock::now() + kKillWait;
+  while (WaitUntil(give_up, reaped).reason == Wake::kSignal) {
+  }
+  failure_.reset();
+}
+
 void Job::StopAll(int sig) {
   stopping_ = true;
   for (auto& c : children_) {

@@ -117,6 +117,11 @@ class Job {
   // longer recorded in failure().
   void StopAll(int sig = SIGTERM);
 
+  // SIGKILLs the children of `ids` still running and waits (up to
+  // kKillWait) until they are reaped; then forgets failure() (their exits
+  // and the one that caused this are handled). For restarting some children.
+  void KillAndForget(const std::vector<ChildId>& ids);
+
   // "received SIGINT; stopping every process", StopAll (SIGHUP is forwarded
   // as SIGTERM); returns 128 + sig, the launcher's exit code.
   int StopForSignal(int sig);

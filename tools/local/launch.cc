@@ -127,6 +127,12 @@ Outcome CheckOptions(const LaunchOptions& o) {
               << ")\n";
     return kExitConfig;
   }
+  if (o.restart_servers > 0 && o.server_args.find("--checkpoint_dir=") == std::string::npos) {
+    std::cerr << "rdmaps-local: --restart_servers restarts the servers from their latest "
+                 "checkpoint: give one with --server_args=\"--checkpoint_dir=DIR "
+                 "--checkpoint_every=N\"\n";
+    return kExitConfig;
+  }
   if (o.layout_env != "rdmaps" && o.layout_env != "tf_config") {
     std::cerr << "rdmaps-local: --layout_env must be rdmaps or tf_config, not '" << o.layout_env
               << "'\n";
@@ -211,11 +217,14 @@ class Launcher {
     return std::nullopt;
   }
 
-  // Servers, each to report its address on fd 3.
+  // Servers, each to report its address on fd 3. A restart (ps_ known)
+  // listens on the same addresses and restores the latest checkpoint.
   Outcome StartServers() {
+    const bool restart = !ps_.empty();
     const std::vector<std::string> placeholder(static_cast<std::size_t>(o_.servers),
                                                o_.host + ":0");
     const std::string binary = ServerBinary(o_);
+    servers_.clear();
     for (int i = 0; i < o_.servers; ++i) {
       ChildSpec spec{.name = "ps" + std::to_string(i),
                      .argv = {binary, "--tables=" + tables_path_, "--ready_fd=3",
@@ -225,6 +234,10 @@ class Launcher {
                      .ready_pipe = true};
       AddLayoutEnv(o_, spec.env, true, i, placeholder, token_);
       for (auto& arg : SplitArgs(o_.server_args)) spec.argv.push_back(std::move(arg));
+      if (restart) {
+        spec.argv.push_back("--listen=" + ps_[static_cast<std::size_t>(i)]);
+        spec.argv.push_back("--restore=auto");
+      }
       auto id = job_.Spawn(spec);
       if (!id.ok()) {
         job_.Say(id.status().ToString());
@@ -270,7 +283,15 @@ class Launcher {
       job_.StopAll();
       return kExitTimeout;
     }
-    for (ChildId id : servers_) ps_.push_back(*job_.ready_line(id));
+    std::vector<std::string> ps;
+    for (ChildId id : servers_) ps.push_back(*job_.ready_line(id));
+    if (!ps_.empty() && ps != ps_) {
+      job_.Say("restarted servers listen on " + JoinHosts(ps) + ", not " + JoinHosts(ps_) +
+               " where the workers look; stopping");
+      job_.StopAll();
+      return 1;
+    }
+    ps_ = ps;
     job_.Say("servers ready: " + JoinHosts(ps_));
     return std::nullopt;
   }
@@ -309,6 +330,17 @@ class Launcher {
     };
     auto wake = job_.WaitUntil(job_deadline_, workers_done_or_failure);
     if (wake.reason == Job::Wake::kSignal) return job_.StopForSignal(wake.signal);
+    if (job_.failure() && job_.failure()->server && restarts_ < o_.restart_servers) {
+      // Every server goes back to the same checkpoint: the survivors too.
+      ++restarts_;
+      job_.Say(job_.failure()->what + "; restarting every server from the latest checkpoint (" +
+               std::to_string(restarts_) + " of " + std::to_string(o_.restart_servers) + ")");
+      job_.KillAndForget(servers_);
+      startup_deadline_ = Clock::now() + o_.startup_timeout;
+      if (Outcome rc = StartServers()) return rc;
+      if (Outcome rc = WaitForAddresses()) return rc;
+      return Supervise();
+    }
     if (job_.failure()) {
       // Collect a server failure that caused this one (see Job::kSettle).
       wake =
@@ -352,7 +384,7 @@ class Launcher {
   const std::string tmpdir_;
   const std::string token_;
   const Clock::time_point start_;
-  const Clock::time_point startup_deadline_;
+  Clock::time_point startup_deadline_;  // moved on by a restart of the servers
   const Clock::time_point job_deadline_;
 
   // Set by the phases, in order.
@@ -360,6 +392,7 @@ class Launcher {
   std::vector<ChildId> servers_;
   std::vector<std::string> ps_;  // the servers' addresses
   std::vector<ChildId> workers_;
+  int restarts_ = 0;
 };
 
 }  // namespace

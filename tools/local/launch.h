@@ -14,7 +14,8 @@
 //    returns the first non-zero exit code (a signal N counts as 128+N), or 0.
 //    A failing worker, a server exiting early, Ctrl-C / SIGTERM (forwarded
 //    to every child) or the job deadline stop everything: SIGTERM, then
-//    SIGKILL after the grace period.
+//    SIGKILL after the grace period. With restart_servers, a server that
+//    dies has every server restarted from the latest checkpoint instead.
 // The children are supervised by a Job (job.h).
 //
 // Thread safety: Launch blocks the calling thread until the job has ended.
@@ -54,6 +55,12 @@ struct LaunchOptions {
   std::chrono::seconds timeout{0};
   // After SIGTERM, children get this long before SIGKILL.
   std::chrono::seconds grace{10};
+  // A server that dies is not the end of the job, this many times: every
+  // server is killed and started again on its port with --restore=auto
+  // (the newest complete checkpoint under the --checkpoint_dir that
+  // server_args must give), and the workers reconnect and rewind to it
+  // (rdmaps-train --max_recoveries). 0: a dead server stops the job.
+  int restart_servers = 0;
   // Fault drill: this worker is not started (its slot stays empty).
   int omit_worker = -1;
   // Print the layout the workers would get, start nothing.

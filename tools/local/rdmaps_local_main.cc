@@ -37,6 +37,10 @@ DEFINE_bool(insecure, false,
 DEFINE_int32(startup_timeout_s, 60, "deadline for servers to be ready and workers to connect");
 DEFINE_int32(timeout_s, 0, "deadline for the whole job (exit 124); 0: none");
 DEFINE_int32(grace_s, 10, "after SIGTERM, children get this long before SIGKILL");
+DEFINE_int32(restart_servers, 0,
+             "when a server dies, restart every server from the latest checkpoint (--restore=auto; "
+             "give --checkpoint_dir in --server_args) up to this many times; the workers must "
+             "reconnect (rdmaps-train --max_recoveries)");
 DEFINE_int32(omit_worker, -1, "fault drill: do not start this worker (its slot stays empty)");
 DEFINE_bool(print_layout, false, "print the layout the workers would get and exit");
 
@@ -81,6 +85,7 @@ int main(int argc, char** argv) {
   options.server_binary = FLAGS_server_binary;
   options.server_args = FLAGS_server_args;
   options.insecure = FLAGS_insecure;
+  options.restart_servers = FLAGS_restart_servers;
   options.startup_timeout = std::chrono::seconds(FLAGS_startup_timeout_s);
   options.timeout = std::chrono::seconds(FLAGS_timeout_s);
   options.grace = std::chrono::seconds(FLAGS_grace_s);

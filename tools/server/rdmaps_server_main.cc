@@ -81,6 +81,18 @@ DEFINE_int32(gid_index, -1, "verbs: GID index (-1: rdma_cm chooses)");
 DEFINE_uint32(push_slots, 32, "push ring slots per worker");
 DEFINE_uint32(push_slot_bytes, 64 * 1024, "bytes per push ring slot");
 DEFINE_uint32(apply_threads, 0, "threads applying one large push (0: all cores)");
+DEFINE_string(checkpoint_dir, "",
+              "write checkpoints to this folder (the same, shared, for every server of the job)");
+DEFINE_uint64(checkpoint_every, 0,
+              "checkpoint at every clock that is a multiple of this (0: only "
+              "when workers call Client::Checkpoint)");
+DEFINE_uint32(checkpoint_keep, 3, "keep the newest this many complete checkpoints (0: all)");
+DEFINE_int32(checkpoint_timeout_s, 600,
+             "abandon a checkpoint that a worker has not reached after this long");
+DEFINE_string(restore, "",
+              "start from a checkpoint: its ckpt-<clock> folder, latest (the newest complete "
+              "one under --checkpoint_dir) or auto (latest if there is one, else start fresh); "
+              "any number of servers may have written it");
 DEFINE_int32(ready_fd, -1, "write \"host:port\\n\" to this fd when ready (used by rdmaps-local)");
 DEFINE_int32(run_timeout_s, 0, "give up (exit 1) after this long serving; 0: no limit");
 
@@ -324,6 +336,11 @@ int RealMain(SignalThread& signals) {
   so.push_slot_bytes = FLAGS_push_slot_bytes;
   so.apply_threads = FLAGS_apply_threads;
   if (!FLAGS_listen.empty()) so.listen_address = FLAGS_listen;
+  so.checkpoint_dir = FLAGS_checkpoint_dir;
+  so.checkpoint_every = FLAGS_checkpoint_every;
+  so.checkpoint_keep = FLAGS_checkpoint_keep;
+  so.checkpoint_timeout = std::chrono::seconds(std::max(1, FLAGS_checkpoint_timeout_s));
+  so.restore = FLAGS_restore;
 
   std::unique_ptr<rdmaps::Server> server;
   if (layout.needs_rendezvous && layout.index < 0) {
@@ -371,8 +388,14 @@ int RealMain(SignalThread& signals) {
   }
   if (!started.ok()) {
     LOG(ERROR) << layout.name() << ": cannot start: " << started.status();
-    return started.status().code() == rdmaps::StatusCode::kInvalidArgument ? kExitConfig
-                                                                           : kExitRuntime;
+    // A checkpoint that cannot be restored is a configuration error too.
+    const rdmaps::StatusCode code = started.status().code();
+    return code == rdmaps::StatusCode::kInvalidArgument ||
+                   (!so.restore.empty() && (code == rdmaps::StatusCode::kFailedPrecondition ||
+                                            code == rdmaps::StatusCode::kDataLoss ||
+                                            code == rdmaps::StatusCode::kNotFound))
+               ? kExitConfig
+               : kExitRuntime;
   }
   server = std::move(*started);
   rdmaps::Server* raw = server.get();

@@ -38,6 +38,9 @@ Result<std::vector<TrainReport>> RunInProcessJob(
     so.num_workers = static_cast<std::uint32_t>(job.workers);
     so.tables = tables;
     so.apply_threads = 1;  // Servers and workers share the machine's cores.
+    so.checkpoint_dir = job.checkpoint_dir;
+    so.checkpoint_every = job.checkpoint_every;
+    if (job.resume) so.restore = "latest";
     RDMAPS_ASSIGN_OR_RETURN(std::unique_ptr<Server> server, Server::Start(so));
     addresses.push_back(server->address());
     servers.push_back(std::move(server));

@@ -35,6 +35,12 @@ struct InProcessJob {
   int slow_factor = 1;
   // Only worker 0 evaluates (the others skip evaluation) unless this is set.
   bool evaluate_on_every_worker = false;
+  // Checkpoints (ServerOptions of the same names): the servers write one
+  // every checkpoint_every clocks to checkpoint_dir; with `resume` they start
+  // from the newest complete one there and the workers resume at its clock.
+  std::string checkpoint_dir;
+  std::uint64_t checkpoint_every = 0;
+  bool resume = false;
   // Pull/Barrier waits and connects fail after this long.
   std::chrono::milliseconds wait_timeout{60000};
 };

@@ -1,6 +1,11 @@
 #include "tools/train/ps_store.h"
 
+#include <glog/logging.h>
+
+#include <algorithm>
+#include <chrono>
 #include <string>
+#include <thread>
 
 namespace rdmaps::train {
 
@@ -25,7 +30,45 @@ Result<std::unique_ptr<PsStore>> PsStore::Connect(const ClientOptions& options,
     }
     tables.push_back(*info);
   }
-  return std::unique_ptr<PsStore>(new PsStore(std::move(client), std::move(tables)));
+  return std::unique_ptr<PsStore>(new PsStore(options, std::move(client), std::move(tables)));
+}
+
+namespace {
+constexpr std::chrono::milliseconds kRecoverAttempt{3000};
+}  // namespace
+
+Status PsStore::Recover() {
+  const std::vector<std::uint64_t> old = client_->server_incarnations();
+  pull_buffers_.clear();  // registered with the old Client
+  push_buffers_.clear();
+  client_.reset();  // its links are broken: no goodbye is sent
+  const auto deadline = std::chrono::steady_clock::now() + options_.connect_timeout;
+  Status last = UnavailableError("no attempt");
+  while (std::chrono::steady_clock::now() < deadline) {
+    // Each attempt is short: one that reached a survivor the launcher kills
+    // meanwhile would otherwise wait out the whole timeout for its bootstrap.
+    ClientOptions o = options_;
+    o.connect_timeout =
+        std::min(kRecoverAttempt, std::chrono::duration_cast<std::chrono::milliseconds>(
+                                      deadline - std::chrono::steady_clock::now()));
+    o.refuse_incarnations = old;
+    Result<std::unique_ptr<Client>> c = Client::Connect(o);
+    if (c.ok()) {
+      client_ = std::move(*c);
+      start_clock_ = client_->clock();
+      LOG(INFO) << "worker " << options_.worker_id << " reconnected to the restarted servers; "
+                << "resuming at clock " << start_clock_;
+      return Status::OK();
+    }
+    // Not up yet, or (Unavailable) one has not been restarted yet: the whole
+    // job must go back to one checkpoint, so wait for the launcher to
+    // restart it too.
+    last = c.status();
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));  // polling a launcher's restart
+  }
+  return last.WithContext("worker " + std::to_string(options_.worker_id) +
+                          " reconnecting after a server failure (restart the servers with "
+                          "--restore=auto, e.g. rdmaps-local --restart_servers)");
 }
 
 PsStore::~PsStore() { (void)Close(); }
@@ -44,6 +87,7 @@ Status PsStore::EnsureRegistered(std::span<const float> buffer, std::span<float>
 }
 
 Status PsStore::Pull(Params<float>& params) {
+  if (!client_) return UnavailableError("the parameter store did not recover");
   params.resize(tables_.size());
   for (std::size_t t = 0; t < tables_.size(); ++t) {
     const TableInfo& info = tables_[t];
@@ -56,6 +100,7 @@ Status PsStore::Pull(Params<float>& params) {
 }
 
 Status PsStore::Push(const Params<float>& grads) {
+  if (!client_) return UnavailableError("the parameter store did not recover");
   if (grads.size() != tables_.size()) {
     return InvalidArgumentError("PsStore::Push: " + std::to_string(grads.size()) +
                                 " gradient tables for " + std::to_string(tables_.size()) +
@@ -70,11 +115,18 @@ Status PsStore::Push(const Params<float>& grads) {
   return Status::OK();
 }
 
-Status PsStore::Clock() { return client_->Clock().status(); }
+Status PsStore::Clock() {
+  if (!client_) return UnavailableError("the parameter store did not recover");
+  return client_->Clock().status();
+}
 
-Status PsStore::Barrier() { return client_->Barrier(); }
+Status PsStore::Barrier() {
+  if (!client_) return UnavailableError("the parameter store did not recover");
+  return client_->Barrier();
+}
 
 StoreStats PsStore::stats() const {
+  if (!client_) return {};
   const ClientStats c = client_->stats();
   StoreStats s;
   s.pulls = c.pulls;
@@ -90,6 +142,6 @@ StoreStats PsStore::stats() const {
   return s;
 }
 
-Status PsStore::Close() { return client_->Close(); }
+Status PsStore::Close() { return client_ ? client_->Close() : Status::OK(); }
 
 }  // namespace rdmaps::train

@@ -38,6 +38,11 @@ class PsStore : public ParameterStore {
   Status Push(const Params<float>& grads) override;
   Status Clock() override;
   Status Barrier() override;
+  std::uint64_t start_clock() const override { return start_clock_; }
+  // Drops the broken Client and connects again (retrying until the
+  // options' connect_timeout) to servers that have all restarted since
+  // (every incarnation id new); their restored clock becomes start_clock().
+  Status Recover() override;
   StoreStats stats() const override;
 
   // Tells the servers this worker is done. The destructor calls it.
@@ -46,16 +51,22 @@ class PsStore : public ParameterStore {
   Client& client() { return *client_; }
 
  private:
-  PsStore(std::unique_ptr<Client> client, std::vector<TableInfo> tables)
-      : client_(std::move(client)), tables_(std::move(tables)) {}
+  PsStore(const ClientOptions& options, std::unique_ptr<Client> client,
+          std::vector<TableInfo> tables)
+      : options_(options),
+        client_(std::move(client)),
+        tables_(std::move(tables)),
+        start_clock_(client_->clock()) {}
 
   // Registers `buffer` unless it is already; a buffer that moved since is
   // unregistered first. `slot` remembers what is registered for one use.
   Status EnsureRegistered(std::span<const float> buffer, std::span<float>* slot);
 
+  const ClientOptions options_;
   std::unique_ptr<Client> client_;
   const std::vector<TableInfo> tables_;                        // In ParameterTables order.
   std::vector<std::span<float>> pull_buffers_, push_buffers_;  // Registered, per table.
+  std::uint64_t start_clock_;
 };
 
 }  // namespace rdmaps::train

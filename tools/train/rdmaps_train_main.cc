@@ -76,6 +76,15 @@ DEFINE_int32(wait_timeout_ms, 60000,
              "pull (staleness) and barrier deadline; also the start-up (rendezvous and "
              "connect) deadline unless the launcher sets RDMAPS_STARTUP_TIMEOUT_S");
 DEFINE_bool(print_tables, false, "print the model's tables as JSON and exit");
+DEFINE_string(checkpoint_dir, "", "servers run by this tool write checkpoints to this folder");
+DEFINE_uint64(checkpoint_every, 0, "... one every this many steps (clocks; 0: none)");
+DEFINE_int32(max_recoveries, 0,
+             "after a server failure, reconnect to the restarted servers and rewind to their "
+             "checkpoint this many times (rdmaps-local --restart_servers restarts them)");
+DEFINE_bool(resume, false,
+            "servers run by this tool start from the newest complete checkpoint in "
+            "--checkpoint_dir; workers resume at its step, with the data order of an "
+            "uninterrupted run");
 
 namespace rdmaps::train {
 namespace {
@@ -225,6 +234,9 @@ Status Serve(const ClusterOptions& lo, ClusterLayout layout, const std::string& 
   ServerOptions so = ServerOptions::FromCluster(layout);
   so.transport.transport = transport;
   so.tables = tables;
+  so.checkpoint_dir = FLAGS_checkpoint_dir;
+  so.checkpoint_every = FLAGS_checkpoint_every;
+  if (FLAGS_resume) so.restore = "latest";
   RDMAPS_ASSIGN_OR_RETURN(std::unique_ptr<Server> server, Server::Start(so));
   RDMAPS_ASSIGN_OR_RETURN(layout, CompleteCluster(std::move(layout), server->address(), lo));
   LOG(INFO) << "ps" << so.server_index << " serving " << tables.size() << " tables at "
@@ -257,6 +269,9 @@ Status Run() {
     return InvalidArgumentError("--slow_mode=" + FLAGS_slow_mode +
                                 " is unknown; use compute or wait");
   }
+  if ((FLAGS_checkpoint_every > 0 || FLAGS_resume) && FLAGS_checkpoint_dir.empty()) {
+    return InvalidArgumentError("--checkpoint_every and --resume need --checkpoint_dir");
+  }
   const bool softmax = spec.hidden.empty();
   if (FLAGS_epochs == 0) FLAGS_epochs = softmax ? 20 : 8;
   if (FLAGS_batch_size <= 0 || FLAGS_epochs <= 0 || FLAGS_slow_factor <= 0) {
@@ -271,6 +286,7 @@ Status Run() {
   o.eval_limit = FLAGS_eval_limit;
   o.target_accuracy = FLAGS_target_accuracy;
   o.slow_mode = FLAGS_slow_mode == "wait" ? SlowMode::kWait : SlowMode::kCompute;
+  o.max_recoveries = std::max(0, FLAGS_max_recoveries);
 
   RDMAPS_ASSIGN_OR_RETURN(const std::uint32_t staleness, ParseStaleness(FLAGS_staleness));
   const std::vector<TableOptions> tables = ModelTables(spec, opt, FLAGS_seed, staleness);
@@ -308,6 +324,9 @@ Status Run() {
     job.slow_worker = FLAGS_slow_worker;
     job.slow_factor = FLAGS_slow_factor;
     job.wait_timeout = std::chrono::milliseconds(FLAGS_wait_timeout_ms);
+    job.checkpoint_dir = FLAGS_checkpoint_dir;
+    job.checkpoint_every = FLAGS_checkpoint_every;
+    job.resume = FLAGS_resume;
     std::function<void(int, const Progress&)> worker_progress;
     if (FLAGS_progress) {
       worker_progress = [](int w, const Progress& p) {

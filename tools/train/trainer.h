@@ -51,6 +51,15 @@ class ParameterStore {
   virtual Status Clock() = 0;
   // Waits for every worker; the default has nobody to wait for.
   virtual Status Barrier() { return Status::OK(); }
+  // The clock (= steps done) this worker starts at: 0, or the clock of the
+  // checkpoint the servers restored. Train() resumes there.
+  virtual std::uint64_t start_clock() const { return 0; }
+  // After a server failure (a call failed with Unavailable): connects again
+  // once the job's servers have been restarted from their latest checkpoint,
+  // after which start_clock() is its clock. The default cannot.
+  virtual Status Recover() {
+    return NotSupportedError("this parameter store cannot recover from a failure");
+  }
   virtual StoreStats stats() const = 0;
 };
 
@@ -82,6 +91,10 @@ struct TrainOptions {
   // time_to_target_seconds (0: none). Training does not stop there: under BSP
   // every worker must run the same number of clocks.
   double target_accuracy = 0;
+  // A store call failing with Unavailable (a server died) is followed by
+  // store.Recover() and a rewind to its start_clock(), this many times at
+  // most (0: the failure ends the run).
+  int max_recoveries = 0;
   // Called about every progress_interval with the running figures.
   std::chrono::milliseconds progress_interval{1000};
 };
@@ -112,6 +125,7 @@ struct TrainReport {
   double last_epoch_loss = 0;   // ... and of the last.
   std::vector<double> epoch_loss;
   std::vector<EvalPoint> curve;
+  int recoveries = 0;                  // rewinds to a checkpoint after a server failure
   double time_to_target_seconds = -1;  // When the curve first reached target_accuracy.
   double test_accuracy = -1;           // Full test set, final parameters (-1: not evaluated).
   StoreStats store;

@@ -1,0 +1,249 @@
+// Checkpoints of a server's shards: the consistent cut the apply thread keeps
+// (CheckpointCut), the in-memory capture (CaptureTable, reusable by anything
+// that needs a copy of a shard at a cut, e.g. filling a new replica), the
+// files (WriteCheckpointPart, written by CheckpointWriter's thread) and the
+// way back (OpenCheckpoint, RestoreTable).
+//
+// == On disk (format version kCheckpointFormatVersion) ==
+//   <checkpoint_dir>/
+//     latest                          "ckpt-<clock>\n": the newest complete one
+//     ckpt-<clock, 20 digits>/        one checkpoint: the state at that clock
+//       part-<i>-of-<n>/              written by server i of n, published by
+//         manifest.json               one rename once every file is fsynced
+//         table-<id>.rows.npy         float32 [shard_rows, dim]
+//         table-<id>.<tensor>.npy     optimizer state: velocity | accumulator
+//                                     (float32 [shard_rows, dim]); adam: m, v
+//                                     (float32 [shard_rows, dim]), step
+//                                     (uint32 [shard_rows])
+//       .part-<i>-of-<n>.tmp/         a part being written (never read)
+// A checkpoint is complete when part-i-of-n/manifest.json exists for every
+// i < n, every manifest agrees (format, clock, n, tables, lineage) and every
+// file has
+// the size and XXH3-64 the manifest gives (checked when read). The rows of
+// a part are the rows PartitionOf(rows, n, i) gives server i, so a job with
+// another number of servers picks its rows from the parts that hold them.
+//
+// Thread safety: CheckpointCut is the apply thread's alone; CheckpointWriter
+// is safe from any thread; the functions are plain.
+#pragma once
+
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "rdmaps/status.h"
+#include "rdmaps/table.h"
+#include "src/base/mutex.h"
+#include "src/ps/wire.h"
+
+namespace rdmaps::internal {
+
+inline constexpr std::uint32_t kCheckpointFormatVersion = 1;
+
+// ---- The cut ----------------------------------------------------------------
+//
+// A checkpoint at clock c holds every push a worker sent before its c-th
+// Clock() and none after. Each worker's ring is in push order and its c-th
+// kClock slot marks the boundary, so the apply thread keeps the cut by
+// holding back a worker's later slots (unapplied, in its ring, their
+// notifications queued here) once the worker has reached the cut, until
+// every worker has reached it (or said goodbye) and the shard is captured.
+// See docs/ps.md "Checkpoints" for why that is the same cut on every server.
+class CheckpointCut {
+ public:
+  // `every`: a cut at every clock that is a multiple of it (0: none but
+  // those asked for by kCheckpoint slots).
+  CheckpointCut(std::uint32_t num_workers, std::uint64_t every);
+
+  // Worker w's clock became `clock` (its kClock slot was applied).
+  void OnClock(std::uint32_t w, std::uint64_t clock);
+  // Worker w asks for a checkpoint at its clock `clock` (a kCheckpoint
+  // slot). False when it cannot be had: another worker is already past it.
+  bool OnRequest(std::uint32_t w, std::uint64_t clock, const std::vector<std::uint64_t>& clocks);
+  // True while worker w's slots wait for the cut.
+  bool Holding(std::uint32_t w) const { return armed_ && at_cut_[w]; }
+  // The cut is armed and every worker not `done` has reached it.
+  bool Complete(const std::vector<bool>& done) const;
+  std::optional<std::uint64_t> armed() const {
+    return armed_ ? std::optional<std::uint64_t>(clock_) : std::nullopt;
+  }
+  // Since when the armed cut waits (for the abandon deadline).
+  std::chrono::steady_clock::time_point armed_at() const { return armed_at_; }
+  // Captured (or abandoned): later slots flow again.
+  void Release(bool captured);
+  // A checkpoint at `clock` exists already (restored from it).
+  void SetCaptured(std::uint64_t clock) { captured_plus1_ = clock + 1; }
+
+  // Notifications (imm) of held slots, per worker, in arrival order.
+  std::vector<std::deque<std::uint32_t>>& held() { return held_; }
+
+ private:
+  void Arm(std::uint64_t clock);
+
+  const std::uint64_t every_;
+  bool armed_ = false;
+  std::uint64_t clock_ = 0;
+  std::uint64_t captured_plus1_ = 0;  // newest clock captured, + 1
+  std::chrono::steady_clock::time_point armed_at_{};
+  std::vector<bool> at_cut_;
+  std::vector<std::deque<std::uint32_t>> held_;
+};
+
+// ---- The capture ------------------------------------------------------------
+
+// One table's shard as it lies in a server's memory.
+struct ShardView {
+  const TableOptions* options = nullptr;
+  ShardRange shard;
+  ShardGeometry geometry;
+  std::byte* memory = nullptr;  // the shard region (geometry says where rows are)
+  float* state = nullptr;       // shard.count * state_floats
+  std::size_t state_floats = 0;
+};
+
+// A copy of one table's shard: rows dense [count x dim], state [count x
+// state_floats] as the optimizer keeps it.
+struct TableSnapshot {
+  TableOptions options;
+  ShardRange shard;
+  std::size_t state_floats = 0;
+  std::vector<float> rows;
+  std::vector<float> state;
+};
+
+struct ShardSnapshot {
+  std::uint64_t clock = 0;
+  // The run that took it (CheckpointLineage): every part of one checkpoint
+  // must come from the same run.
+  std::string lineage;
+  std::uint32_t server_index = 0;
+  std::uint32_t num_servers = 1;
+  std::uint32_t num_workers = 1;
+  std::vector<TableSnapshot> tables;
+};
+
+// Copies the rows and state of `view` into `out`. At memcpy speed when `out`
+// already holds a copy of the same shard (its memory is reused); the first
+// copy also pays for allocating and faulting in the pages.
+void CaptureTable(const ShardView& view, TableSnapshot* out);
+
+// The optimizer state tensors of a row's state_floats: name, first float,
+// floats (columns), and whether they hold uint32 bits.
+struct StateTensor {
+  const char* name;
+  std::size_t offset;
+  std::size_t width;
+  bool u32;
+};
+std::vector<StateTensor> StateTensors(OptimizerOptions::Kind kind, std::uint32_t dim);
+
+// ---- The files ---------------------------------------------------------------
+
+// Writes `snap` as part server_index-of-num_servers of checkpoint
+// CheckpointName(snap.clock) under `dir`: files under a temporary folder,
+// each fsynced, the folder fsynced, renamed into place, the checkpoint's
+// folder fsynced. Then, when every part is there, points `latest` at it (if
+// newer), and with `keep` > 0 on server 0 removes all but the newest `keep`
+// complete checkpoints. Returns the checkpoint's folder.
+Result<std::string> WriteCheckpointPart(const std::string& dir, const ShardSnapshot& snap,
+                                        std::uint32_t keep);
+
+// One file of a part as its manifest describes it.
+struct CheckpointFile {
+  std::string tensor;  // "rows" or a StateTensor name
+  std::string file;
+  std::vector<std::uint64_t> shape;
+  std::string dtype;  // "<f4" or "<u4"
+  std::uint64_t bytes = 0;
+  std::uint64_t xxh3 = 0;
+};
+
+struct CheckpointTable {
+  std::uint32_t id = 0;
+  std::string name;
+  std::uint64_t rows = 0;
+  std::uint32_t dim = 0;
+  std::string optimizer;
+  std::uint64_t shard_begin = 0;
+  std::uint64_t shard_rows = 0;
+  std::vector<CheckpointFile> files;
+};
+
+struct CheckpointPart {
+  std::string path;  // the part's folder
+  std::string lineage;
+  std::uint32_t format_version = 0;
+  std::uint64_t clock = 0;
+  std::uint32_t server_index = 0;
+  std::uint32_t num_servers = 0;
+  std::vector<CheckpointTable> tables;
+};
+
+// Reads and cross-checks every part's manifest of the checkpoint in folder
+// `path` (one ckpt-<clock>), and that every file exists with its size.
+// FailedPrecondition naming the cause and the fix: a missing part, a
+// manifest of a newer format, parts that disagree; DataLoss for a manifest
+// that does not parse or a file of the wrong size.
+Result<std::vector<CheckpointPart>> OpenCheckpoint(const std::string& path);
+
+// The newest complete checkpoint under `dir` (OpenCheckpoint succeeds);
+// NotFound when there is none, naming what was skipped and why.
+Result<std::string> FindLatestCheckpoint(const std::string& dir);
+
+// FailedPrecondition unless the checkpoint's tables are exactly `tables`
+// (ids, names, rows, dims, optimizer kinds).
+Status CheckCheckpointTables(const std::vector<CheckpointPart>& parts,
+                             const std::vector<TableOptions>& tables, const std::string& path);
+
+// Loads the rows of `view` (and its optimizer state) from the parts that
+// hold them, checking each file read against its manifest checksum
+// (DataLoss naming the file). Leaves the block headers to the caller.
+Status RestoreTable(const std::vector<CheckpointPart>& parts, const ShardView& view);
+
+// The lineage of a run: a hash of the job token and of where it started
+// (the lineage and clock of the checkpoint it restored, or none). Every
+// server of a run computes the same one without a message; a run rewound to
+// a checkpoint gets a new one, so its checkpoint at clock c is never mixed
+// with a part the run before the rewind wrote at the same clock.
+std::string CheckpointLineage(const std::string& job_token, const std::string& restored_lineage,
+                              std::optional<std::uint64_t> restored_clock);
+
+// ---- The writer thread -------------------------------------------------------
+
+// Writes snapshots in the background, one at a time in clock order; holds at
+// most one waiting (Submit blocks while one waits: a disk slower than the
+// checkpoints would otherwise grow memory without bound).
+class CheckpointWriter {
+ public:
+  // `done(clock, status)` runs on the writer thread after each one.
+  CheckpointWriter(std::string dir, std::uint32_t keep,
+                   std::function<void(std::uint64_t, const Status&)> done);
+  ~CheckpointWriter();  // writes what was submitted, then stops
+
+  void Submit(std::unique_ptr<ShardSnapshot> snap) RDMAPS_EXCLUDES(mu_);
+  // The last snapshot written, to capture the next one into (its pages are
+  // in memory already), or a new empty one.
+  std::unique_ptr<ShardSnapshot> TakeSpare() RDMAPS_EXCLUDES(mu_);
+
+ private:
+  void Loop();
+
+  const std::string dir_;
+  const std::uint32_t keep_;
+  const std::function<void(std::uint64_t, const Status&)> done_;
+  Mutex mu_;
+  std::condition_variable cv_;
+  std::unique_ptr<ShardSnapshot> waiting_ RDMAPS_GUARDED_BY(mu_);
+  std::unique_ptr<ShardSnapshot> spare_ RDMAPS_GUARDED_BY(mu_);
+  bool stop_ RDMAPS_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
+
+}  // namespace rdmaps::internal

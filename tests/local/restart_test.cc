@@ -1,0 +1,125 @@
+// The dead-server drill: rdmaps-local runs 2 servers with checkpoints and 2
+// rdmaps-train workers; once a checkpoint exists the test SIGKILLs server 1.
+// rdmaps-local (--restart_servers) must restart every server from the latest
+// checkpoint on the same ports, the workers (--max_recoveries) must
+// reconnect in the same processes and rewind to that checkpoint's clock, and
+// the job must finish. Every wait has a deadline (kKill); nothing is timed.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <regex>
+#include <string>
+#include <vector>
+
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+constexpr auto kKill = std::chrono::seconds(120);
+
+int CountOf(const std::string& text, const std::string& what) {
+  int n = 0;
+  for (auto p = text.find(what); p != std::string::npos; p = text.find(what, p + 1)) ++n;
+  return n;
+}
+
+TEST(RestartTest, DeadServerIsRestartedAndTheWorkersRewindToTheCheckpoint) {
+  // rdmaps-train's default --data_dir (tools/train/idx.h).
+  const std::string data = "/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte";
+  if (!fs::exists(data + ".gz") && !fs::exists(data)) {
+    GTEST_SKIP() << "needs Fashion-MNIST (Debian package dataset-fashion-mnist)";
+  }
+  char tmpl[] = "/tmp/rdmaps-restart-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  std::vector<std::string> argv = {
+      RDMAPS_LOCAL_BIN,
+      "--servers=2",
+      "--workers=2",
+      "--transport=tcp",
+      "--restart_servers=1",
+      "--server_binary=" RDMAPS_SERVER_BIN,
+      "--server_args=--checkpoint_dir=" + dir + " --checkpoint_every=20",
+      "--",
+      RDMAPS_TRAIN_BIN,
+      "--model=softmax",
+      "--epochs=60",
+      "--train_limit=4000",
+      "--test_limit=500",
+      "--progress=false",
+      "--max_recoveries=1"};
+  int fds[2];
+  ASSERT_EQ(::pipe2(fds, O_CLOEXEC), 0);
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    ::setpgid(0, 0);
+    ::dup2(fds[1], 1);
+    ::dup2(fds[1], 2);
+    std::vector<char*> args;
+    for (auto& a : argv) args.push_back(a.data());
+    args.push_back(nullptr);
+    ::execv(args[0], args.data());
+    ::_exit(127);
+  }
+  ::close(fds[1]);
+  const auto deadline = Clock::now() + kKill;
+  std::string out;
+  pid_t ps1 = -1;
+  bool killed = false;
+  const std::regex ps1_started("ps1 pid=([0-9]+) started");
+  while (Clock::now() < deadline) {
+    pollfd p{fds[0], POLLIN, 0};
+    const int r = ::poll(&p, 1, 50);
+    if (r > 0) {
+      char buf[4096];
+      const ssize_t n = ::read(fds[0], buf, sizeof(buf));
+      if (n <= 0) break;  // rdmaps-local and all its children are done
+      out.append(buf, static_cast<std::size_t>(n));
+    }
+    std::smatch m;
+    if (ps1 < 0 && std::regex_search(out, m, ps1_started)) ps1 = std::stoi(m[1]);
+    // Kill server 1 once a checkpoint is complete.
+    if (!killed && ps1 > 0 && fs::exists(dir + "/latest")) {
+      ASSERT_EQ(::kill(ps1, SIGKILL), 0) << "server 1 is gone already: the job ended too soon\n"
+                                         << out;
+      killed = true;
+    }
+  }
+  if (Clock::now() >= deadline) ::kill(-pid, SIGKILL);
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ::close(fds[0]);
+  ASSERT_TRUE(killed) << out;
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status << "\n" << out;
+  EXPECT_EQ(CountOf(out, "restarting every server from the latest checkpoint"), 1) << out;
+  EXPECT_EQ(CountOf(out, "ps server 0 restored"), 1) << out;
+  EXPECT_EQ(CountOf(out, "ps server 1 restored"), 1) << out;
+  // Both workers, in their first processes, went back to the same clock.
+  const std::regex resumed(
+      "worker ([01]) reconnected to the restarted servers; resuming at clock "
+      "([0-9]+)");
+  std::vector<std::string> clocks;
+  for (auto it = std::sregex_iterator(out.begin(), out.end(), resumed);
+       it != std::sregex_iterator(); ++it) {
+    clocks.push_back((*it)[2]);
+  }
+  ASSERT_EQ(clocks.size(), 2u) << out;
+  EXPECT_EQ(clocks[0], clocks[1]) << out;
+  EXPECT_GT(std::stoull(clocks[0]), 0u) << out;
+  EXPECT_EQ(std::stoull(clocks[0]) % 20, 0u) << out;
+  EXPECT_EQ(CountOf(out, "worker0 pid="), 1) << "a worker process was restarted\n" << out;
+  EXPECT_EQ(CountOf(out, "worker1 pid="), 1) << "a worker process was restarted\n" << out;
+  EXPECT_EQ(CountOf(out, "job done"), 1) << out;
+  fs::remove_all(dir);
+}
+
+}  // namespace
