@@ -577,17 +577,21 @@ class PyClient {
   }
 
   // Synchronous forms: queue, then wait (interruptibly).
+  // (Each reaps afterwards: the arrays of calls that have finished, this
+  // one's too, are let go at once.)
   py::object Pull(py::handle table, py::handle rows, py::object out) {
-    return PullAsync(table, rows, std::move(out)).Result(std::nullopt);
+    return Reaped(PullAsync(table, rows, std::move(out)).Result(std::nullopt));
   }
   void Push(py::handle table, py::handle rows, py::handle grads) {
-    PushAsync(table, rows, grads).Result(std::nullopt);
+    Reaped(PushAsync(table, rows, grads).Result(std::nullopt));
   }
   py::object PushPull(py::handle table, py::handle rows, py::handle grads, py::object out) {
-    return PushPullAsync(table, rows, grads, std::move(out)).Result(std::nullopt);
+    return Reaped(PushPullAsync(table, rows, grads, std::move(out)).Result(std::nullopt));
   }
-  std::uint64_t ClockSync() { return ClockAsync().Result(std::nullopt).cast<std::uint64_t>(); }
-  void Barrier() { BarrierAsync().Result(std::nullopt); }
+  std::uint64_t ClockSync() {
+    return Reaped(ClockAsync().Result(std::nullopt)).cast<std::uint64_t>();
+  }
+  void Barrier() { Reaped(BarrierAsync().Result(std::nullopt)); }
 
   // Says goodbye after every queued call. Idempotent.
   void Close() {
@@ -665,6 +669,11 @@ class PyClient {
     inflight_.push_back({op, std::move(keep)});
     runner_->Submit(op);
     return Future(std::move(op), std::move(result), what);
+  }
+
+  py::object Reaped(py::object result) {
+    Reap();
+    return result;
   }
 
   // Drops the Python objects of finished calls (with the GIL held).

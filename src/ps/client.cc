@@ -615,7 +615,11 @@ Status ClientImpl::Close() {
   if (closed_) return Status::OK();
   closed_ = true;
   Status st;
-  if (links_.broken().ok()) {
+  // A Connect that failed may have left servers without a connection: no
+  // goodbye then (there is nothing to send it on).
+  bool connected = !links_.servers().empty();
+  for (const ServerLink& s : links_.servers()) connected = connected && s.conn != nullptr;
+  if (links_.broken().ok() && connected) {
     st = push_.SendControlSlot(SlotKind::kBye, clock_,
                                SteadyClock::now() + std::chrono::seconds(10));
   }

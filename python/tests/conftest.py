@@ -1,0 +1,67 @@
+"""Shared fixtures: tables with known arithmetic and a local cluster of them.
+
+Table "w" uses SGD with learning rate 1 and starts at 1.0, so after pushes
+of gradients g the rows are exactly 1 - sum(g): every test can predict the
+values it pulls.
+"""
+import os
+import sys
+
+import numpy as np
+import pytest
+
+import rdmaps
+
+BUILD_DIR = os.environ.get("RDMAPS_BUILD_DIR", "")
+
+
+def sgd_table(id, name, rows, dim, staleness="asp", layout="auto"):
+    return rdmaps.Table(id, name, rows=rows, dim=dim,
+                        init=rdmaps.Initializer("constant", value=1.0),
+                        optimizer=rdmaps.Optimizer("sgd", lr=1.0), staleness=staleness,
+                        layout=layout)
+
+
+@pytest.fixture
+def tables():
+    return [
+        sgd_table(0, "w", 100, 8),
+        sgd_table(1, "big", 512, 256, layout="dense"),  # 1 KiB rows, zero-copy pulls
+        sgd_table(2, "bsp", 4, 4, staleness="bsp"),
+    ]
+
+
+@pytest.fixture
+def cluster(tables):
+    with rdmaps.local_cluster(tables, servers=2, workers=1) as c:
+        yield c
+
+
+@pytest.fixture
+def client(cluster):
+    with cluster.connect(wait_timeout=20) as c:
+        yield c
+
+
+@pytest.fixture
+def two_workers(tables):
+    """A cluster of two workers and both clients (clock_waits off: one thread drives both)."""
+    with rdmaps.local_cluster(tables, servers=2, workers=2) as cl:
+        a = cl.connect(0, clock_waits=False, wait_timeout=20)
+        b = cl.connect(1, clock_waits=False, wait_timeout=20)
+        try:
+            yield cl, a, b
+        finally:
+            a.close()
+            b.close()
+
+
+def python_env():
+    """The environment a child interpreter needs to import this build's rdmaps."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    return env
+
+
+def ones(rows, dim, value=1.0):
+    return np.full((rows, dim), value, np.float32)
