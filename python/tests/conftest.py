@@ -6,6 +6,7 @@ values it pulls.
 """
 import os
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -65,3 +66,12 @@ def python_env():
 
 def ones(rows, dim, value=1.0):
     return np.full((rows, dim), value, np.float32)
+
+
+def wait_until(condition, timeout=10.0, what="condition"):
+    """Polls `condition` (e.g. a server's stats) until true; fails after timeout s."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not reached within {timeout} s")
+        time.sleep(0.01)

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import rdmaps
-from conftest import ones
+from conftest import ones, wait_until
 
 
 def test_pull_allocates_float32_rows_with_the_servers_initial_values(client):
@@ -93,7 +93,7 @@ def test_context_manager_says_goodbye(cluster):
     with cluster.connect() as c:
         c.pull("w", 0)
     c.close()  # idempotent
-    assert sum(s.stats()["workers_done"] for s in cluster.servers) == 2  # each server heard it
+    wait_until(lambda: sum(s.stats()["workers_done"] for s in cluster.servers) == 2)
     with pytest.raises(rdmaps.FailedPrecondition, match="closed"):
         c.pull("w", 0)
 
