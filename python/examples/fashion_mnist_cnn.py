@@ -91,7 +91,7 @@ def accuracy(model, x, y, batch=1000):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--epochs", type=int, default=4)
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--staleness", default="bsp", help="bsp, asp or an SSP bound")

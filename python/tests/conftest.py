@@ -75,3 +75,24 @@ def wait_until(condition, timeout=10.0, what="condition"):
         if time.monotonic() > deadline:
             raise AssertionError(f"{what} not reached within {timeout} s")
         time.sleep(0.01)
+
+
+EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
+
+
+def tool(relative):
+    """A program of the build tree (RDMAPS_BUILD_DIR), or skip when it was not built."""
+    path = os.path.join(BUILD_DIR, relative)
+    if not BUILD_DIR or not os.access(path, os.X_OK):
+        pytest.skip(f"{relative} is not built (RDMAPS_BUILD_DIR={BUILD_DIR!r})")
+    return path
+
+
+def json_lines(text):
+    """The JSON objects printed on lines of `text` (a launcher may prefix them)."""
+    import json
+    out = []
+    for line in text.splitlines():
+        if "{" in line and line.rstrip().endswith("}"):
+            out.append(json.loads(line[line.index("{"):]))
+    return out
