@@ -77,9 +77,7 @@ PyObject* g_errors[static_cast<int>(StatusCode::kInternal) + 1] = {};
   throw py::error_already_set();
 }
 
-[[noreturn]] void RaiseInvalid(const std::string& message) {
-  Raise(InvalidArgumentError(message));
-}
+[[noreturn]] void RaiseInvalid(const std::string& message) { Raise(InvalidArgumentError(message)); }
 
 void ThrowIfError(const Status& status) {
   if (!status.ok()) Raise(status);
@@ -173,16 +171,14 @@ bool WaitOp(const Op& op, std::optional<SteadyClock::time_point> deadline) {
     {
       py::gil_scoped_release release;
       const auto spin_until = SteadyClock::now() + kSpin;
-      while (!(done = op.done.load(std::memory_order_acquire)) &&
-             SteadyClock::now() < spin_until) {
+      while (!(done = op.done.load(std::memory_order_acquire)) && SteadyClock::now() < spin_until) {
       }
       if (!done) {
         auto slice_end = SteadyClock::now() + kSignalSlice;
         if (deadline && *deadline < slice_end) slice_end = *deadline;
         std::unique_lock<std::mutex> lock(const_cast<Op&>(op).mu);
-        const_cast<Op&>(op).cv.wait_until(lock, slice_end, [&] {
-          return op.done.load(std::memory_order_acquire);
-        });
+        const_cast<Op&>(op).cv.wait_until(lock, slice_end,
+                                          [&] { return op.done.load(std::memory_order_acquire); });
         done = op.done.load(std::memory_order_acquire);
       }
     }
@@ -265,9 +261,9 @@ Rows ParseRows(const TableInfo& t, py::handle h) {
   const std::string where = "rows of table '" + t.name + "' (" + std::to_string(t.rows) + " rows)";
   Rows r;
   if (py::isinstance<py::bool_>(h)) RaiseInvalid(where + ": got a bool; give an int");
-  if (py::isinstance<py::int_>(h) || (py::isinstance<py::array>(h) &&
-                                       py::reinterpret_borrow<py::array>(h).ndim() == 0 &&
-                                       py::reinterpret_borrow<py::array>(h).dtype().kind() == 'i')) {
+  if (py::isinstance<py::int_>(h) ||
+      (py::isinstance<py::array>(h) && py::reinterpret_borrow<py::array>(h).ndim() == 0 &&
+       py::reinterpret_borrow<py::array>(h).dtype().kind() == 'i')) {
     const long long v = h.cast<long long>();
     const long long rows = static_cast<long long>(t.rows);
     const long long row = v < 0 ? v + rows : v;
@@ -299,9 +295,9 @@ Rows ParseRows(const TableInfo& t, py::handle h) {
     const long long last = start + (n - 1) * step;
     const long long rows = static_cast<long long>(t.rows);
     if (start < 0 || start >= rows || last < 0 || last >= rows) {
-      Raise(Status(StatusCode::kOutOfRange,
-                   where + ": range(" + std::to_string(start) + ", ...) runs outside [0, " +
-                       std::to_string(t.rows) + ")"));
+      Raise(Status(StatusCode::kOutOfRange, where + ": range(" + std::to_string(start) +
+                                                ", ...) runs outside [0, " +
+                                                std::to_string(t.rows) + ")"));
     }
     if (step == 1) {
       r.range = {static_cast<std::uint64_t>(start), static_cast<std::uint64_t>(n)};
@@ -360,7 +356,8 @@ std::uint32_t ParseStaleness(py::handle h) {
   if (py::isinstance<py::int_>(h) && !py::isinstance<py::bool_>(h)) {
     const long long v = h.cast<long long>();
     if (v < 0 || v > static_cast<long long>(kAsp)) {
-      RaiseInvalid("staleness " + std::to_string(v) + " is out of range; use 'bsp', 'asp' or s >= 0");
+      RaiseInvalid("staleness " + std::to_string(v) +
+                   " is out of range; use 'bsp', 'asp' or s >= 0");
     }
     return static_cast<std::uint32_t>(v);
   }
@@ -496,102 +493,134 @@ class PyClient {
 
   // ---- Calls: each builds an Op, queues it, and returns a Future ----------
 
-  Future PullAsync(py::handle table, py::handle rows, py::object out) {
+  // A call ready to run: what it does, what it returns, the Python objects
+  // it uses, and whether a synchronous form may run it on the caller's
+  // thread (see Run).
+  struct Call {
+    std::function<Status(std::uint64_t*)> fn;
+    py::object result;
+    std::vector<py::object> keep;
+    const char* what = "";
+    bool may_inline = false;
+    bool value_result = false;
+  };
+
+  Call PullCall(py::handle table, py::handle rows, py::object out) {
     const TableInfo& t = Table(table);
     Rows r = ParseRows(t, rows);
     if (out.is_none()) {
-      out = py::array_t<float>({static_cast<py::ssize_t>(r.count()), static_cast<py::ssize_t>(t.dim)});
+      out = py::array_t<float>(
+          {static_cast<py::ssize_t>(r.count()), static_cast<py::ssize_t>(t.dim)});
     }
     std::span<float> dst = FloatRows(out, r.count(), t.dim, true, "pull: out");
     Client* c = Live();
     const std::uint32_t id = t.id;
-    std::function<Status(std::uint64_t*)> fn;
+    Call call{.fn = nullptr, .result = out, .keep = {r.keep, out}, .what = "pull"};
     if (r.is_range) {
-      fn = [c, id, range = r.range, dst](std::uint64_t*) { return c->Pull(id, range, dst); };
+      call.fn = [c, id, range = r.range, dst](std::uint64_t*) { return c->Pull(id, range, dst); };
     } else {
-      fn = [c, id, ids = r.ids, dst](std::uint64_t*) { return c->Pull(id, ids, dst); };
+      call.fn = [c, id, ids = r.ids, dst](std::uint64_t*) { return c->Pull(id, ids, dst); };
     }
-    return Queue(std::move(fn), out, {r.keep, out}, "pull");
+    // An ASP pull never waits for other workers, only for this worker's
+    // own pushes to be applied.
+    call.may_inline = t.staleness == kAsp;
+    return call;
   }
 
-  Future PushAsync(py::handle table, py::handle rows, py::handle grads) {
+  Call PushCall(py::handle table, py::handle rows, py::handle grads) {
     const TableInfo& t = Table(table);
     Rows r = ParseRows(t, rows);
     std::span<const float> src = FloatRows(grads, r.count(), t.dim, false, "push: grads");
     Client* c = Live();
     const std::uint32_t id = t.id;
-    std::function<Status(std::uint64_t*)> fn;
+    Call call{.fn = nullptr,
+              .result = py::none(),
+              .keep = {r.keep, py::reinterpret_borrow<py::object>(grads)},
+              .what = "push"};
     if (r.is_range) {
-      fn = [c, id, range = r.range, src](std::uint64_t*) { return c->Push(id, range, src); };
+      call.fn = [c, id, range = r.range, src](std::uint64_t*) { return c->Push(id, range, src); };
     } else {
-      fn = [c, id, ids = r.ids, src](std::uint64_t*) { return c->Push(id, ids, src); };
+      call.fn = [c, id, ids = r.ids, src](std::uint64_t*) { return c->Push(id, ids, src); };
     }
-    return Queue(std::move(fn), py::none(), {r.keep, py::reinterpret_borrow<py::object>(grads)},
-                 "push");
+    // A push waits only for ring space, which the servers free as they apply.
+    call.may_inline = true;
+    return call;
   }
 
-  Future PushPullAsync(py::handle table, py::handle rows, py::handle grads, py::object out) {
+  Call PushPullCall(py::handle table, py::handle rows, py::handle grads, py::object out) {
     const TableInfo& t = Table(table);
     Rows r = ParseRows(t, rows);
     std::span<const float> src = FloatRows(grads, r.count(), t.dim, false, "push_pull: grads");
     if (out.is_none()) {
-      out = py::array_t<float>({static_cast<py::ssize_t>(r.count()), static_cast<py::ssize_t>(t.dim)});
+      out = py::array_t<float>(
+          {static_cast<py::ssize_t>(r.count()), static_cast<py::ssize_t>(t.dim)});
     }
     std::span<float> dst = FloatRows(out, r.count(), t.dim, true, "push_pull: out");
     Client* c = Live();
     const std::uint32_t id = t.id;
-    std::function<Status(std::uint64_t*)> fn;
+    Call call{.fn = nullptr,
+              .result = out,
+              .keep = {r.keep, py::reinterpret_borrow<py::object>(grads), out},
+              .what = "push_pull"};
     if (r.is_range) {
-      fn = [c, id, range = r.range, src, dst](std::uint64_t*) {
+      call.fn = [c, id, range = r.range, src, dst](std::uint64_t*) {
         return c->PushPull(id, range, src, dst);
       };
     } else {
       // Read-my-writes: the pull waits until the servers applied the push.
-      fn = [c, id, ids = r.ids, src, dst](std::uint64_t*) {
+      call.fn = [c, id, ids = r.ids, src, dst](std::uint64_t*) {
         Status st = c->Push(id, ids, src);
         if (!st.ok()) return st;
         return c->Pull(id, ids, dst);
       };
     }
-    return Queue(std::move(fn), out, {r.keep, py::reinterpret_borrow<py::object>(grads), out},
-                 "push_pull");
+    call.may_inline = t.staleness == kAsp;
+    return call;
   }
 
-  Future ClockAsync() {
+  Call ClockCall() {
     Client* c = Live();
-    Future f = Queue(
-        [c](std::uint64_t* value) {
-          Result<std::uint64_t> r = c->Clock();
-          if (!r.ok()) return r.status();
-          *value = *r;
-          return Status::OK();
-        },
-        py::none(), {}, "clock");
-    f.set_value_result();
-    return f;
+    Call call{.fn = nullptr, .result = py::none(), .keep = {}, .what = "clock"};
+    call.fn = [c](std::uint64_t* value) {
+      Result<std::uint64_t> r = c->Clock();
+      if (!r.ok()) return r.status();
+      *value = *r;
+      return Status::OK();
+    };
+    call.value_result = true;
+    return call;
   }
 
-  Future BarrierAsync() {
+  Call BarrierCall() {
     Client* c = Live();
-    return Queue([c](std::uint64_t*) { return c->Barrier(); }, py::none(), {}, "barrier");
+    Call call{.fn = nullptr, .result = py::none(), .keep = {}, .what = "barrier"};
+    call.fn = [c](std::uint64_t*) { return c->Barrier(); };
+    return call;
   }
 
-  // Synchronous forms: queue, then wait (interruptibly).
-  // (Each reaps afterwards: the arrays of calls that have finished, this
-  // one's too, are let go at once.)
+  Future PullAsync(py::handle table, py::handle rows, py::object out) {
+    return Queue(PullCall(table, rows, std::move(out)));
+  }
+  Future PushAsync(py::handle table, py::handle rows, py::handle grads) {
+    return Queue(PushCall(table, rows, grads));
+  }
+  Future PushPullAsync(py::handle table, py::handle rows, py::handle grads, py::object out) {
+    return Queue(PushPullCall(table, rows, grads, std::move(out)));
+  }
+  Future ClockAsync() { return Queue(ClockCall()); }
+  Future BarrierAsync() { return Queue(BarrierCall()); }
+
   py::object Pull(py::handle table, py::handle rows, py::object out) {
-    return Reaped(PullAsync(table, rows, std::move(out)).Result(std::nullopt));
+    return Run(PullCall(table, rows, std::move(out)));
   }
   void Push(py::handle table, py::handle rows, py::handle grads) {
-    Reaped(PushAsync(table, rows, grads).Result(std::nullopt));
+    Run(PushCall(table, rows, grads));
   }
   py::object PushPull(py::handle table, py::handle rows, py::handle grads, py::object out) {
-    return Reaped(PushPullAsync(table, rows, grads, std::move(out)).Result(std::nullopt));
+    return Run(PushPullCall(table, rows, grads, std::move(out)));
   }
-  std::uint64_t ClockSync() {
-    return Reaped(ClockAsync().Result(std::nullopt)).cast<std::uint64_t>();
-  }
-  void Barrier() { Reaped(BarrierAsync().Result(std::nullopt)); }
+  std::uint64_t ClockSync() { return Run(ClockCall()).cast<std::uint64_t>(); }
+  void Barrier() { Run(BarrierCall()); }
 
   // Says goodbye after every queued call. Idempotent.
   void Close() {
@@ -629,6 +658,31 @@ class PyClient {
   py::dict Stats() { return StatsDict(Live()->stats()); }
   std::uint64_t clock() { return Live()->clock(); }
 
+  // For perf/python_bench.py: the C++ baseline. Calls Client::Pull (or
+  // Push) of rows [begin, begin + count) `iters` times on this thread, with
+  // the GIL released and no Runner, and returns each call's nanoseconds.
+  py::array_t<std::int64_t> CxxTimings(py::handle table, std::uint64_t begin, std::uint64_t count,
+                                       std::uint32_t iters, py::handle buf, bool push) {
+    const TableInfo& t = Table(table);
+    std::span<float> span = FloatRows(buf, count, t.dim, true, "buffer");
+    Client* c = Live();
+    py::array_t<std::int64_t> out(static_cast<py::ssize_t>(iters));
+    std::int64_t* ns = out.mutable_data();
+    Status st;
+    {
+      py::gil_scoped_release release;
+      for (std::uint32_t i = 0; i < iters && st.ok(); ++i) {
+        const auto start = SteadyClock::now();
+        st = push ? c->Push(t.id, RowRange{begin, count}, span)
+                  : c->Pull(t.id, RowRange{begin, count}, span);
+        ns[i] = std::chrono::duration_cast<std::chrono::nanoseconds>(SteadyClock::now() - start)
+                    .count();
+      }
+    }
+    ThrowIfError(st);
+    return out;
+  }
+
  private:
   void CheckOwner() const {
     if (getpid() != owner_pid_) {
@@ -650,8 +704,10 @@ class PyClient {
   // The whole of a float32, C-contiguous, writable array.
   static std::span<float> WholeArray(py::handle h, const std::string& what) {
     if (!py::isinstance<py::array>(h)) {
-      RaiseInvalid(what + " takes a C-contiguous, writable float32 numpy array or CPU torch "
-                          "tensor; got " + Describe(h));
+      RaiseInvalid(what +
+                   " takes a C-contiguous, writable float32 numpy array or CPU torch "
+                   "tensor; got " +
+                   Describe(h));
     }
     auto a = py::reinterpret_borrow<py::array>(h);
     if (a.dtype().kind() != 'f' || a.dtype().itemsize() != 4 || !(a.flags() & py::array::c_style) ||
@@ -662,13 +718,35 @@ class PyClient {
     return {static_cast<float*>(a.mutable_data()), static_cast<std::size_t>(a.size())};
   }
 
-  Future Queue(std::function<Status(std::uint64_t*)> fn, py::object result,
-               std::vector<py::object> keep, const char* what) {
+  Future Queue(Call call) {
     auto op = std::make_shared<Op>();
-    op->fn = std::move(fn);
-    inflight_.push_back({op, std::move(keep)});
+    op->fn = std::move(call.fn);
+    inflight_.push_back({op, std::move(call.keep)});
     runner_->Submit(op);
-    return Future(std::move(op), std::move(result), what);
+    Future f(std::move(op), std::move(call.result), call.what);
+    if (call.value_result) f.set_value_result();
+    return f;
+  }
+
+  // A synchronous call. Calls that cannot wait for other workers (pushes,
+  // ASP pulls) run on the caller's thread with the GIL released when
+  // nothing is queued before them: no thread hand-off, the C++ call's own
+  // latency. The others (BSP/SSP pulls, clock, barrier: waits of up to
+  // wait_timeout) go through the Runner and wait interruptibly. Afterwards
+  // the arrays of every finished call, this one's too, are let go.
+  py::object Run(Call call) {
+    Reap();
+    if (call.may_inline && inflight_.empty()) {
+      std::uint64_t value = 0;
+      Status st;
+      {
+        py::gil_scoped_release release;
+        st = call.fn(&value);
+      }
+      ThrowIfError(st);
+      return call.value_result ? py::int_(value) : std::move(call.result);
+    }
+    return Reaped(Queue(std::move(call)).Result(std::nullopt));
   }
 
   py::object Reaped(py::object result) {
@@ -714,19 +792,32 @@ ClusterOptions MakeClusterOptions(const py::dict& kw) {
     const std::string key = py::str(item.first);
     py::handle v = item.second;
     if (v.is_none()) continue;
-    if (key == "role") o.role = v.cast<std::string>();
-    else if (key == "task_index") o.task_index = v.cast<int>();
-    else if (key == "ps_hosts") o.ps_hosts = v.cast<std::string>();
-    else if (key == "worker_hosts") o.worker_hosts = v.cast<std::string>();
-    else if (key == "cluster_spec") o.cluster_spec = v.cast<std::string>();
-    else if (key == "num_workers") o.num_workers = v.cast<int>();
-    else if (key == "num_servers") o.num_servers = v.cast<int>();
-    else if (key == "rendezvous") o.rendezvous = v.cast<std::string>();
-    else if (key == "advertise_host") o.advertise_host = v.cast<std::string>();
-    else if (key == "job_token") o.job_token = v.cast<std::string>();
-    else if (key == "startup_timeout") o.startup_timeout = Millis(v.cast<double>(), "startup_timeout");
-    else if (key == "default_role") o.default_role = ValueOrRaise(ParseRole(v.cast<std::string>()));
-    else RaiseInvalid("unknown cluster option '" + key + "'");
+    if (key == "role")
+      o.role = v.cast<std::string>();
+    else if (key == "task_index")
+      o.task_index = v.cast<int>();
+    else if (key == "ps_hosts")
+      o.ps_hosts = v.cast<std::string>();
+    else if (key == "worker_hosts")
+      o.worker_hosts = v.cast<std::string>();
+    else if (key == "cluster_spec")
+      o.cluster_spec = v.cast<std::string>();
+    else if (key == "num_workers")
+      o.num_workers = v.cast<int>();
+    else if (key == "num_servers")
+      o.num_servers = v.cast<int>();
+    else if (key == "rendezvous")
+      o.rendezvous = v.cast<std::string>();
+    else if (key == "advertise_host")
+      o.advertise_host = v.cast<std::string>();
+    else if (key == "job_token")
+      o.job_token = v.cast<std::string>();
+    else if (key == "startup_timeout")
+      o.startup_timeout = Millis(v.cast<double>(), "startup_timeout");
+    else if (key == "default_role")
+      o.default_role = ValueOrRaise(ParseRole(v.cast<std::string>()));
+    else
+      RaiseInvalid("unknown cluster option '" + key + "'");
   }
   return o;
 }
@@ -793,10 +884,11 @@ class PyServer {
   // TimedOut); Ctrl-C raises KeyboardInterrupt (the server keeps serving).
   void Run(std::optional<double> timeout) {
     Server* s = Live();
-    const auto end = timeout ? std::optional(SteadyClock::now() +
-                                             std::chrono::duration_cast<SteadyClock::duration>(
-                                                 std::chrono::duration<double>(*timeout)))
-                             : std::nullopt;
+    const auto end =
+        timeout
+            ? std::optional(SteadyClock::now() + std::chrono::duration_cast<SteadyClock::duration>(
+                                                     std::chrono::duration<double>(*timeout)))
+            : std::nullopt;
     while (true) {
       auto slice_end = SteadyClock::now() + kSignalSlice;
       const bool last = end && *end <= slice_end;
@@ -876,11 +968,11 @@ void DefineErrors(py::module_& m) {
   for (const Def& d : defs) {
     const std::string name(StatusCodeName(d.code));
     const std::string qualified = "rdmaps." + name;
-    py::object bases = d.builtin ? py::object(py::make_tuple(py::handle(g_error), py::handle(d.builtin)))
-                                 : py::object(py::reinterpret_borrow<py::object>(g_error));
+    py::object bases = d.builtin
+                           ? py::object(py::make_tuple(py::handle(g_error), py::handle(d.builtin)))
+                           : py::object(py::reinterpret_borrow<py::object>(g_error));
     const std::string doc = "rdmaps StatusCode " + name + ".";
-    PyObject* cls =
-        PyErr_NewExceptionWithDoc(qualified.c_str(), doc.c_str(), bases.ptr(), nullptr);
+    PyObject* cls = PyErr_NewExceptionWithDoc(qualified.c_str(), doc.c_str(), bases.ptr(), nullptr);
     if (cls == nullptr) throw py::error_already_set();
     PyObject_SetAttrString(cls, "code", py::str(name).ptr());
     g_errors[static_cast<int>(d.code)] = cls;
@@ -932,7 +1024,8 @@ void DefineModule(py::module_& m) {
            py::arg("low") = -0.01, py::arg("high") = 0.01, py::arg("mean") = 0.0,
            py::arg("stddev") = 0.01, py::arg("seed") = 1,
            "kind: zeros, constant (value), uniform (low, high), normal (mean, stddev).")
-      .def_property_readonly("kind", [](const Initializer& i) { return InitializerKindName(i.kind); })
+      .def_property_readonly("kind",
+                             [](const Initializer& i) { return InitializerKindName(i.kind); })
       .def_readonly("value", &Initializer::value)
       .def_readonly("low", &Initializer::low)
       .def_readonly("high", &Initializer::high)
@@ -947,8 +1040,8 @@ void DefineModule(py::module_& m) {
                                "How the servers apply pushed gradients (sgd, momentum, adagrad, "
                                "adam); the update runs on the servers.")
       .def(py::init(&MakeOptimizer), py::arg("kind") = "sgd", py::arg("lr") = 0.01,
-           py::arg("momentum") = 0.9, py::arg("initial_accumulator") = 0.0,
-           py::arg("beta1") = 0.9, py::arg("beta2") = 0.999, py::arg("epsilon") = 1e-8)
+           py::arg("momentum") = 0.9, py::arg("initial_accumulator") = 0.0, py::arg("beta1") = 0.9,
+           py::arg("beta2") = 0.999, py::arg("epsilon") = 1e-8)
       .def_property_readonly("kind",
                              [](const OptimizerOptions& o) { return OptimizerKindName(o.kind); })
       .def_readonly("lr", &OptimizerOptions::learning_rate)
@@ -988,7 +1081,8 @@ void DefineModule(py::module_& m) {
       .def_readonly("optimizer", &TableOptions::optimizer)
       .def_property_readonly("staleness",
                              [](const TableOptions& t) { return StalenessObject(t.staleness); })
-      .def_property_readonly("layout", [](const TableOptions& t) { return RowLayoutName(t.layout); })
+      .def_property_readonly("layout",
+                             [](const TableOptions& t) { return RowLayoutName(t.layout); })
       .def("__repr__", [](const TableOptions& t) {
         return "Table(id=" + std::to_string(t.id) + ", name='" + t.name +
                "', rows=" + std::to_string(t.rows) + ", dim=" + std::to_string(t.dim) + ")";
@@ -1008,39 +1102,42 @@ void DefineModule(py::module_& m) {
                ", layout='" + RowLayoutName(t.layout) + "')";
       });
 
-  m.def("initialize_rows",
-        [](const TableOptions& t, std::uint64_t first_row, std::uint64_t count) {
-          if (count > (std::uint64_t{1} << 34) / std::max<std::uint32_t>(t.dim, 1)) {
-            RaiseInvalid("initialize_rows: too many rows at once");
-          }
-          py::array_t<float> a({static_cast<py::ssize_t>(count), static_cast<py::ssize_t>(t.dim)});
-          ThrowIfError(InitializeRows(
-              t, first_row, std::span<float>(a.mutable_data(), static_cast<std::size_t>(a.size()))));
-          return a;
-        },
-        py::arg("table"), py::arg("first_row"), py::arg("count"),
-        "Rows [first_row, first_row + count) of `table` exactly as the servers initialise them.");
+  m.def(
+      "initialize_rows",
+      [](const TableOptions& t, std::uint64_t first_row, std::uint64_t count) {
+        if (count > (std::uint64_t{1} << 34) / std::max<std::uint32_t>(t.dim, 1)) {
+          RaiseInvalid("initialize_rows: too many rows at once");
+        }
+        py::array_t<float> a({static_cast<py::ssize_t>(count), static_cast<py::ssize_t>(t.dim)});
+        ThrowIfError(InitializeRows(
+            t, first_row, std::span<float>(a.mutable_data(), static_cast<std::size_t>(a.size()))));
+        return a;
+      },
+      py::arg("table"), py::arg("first_row"), py::arg("count"),
+      "Rows [first_row, first_row + count) of `table` exactly as the servers initialise them.");
   m.def("parse_tables_json",
         [](const std::string& json) { return ValueOrRaise(ParseTablesJson(json)); });
   m.def("tables_to_json", &TablesToJson);
-  m.def("describe_tables_if_asked",
-        [](const std::vector<TableOptions>& tables) {
-          return ValueOrRaise(DescribeTablesIfAsked(tables, CurrentEnvironment()));
-        },
-        "When a launcher asks (RDMAPS_DESCRIBE_TABLES is set) writes the tables there and "
-        "returns True: the program must then exit 0.");
+  m.def(
+      "describe_tables_if_asked",
+      [](const std::vector<TableOptions>& tables) {
+        return ValueOrRaise(DescribeTablesIfAsked(tables, CurrentEnvironment()));
+      },
+      "When a launcher asks (RDMAPS_DESCRIBE_TABLES is set) writes the tables there and "
+      "returns True: the program must then exit 0.");
   m.def("auto_transport", [] {
     std::string why;
     std::string t = AutoTransport(&why);
     return py::make_tuple(t, why);
   });
 
-  m.def("resolve_layout",
-        [](std::optional<std::map<std::string, std::string>> env, py::kwargs kw) {
-          return LayoutDict(ValueOrRaise(ResolveCluster(MakeClusterOptions(kw), MakeEnv(env))));
-        },
-        py::arg("env") = py::none(),
-        "The cluster layout exactly as the C++ tools resolve it (rdmaps/cluster.h), no network.");
+  m.def(
+      "resolve_layout",
+      [](std::optional<std::map<std::string, std::string>> env, py::kwargs kw) {
+        return LayoutDict(ValueOrRaise(ResolveCluster(MakeClusterOptions(kw), MakeEnv(env))));
+      },
+      py::arg("env") = py::none(),
+      "The cluster layout exactly as the C++ tools resolve it (rdmaps/cluster.h), no network.");
 
   py::class_<Future>(m, "Future", "The completion of an asynchronous call.")
       .def("result", &Future::Result, py::arg("timeout") = py::none(),
@@ -1063,8 +1160,7 @@ void DefineModule(py::module_& m) {
       .def("barrier", &PyClient::Barrier)
       .def("pull_async", &PyClient::PullAsync, py::arg("table"), py::arg("rows"),
            py::arg("out") = py::none())
-      .def("push_async", &PyClient::PushAsync, py::arg("table"), py::arg("rows"),
-           py::arg("grads"))
+      .def("push_async", &PyClient::PushAsync, py::arg("table"), py::arg("rows"), py::arg("grads"))
       .def("push_pull_async", &PyClient::PushPullAsync, py::arg("table"), py::arg("rows"),
            py::arg("grads"), py::arg("out") = py::none())
       .def("clock_async", &PyClient::ClockAsync)
@@ -1073,6 +1169,7 @@ void DefineModule(py::module_& m) {
       .def("register", &PyClient::Register)
       .def("unregister", &PyClient::Unregister)
       .def("stats", &PyClient::Stats)
+      .def("_cxx_timings", &PyClient::CxxTimings)
       .def_property_readonly("current_clock", &PyClient::clock);
 
   m.def(
@@ -1191,8 +1288,10 @@ void DefineModule(py::module_& m) {
                                         ", not a server"));
         }
         ServerOptions so = ServerOptions::FromCluster(layout);
-        if (transport) so.transport.transport = *transport;
-        else if (layout.transport.empty()) so.transport.transport = "auto";
+        if (transport)
+          so.transport.transport = *transport;
+        else if (layout.transport.empty())
+          so.transport.transport = "auto";
         so.tables = std::move(tables);
         std::unique_ptr<Server> server;
         {

@@ -60,3 +60,11 @@ def test_dropped_future_keeps_its_arrays_alive_until_done(two_workers):
     a.pull("bsp", 0)  # runs after the dropped one: that one is done now
     gc.collect()
     assert ref() is None
+
+
+def test_a_sync_call_does_not_overtake_queued_async_ones(client):
+    futures = [client.push_async("w", 1, ones(1, 8, 0.25)) for _ in range(4)]
+    # The sync pull of an ASP table may run on the caller's thread, but only
+    # once nothing is queued before it.
+    np.testing.assert_array_equal(client.pull("w", 1), 0.0)
+    assert all(f.done() for f in futures)
