@@ -32,12 +32,18 @@ carrying the C++ Status message. See docs/python.md.
 """
 
 import atexit
+import os as _os
 import sys
 import weakref
 
 import numpy as _np
 
-from . import _rdmaps
+# verbs: registered memory must survive fork() (DataLoader workers); rdma-core
+# reads this when it first opens a device. The extension sets it too (for the
+# C environment); this keeps os.environ, which child processes inherit, in step.
+_os.environ.setdefault("RDMAV_FORK_SAFE", "1")
+
+from . import _rdmaps  # noqa: E402
 from ._rdmaps import (  # noqa: F401  (re-exported)
     ASP,
     BSP,

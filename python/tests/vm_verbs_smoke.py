@@ -8,6 +8,7 @@ built: a server and a worker in this process on the rxe device's address
 memory region and connection keep working). Exit 0 on success; no torch (its
 import takes minutes under the VM's emulated CPU).
 """
+import ctypes
 import os
 import sys
 
@@ -27,7 +28,9 @@ def main():
     if not addr:
         print("vm_verbs_smoke: RDMAPS_TEST_VERBS_ADDR is not set (run inside the VM)")
         return 77
-    check(os.environ.get("RDMAV_FORK_SAFE") == "1", "the extension sets RDMAV_FORK_SAFE")
+    libc = ctypes.CDLL(None)
+    libc.getenv.restype = ctypes.c_char_p
+    check(libc.getenv(b"RDMAV_FORK_SAFE") == b"1", "the extension sets RDMAV_FORK_SAFE")
     table = rdmaps.Table(0, "w", rows=64, dim=256, layout="dense",
                          init=rdmaps.Initializer("constant", value=1.0),
                          optimizer=rdmaps.Optimizer("sgd", lr=1.0))
