@@ -25,7 +25,10 @@ packages=(
   libtbb-dev libeigen3-dev nlohmann-json3-dev libxxhash-dev libsodium-dev
   libibverbs-dev librdmacm-dev rdma-core ibverbs-providers ibverbs-utils rdmacm-utils perftest
   qemu-system-x86 busybox-static cpio kmod iproute2
-  openmpi-bin mpich slurm-wlm munge python3-torch dataset-fashion-mnist zlib1g-dev gnuplot-nox python3 iperf3
+  openmpi-bin mpich slurm-wlm munge dataset-fashion-mnist zlib1g-dev gnuplot-nox python3 iperf3
+  # The Python package (python/) and its tests, for Debian's /usr/bin/python3.
+  python3-dev python3-numpy pybind11-dev python3-pybind11 python3-pytest python3-torch
+  python3-setuptools python3-pip python3-venv python3-wheel
 )
 
 install_deps() {

@@ -1,0 +1,471 @@
+"""rdmaps: a parameter server over one-sided RDMA, from Python.
+
+    import numpy as np, rdmaps
+
+    tables = [rdmaps.Table(0, "w", rows=1000, dim=64,
+                           init=rdmaps.Initializer("normal", stddev=0.01),
+                           optimizer=rdmaps.Optimizer("adam", lr=1e-3),
+                           staleness="bsp")]
+    with rdmaps.local_cluster(tables, servers=2) as cluster, cluster.connect() as client:
+        w = client.pull("w", slice(0, 10))          # (10, 64) float32, new array
+        client.push("w", [3, 7, 7], np.ones((3, 64), np.float32))
+        client.clock()
+
+Under a launcher (rdmaps-local, torchrun, TF_CONFIG, ps-lite, mpirun, Slurm)
+``rdmaps.init(tables)`` does what each process of the job must: describe the
+tables when the launcher asks, serve when the layout makes this process a
+server, else connect as a worker (the layout resolved exactly as the C++
+tools resolve it, include/rdmaps/cluster.h).
+
+Rows are an int (negative counts from the end), a slice, a range, or a 1-D
+integer array / list of ids (any order, duplicates allowed, never negative).
+Arrays are float32 numpy arrays or CPU torch tensors, C-contiguous, shaped
+(rows, dim) (1-D when rows or dim is 1); anything else is refused with
+rdmaps.InvalidArgument before anything is sent. Every call releases the GIL
+while it waits; Ctrl-C raises KeyboardInterrupt within 50 ms, the interrupted
+call finishing in the background (the client stays usable).
+
+Errors: every rdmaps StatusCode is an exception class deriving from
+rdmaps.Error (and from the matching built-in: InvalidArgument is a
+ValueError, TimedOut a TimeoutError, Unavailable a ConnectionError, ...),
+carrying the C++ Status message. See docs/python.md.
+"""
+
+import atexit
+import os as _os
+import sys
+import weakref
+
+import numpy as _np
+
+# verbs: registered memory must survive fork() (DataLoader workers); rdma-core
+# reads this when it first opens a device. The extension sets it too (for the
+# C environment); this keeps os.environ, which child processes inherit, in step.
+_os.environ.setdefault("RDMAV_FORK_SAFE", "1")
+
+from . import _rdmaps  # noqa: E402
+from ._rdmaps import (  # noqa: F401  (re-exported)
+    ASP,
+    BSP,
+    AlreadyExists,
+    Cancelled,
+    DataLoss,
+    Error,
+    FailedPrecondition,
+    Future,
+    Initializer,
+    Internal,
+    InvalidArgument,
+    IOError,
+    NotFound,
+    NotSupported,
+    Optimizer,
+    OutOfRange,
+    PermissionDenied,
+    ResourceExhausted,
+    Table,
+    TableInfo,
+    TimedOut,
+    Unavailable,
+    auto_transport,
+    initialize_rows,
+    parse_tables_json,
+    resolve_layout,
+    tables_to_json,
+)
+
+__version__ = _rdmaps.__version__
+
+__all__ = [
+    "ASP", "BSP", "Client", "Error", "Future", "Initializer", "LocalCluster", "Optimizer",
+    "Server", "Table", "TableInfo", "connect", "init", "local_cluster", "serve",
+    "resolve_layout", "initialize_rows", "parse_tables_json", "tables_to_json",
+    "describe_tables_if_asked", "auto_transport",
+    "AlreadyExists", "Cancelled", "DataLoss", "FailedPrecondition", "Internal",
+    "InvalidArgument", "IOError", "NotFound", "NotSupported", "OutOfRange",
+    "PermissionDenied", "ResourceExhausted", "TimedOut", "Unavailable",
+]
+
+# Clients still open at interpreter exit are closed first (their goodbye
+# tells the servers this worker is done), while the interpreter still runs.
+_live = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all():
+    for c in list(_live):
+        try:
+            c.close()
+        except Exception:  # noqa: BLE001 - best effort at exit
+            pass
+
+
+def _array(x, what):
+    """A numpy view of a CPU torch tensor (shares its memory); numpy as is."""
+    if x is None or type(x) is _np.ndarray:
+        return x
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(x, torch.Tensor):
+        if x.device.type != "cpu":
+            raise InvalidArgument(
+                f"{what}: the tensor is on {x.device}; rdmaps reads and writes CPU memory "
+                "(use .cpu(), or pull into a CPU tensor and copy)")
+        return x.detach().numpy()
+    return x
+
+
+def _table_list(tables):
+    if tables is None:
+        return []
+    if isinstance(tables, str):
+        return parse_tables_json(tables)
+    return list(tables)
+
+
+class Client:
+    """A worker's connection to every parameter server of a job.
+
+    Made by rdmaps.connect(), rdmaps.init() or LocalCluster.connect(). Calls
+    run in the order they are made, on the client's own thread; the *_async
+    forms return an rdmaps.Future at once. Usable as a context manager
+    (close() at exit). Not usable in a forked child (FailedPrecondition):
+    connect a new client there.
+    """
+
+    __slots__ = ("_c", "__weakref__")
+
+    def __init__(self, impl):
+        self._c = impl
+        _live.add(self)
+
+    # --- Description ------------------------------------------------------
+    @property
+    def tables(self):
+        """The tables the servers publish: a list of rdmaps.TableInfo."""
+        return self._c.tables
+
+    def table(self, table):
+        """The TableInfo of a table named by name or id (NotFound otherwise)."""
+        return self._c.table(table)
+
+    @property
+    def worker_id(self):
+        return self._c.worker_id
+
+    @property
+    def num_workers(self):
+        return self._c.num_workers
+
+    @property
+    def num_servers(self):
+        return self._c.num_servers
+
+    @property
+    def closed(self):
+        return self._c.closed
+
+    # --- Synchronous calls -----------------------------------------------
+    def pull(self, table, rows, out=None):
+        """Reads `rows` of `table` into `out` (allocated when None); returns out.
+
+        Waits as the table's consistency requires (BSP/SSP) and for this
+        worker's own earlier pushes (read-my-writes).
+        """
+        if out is not None and type(out) is not _np.ndarray:
+            out = _array(out, "pull: out")
+        if type(rows) is not int and type(rows) is not slice:
+            rows = _array(rows, "pull: rows")
+        return self._c.pull(table, rows, out)
+
+    def push(self, table, rows, grads):
+        """Sends gradients for `rows` of `table`; the servers' optimizer applies them.
+
+        Returns once the data is handed to the transport, not yet applied.
+        """
+        if type(grads) is not _np.ndarray:
+            grads = _array(grads, "push: grads")
+        if type(rows) is not int and type(rows) is not slice:
+            rows = _array(rows, "push: rows")
+        self._c.push(table, rows, grads)
+
+    def push_pull(self, table, rows, grads, out=None):
+        """push() then pull() of the same rows; the pull sees this push. Returns out."""
+        return self._c.push_pull(table, _array(rows, "push_pull: rows"),
+                                 _array(grads, "push_pull: grads"), _array(out, "push_pull: out"))
+
+    def clock(self):
+        """Ends this worker's iteration; returns the new clock (may wait: SSP/BSP)."""
+        return self._c.clock()
+
+    def barrier(self):
+        """Returns when every worker has called barrier() as many times."""
+        self._c.barrier()
+
+    def flush(self):
+        """Returns once the servers applied every push this worker made before it.
+
+        Every later pull, by any worker, sees them (ps-lite's Wait on a push).
+        """
+        self._c.flush()
+
+    def checkpoint(self):
+        """A checkpoint of every table at this worker's clock; collective.
+
+        Every worker calls it right after clock() and before the next push.
+        Returns {"clock": c, "name": "ckpt-<c>"} once every server wrote its
+        part durably (docs/ps.md, "Checkpoints").
+        """
+        c = self._c.checkpoint()
+        return {"clock": c, "name": "ckpt-%020d" % c}
+
+    def close(self):
+        """Tells the servers this worker is done and disconnects. Idempotent."""
+        self._c.close()
+
+    # --- Asynchronous calls ----------------------------------------------
+    def pull_async(self, table, rows, out=None):
+        """pull() returning a Future whose result() is `out`; keep out untouched till then."""
+        return self._c.pull_async(table, _array(rows, "pull: rows"), _array(out, "pull: out"))
+
+    def push_async(self, table, rows, grads):
+        """push() returning a Future; keep `grads` untouched until it is done."""
+        return self._c.push_async(table, _array(rows, "push: rows"), _array(grads, "push: grads"))
+
+    def push_pull_async(self, table, rows, grads, out=None):
+        return self._c.push_pull_async(table, _array(rows, "push_pull: rows"),
+                                       _array(grads, "push_pull: grads"),
+                                       _array(out, "push_pull: out"))
+
+    def clock_async(self):
+        """clock() returning a Future whose result() is the new clock."""
+        return self._c.clock_async()
+
+    def barrier_async(self):
+        return self._c.barrier_async()
+
+    def flush_async(self):
+        """flush() returning a Future."""
+        return self._c.flush_async()
+
+    # --- Zero-copy -------------------------------------------------------
+    def register(self, array):
+        """Pins `array` (float32 numpy array or CPU torch tensor) for zero-copy.
+
+        Pulls into and pushes from arrays inside it copy nothing
+        (stats()["bytes_staged"] stays 0 for them). The client keeps a
+        reference until unregister() or close(). Returns `array`.
+        """
+        self._c.register(_array(array, "register"))
+        return array
+
+    def unregister(self, array):
+        """Forgets an array given to register(); later calls on it are staged."""
+        self._c.unregister(_array(array, "unregister"))
+
+    # --- Introspection ---------------------------------------------------
+    def stats(self):
+        """The client's counters (rdmaps::ClientStats) as a dict."""
+        return self._c.stats()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def __repr__(self):
+        if self._c.closed:
+            return "<rdmaps.Client closed>"
+        return (f"<rdmaps.Client worker {self._c.worker_id}/{self._c.num_workers}, "
+                f"{self._c.num_servers} servers, {len(self._c.tables)} tables>")
+
+
+def _job_secret(job_token=None):
+    """The job secret: `job_token` when given, else the sources the C++ tools
+    read first (RDMAPS_JOB_SECRET_FILE, RDMAPS_JOB_SECRET, its old name
+    RDMAPS_JOB_TOKEN); None when there is none (docs/security.md)."""
+    if job_token:
+        return job_token
+    path = _os.environ.get("RDMAPS_JOB_SECRET_FILE")
+    if path:
+        with open(path) as f:
+            return f.read().strip()
+    return _os.environ.get("RDMAPS_JOB_SECRET") or _os.environ.get("RDMAPS_JOB_TOKEN") or None
+
+
+def _new_job_secret():
+    import secrets
+    return secrets.token_hex(16)
+
+
+def connect(servers=None, *, worker_id=None, num_workers=None, transport=None, job_token=None,
+            tables=None, staleness=None, clock_waits=True, connect_timeout=30.0,
+            wait_timeout=60.0, op_timeout=None, staging_bytes=None, env=None, **cluster):
+    """Connects a worker to the servers; returns an rdmaps.Client.
+
+    servers: a list of "host:port" (server index order), with worker_id and
+    num_workers; transport "tcp" by default. Without servers, the layout comes
+    from the environment (or `env`, a dict) exactly as the C++ tools resolve it
+    (RDMAPS_*, TF_CONFIG, DMLC_*, torchrun, MPI, Slurm, loopback; rank-based
+    sources run the rendezvous), the transport from it (else "auto"); extra
+    keyword arguments are rdmaps::ClusterOptions fields (role, task_index,
+    ps_hosts, num_servers, rendezvous, startup_timeout, ...).
+    tables: when given, checked against the servers' (a list of rdmaps.Table,
+    or tables JSON). staleness: 'bsp', 'asp' or s, tightening every table's.
+    Timeouts are in seconds.
+    """
+    if isinstance(servers, str):
+        servers = [s for s in servers.split(",") if s]
+    if servers:
+        # Explicit servers: the secret as given or from the environment (a
+        # layout from the environment resolves its own, as the tools do).
+        job_token = _job_secret(job_token)
+    impl = _rdmaps.connect(servers, worker_id, num_workers, transport, job_token,
+                           _table_list(tables), staleness, clock_waits, float(connect_timeout),
+                           float(wait_timeout), op_timeout, staging_bytes, env, cluster)
+    return Client(impl)
+
+
+class Server:
+    """A parameter server in this process (its threads serve from the start).
+
+    rdmaps.Server(tables, listen="127.0.0.1:0", server_index=0, num_servers=1,
+    num_workers=1, transport="tcp", ...): .address is what workers connect
+    to; run() blocks until every worker is done (or timeout / Ctrl-C), stop()
+    ends it. Usable as a context manager (stop() at exit).
+    """
+
+    def __init__(self, tables, listen="127.0.0.1:0", *, server_index=0, num_servers=1,
+                 num_workers=1, transport="tcp", job_token="", exit_when_workers_done=True,
+                 push_slots=None, push_slot_bytes=None, apply_threads=0, op_timeout=None):
+        # The job secret workers must prove: as given, else from the
+        # environment, else a new one (give it to the workers: .job_token).
+        self.job_token = _job_secret(job_token) or _new_job_secret()
+        self._s = _rdmaps.start_server(_table_list(tables), listen, server_index, num_servers,
+                                       num_workers, transport, self.job_token,
+                                       exit_when_workers_done,
+                                       push_slots, push_slot_bytes, apply_threads, op_timeout)
+
+    @property
+    def address(self):
+        return self._s.address
+
+    def run(self, timeout=None):
+        """Serves until every worker has closed (or stop()); TimedOut after timeout s."""
+        self._s.run(timeout)
+
+    def stop(self):
+        self._s.stop()
+
+    def stats(self):
+        """The server's counters (rdmaps::ServerStats) as a dict."""
+        return self._s.stats()
+
+    def read_local(self, table, begin, count):
+        """This server's current values of rows [begin, begin+count) it owns, flat float32."""
+        return self._s.read_local(table, begin, count)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+        return False
+
+
+def serve(tables, *, transport=None, env=None, **cluster):
+    """Serves `tables` as the server the launcher's layout makes this process.
+
+    Joins the rendezvous when the source needs one (torchrun, MPI, Slurm) and
+    returns when every worker is done. FailedPrecondition if the layout makes
+    this process a worker.
+    """
+    _rdmaps.serve(_table_list(tables), transport, env, cluster)
+
+
+def describe_tables_if_asked(tables):
+    """True (after writing them) when a launcher asked for the tables: exit 0 then."""
+    return _rdmaps.describe_tables_if_asked(_table_list(tables))
+
+
+def init(tables, *, env=None, transport=None, **connect_args):
+    """What every process of a launched job calls first; returns a Client.
+
+    - rdmaps-local asking for the tables (RDMAPS_DESCRIBE_TABLES): writes them
+      and exits the process (status 0);
+    - a process the layout makes a server (torchrun's first RDMAPS_NUM_SERVERS
+      ranks, RDMAPS_ROLE=ps, TF_CONFIG's ps tasks, ...): serves the tables
+      until the job ends, then exits (status 0);
+    - a worker: rdmaps.connect(tables=tables, env=env, transport=transport,
+      **connect_args).
+    """
+    tables = _table_list(tables)
+    if describe_tables_if_asked(tables):
+        sys.exit(0)
+    if resolve_layout(env)["role"] == "ps":
+        serve(tables, transport=transport, env=env)
+        sys.exit(0)
+    return connect(tables=tables, env=env, transport=transport, **connect_args)
+
+
+class LocalCluster:
+    """Servers running in this process, for notebooks and tests.
+
+    rdmaps.local_cluster(tables, servers=2, workers=1, transport="tcp"):
+    .addresses lists the servers; .connect(worker_id=0, **kw) connects a
+    worker (a Client); close() stops the servers. Context manager.
+    Workers may also be other processes: give them .addresses.
+    """
+
+    def __init__(self, tables, servers=1, workers=1, transport="tcp", job_token="",
+                 host="127.0.0.1", **server_args):
+        self.tables = _table_list(tables)
+        self.num_workers = workers
+        self.transport = transport
+        self.job_token = _job_secret(job_token) or _new_job_secret()
+        self.servers = []
+        try:
+            for i in range(servers):
+                self.servers.append(Server(self.tables, f"{host}:0", server_index=i,
+                                           num_servers=servers, num_workers=workers,
+                                           transport=transport, job_token=self.job_token,
+                                           exit_when_workers_done=False, **server_args))
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def addresses(self):
+        return [s.address for s in self.servers]
+
+    def connect(self, worker_id=0, **connect_args):
+        """A Client for worker `worker_id` of this cluster."""
+        connect_args.setdefault("transport", self.transport)
+        connect_args.setdefault("job_token", self.job_token)
+        return connect(self.addresses, worker_id=worker_id, num_workers=self.num_workers,
+                       **connect_args)
+
+    def env(self, worker_id):
+        """The environment a worker process of this cluster resolves its layout from."""
+        return {"RDMAPS_ROLE": "worker", "RDMAPS_TASK_INDEX": str(worker_id),
+                "RDMAPS_PS_HOSTS": ",".join(self.addresses),
+                "RDMAPS_NUM_WORKERS": str(self.num_workers),
+                "RDMAPS_TRANSPORT": self.transport, "RDMAPS_JOB_SECRET": self.job_token}
+
+    def close(self):
+        for s in self.servers:
+            s.stop()
+        self.servers = []
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+
+def local_cluster(tables, servers=1, workers=1, transport="tcp", **kwargs):
+    """Starts `servers` parameter servers in this process; returns a LocalCluster."""
+    return LocalCluster(tables, servers=servers, workers=workers, transport=transport, **kwargs)
