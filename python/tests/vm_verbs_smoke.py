@@ -36,7 +36,8 @@ def main():
                          optimizer=rdmaps.Optimizer("sgd", lr=1.0))
     with rdmaps.Server([table], f"{addr}:0", transport="verbs",
                        exit_when_workers_done=False) as server:
-        client = rdmaps.connect([server.address], transport="verbs", wait_timeout=60)
+        client = rdmaps.connect([server.address], transport="verbs", wait_timeout=60,
+                                job_token=server.job_token)
         buf = client.register(np.zeros((64, 256), np.float32))
         grads = client.register(np.full((64, 256), 0.5, np.float32))
         client.push("w", slice(None), grads)

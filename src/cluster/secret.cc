@@ -272,8 +272,15 @@ Result<JobSecret> ResolveJobSecret(const ClusterOptions& options, const Environm
   }
   std::string kind, identity;
   if (!LauncherJobIdentity(env, &kind, &identity)) {
-    s.source = "none (no launcher job to derive one from)";
-    return s;
+    // A rank-based launcher without a job id of its own (MPICH's hydra
+    // hands local ranks PMI_FD, not PMI_PORT): the ranks of one job still
+    // share their rendezvous address, which the derivation below binds.
+    if (!layout.needs_rendezvous || layout.rendezvous.empty()) {
+      s.source = "none (no launcher job to derive one from)";
+      return s;
+    }
+    kind = layout.source;
+    identity = "rendezvous only";
   }
   const std::string path = UserKeyPath(env);
   if (path.empty()) {

@@ -16,6 +16,7 @@
 #include <pwd.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -362,13 +363,21 @@ TEST_F(LaunchersTest, PlainTcpExplicitListsTrain) {
   // "Plain TCP on a few machines", on one: the same lists everywhere.
   const std::string ps =
       "127.0.0.1:" + std::to_string(FreePort()) + ",127.0.0.1:" + std::to_string(FreePort());
+  // No launcher, no job to derive a secret from: the same one in a file only
+  // this user can read, as the docs say.
+  const std::string secret_file = dir_ + "/job-secret";
+  {
+    std::ofstream(secret_file) << "explicit-lists-" << FreePort();
+    ASSERT_EQ(::chmod(secret_file.c_str(), 0600), 0);
+  }
   std::vector<std::unique_ptr<Proc>> servers, workers;
   for (int i = 0; i < 2; ++i) {
     servers.push_back(std::make_unique<Proc>(
         std::vector<std::string>{kServer, "--tables=" + tables_, "--transport=tcp", "--role=ps",
                                  "--task_index=" + std::to_string(i), "--ps_hosts=" + ps,
                                  "--num_workers=2"},
-        std::map<std::string, std::string>{}, Proc::kDefaultGuard, kForeign));
+        std::map<std::string, std::string>{{"RDMAPS_JOB_SECRET_FILE", secret_file}},
+        Proc::kDefaultGuard, kForeign));
   }
   for (int i = 0; i < 2; ++i) {
     workers.push_back(std::make_unique<Proc>(
@@ -377,7 +386,8 @@ TEST_F(LaunchersTest, PlainTcpExplicitListsTrain) {
                                            {"RDMAPS_TASK_INDEX", std::to_string(i)},
                                            {"RDMAPS_PS_HOSTS", ps},
                                            {"RDMAPS_NUM_WORKERS", "2"},
-                                           {"RDMAPS_TRANSPORT", "tcp"}},
+                                           {"RDMAPS_TRANSPORT", "tcp"},
+                                           {"RDMAPS_JOB_SECRET_FILE", secret_file}},
         Proc::kDefaultGuard, kForeign));
   }
   for (int i = 0; i < 2; ++i) {

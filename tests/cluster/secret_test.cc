@@ -219,6 +219,25 @@ TEST_F(SecretTest, EachLauncherNamesItsJob) {
   EXPECT_FALSE(std::filesystem::exists(dir_ + "/key")) << "a key was made for nothing";
 }
 
+// Regression: MPICH's hydra gives local ranks PMI_FD, not PMI_PORT, so no
+// job identity: every rank then made a secret of its own and the rendezvous
+// refused them all. A rank-based job derives from its rendezvous address.
+TEST_F(SecretTest, RankedJobWithoutAJobIdDerivesFromItsRendezvous) {
+  const Environment env = {{"PMI_RANK", "0"}, {"PMI_FD", "5"}, {"RDMAPS_KEY_FILE", dir_ + "/key"}};
+  auto derive = [&](const std::string& rendezvous) {
+    ClusterLayout layout;
+    layout.source = "MPICH";
+    layout.needs_rendezvous = true;
+    layout.rendezvous = rendezvous;
+    return ResolveJobSecret({}, env, layout);
+  };
+  auto a = derive("file:/tmp/job1/rdzv");
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_FALSE(a->value.empty()) << a->source;
+  EXPECT_EQ(derive("file:/tmp/job1/rdzv")->value, a->value) << "two ranks of one job disagree";
+  EXPECT_NE(derive("file:/tmp/job2/rdzv")->value, a->value) << "two jobs share a secret";
+}
+
 TEST_F(SecretTest, ResolveClusterFillsTheLayout) {
   Environment env = SlurmEnv();
   env["SLURM_PROCID"] = "0";

@@ -37,6 +37,7 @@ TEST(TcpClientConnect, RefusedConnectionIsAnErrorNotACrash) {
   ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
   ClientOptions o;
   o.transport.transport = "tcp";
+  o.transport.job_token = "ps-test";
   o.servers = {"127.0.0.1:" + std::to_string(ntohs(addr.sin_port))};
   o.connect_timeout = std::chrono::milliseconds(500);
   auto client = Client::Connect(o);
