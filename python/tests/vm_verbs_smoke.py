@@ -23,6 +23,17 @@ def check(cond, what):
         sys.exit(1)
 
 
+def page_aligned(rows, cols):
+    """A float32 array made of whole pages: registered memory on verbs must not
+    share a page with anything else, or rdma-core's fork protection
+    (MADV_DONTFORK of the registered pages) takes those neighbours away from
+    a forked child (docs/python.md, "fork")."""
+    n = rows * cols
+    raw = np.zeros(n + 4096 // 4, np.float32)
+    off = (-raw.ctypes.data % 4096) // 4
+    return raw[off:off + n].reshape(rows, cols)
+
+
 def main():
     addr = os.environ.get("RDMAPS_TEST_VERBS_ADDR")
     if not addr:
@@ -38,8 +49,10 @@ def main():
                        exit_when_workers_done=False) as server:
         client = rdmaps.connect([server.address], transport="verbs", wait_timeout=60,
                                 job_token=server.job_token)
-        buf = client.register(np.zeros((64, 256), np.float32))
-        grads = client.register(np.full((64, 256), 0.5, np.float32))
+        buf = client.register(page_aligned(64, 256))
+        grads = page_aligned(64, 256)
+        grads[:] = 0.5
+        client.register(grads)
         client.push("w", slice(None), grads)
         client.pull("w", slice(None), buf)
         check(np.all(buf == 0.5), "pulled values land in the registered array")
@@ -51,8 +64,12 @@ def main():
                 os._exit(2)
             except rdmaps.FailedPrecondition:
                 os._exit(0)
+            except BaseException as e:  # say what it was instead
+                print(f"vm_verbs_smoke: the forked child got {type(e).__name__}: {e}", flush=True)
+                os._exit(3)
         _, status = os.waitpid(pid, 0)
-        check(os.waitstatus_to_exitcode(status) == 0, "the forked child is refused")
+        check(os.waitstatus_to_exitcode(status) == 0,
+              f"the forked child is refused (exit {os.waitstatus_to_exitcode(status)})")
         client.push("w", slice(None), grads)
         client.pull("w", slice(None), buf)
         check(np.all(buf == 0.0), "the parent's memory region works after the fork")
