@@ -229,6 +229,12 @@ int OpenFdCeiling() {
 }
 
 TEST(TcpAuth, AcceptAtTheDescriptorLimitDoesNotSpin) {
+#ifdef RDMAPS_TEST_UBSAN
+  // UBSan's vptr check reads the process's memory map, which it cannot open
+  // at the descriptor limit: it reports valid objects as invalid there (seen
+  // in ostringstream and shared_ptr). The plain and TSan builds run this.
+  GTEST_SKIP() << "UBSan cannot check virtual calls at the descriptor limit";
+#endif
   // In a child process whose RLIMIT_NOFILE leaves no descriptor free: the
   // listener's pending connections must be shed (closed), and accept4 must
   // fail about once per shed connection, not in a tight loop; its warning
