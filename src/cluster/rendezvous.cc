@@ -631,6 +631,12 @@ Result<RendezvousResult> RunJoin(const ClusterLayout& layout, std::string_view s
   Status last = UnavailableError("never tried");
   std::string root = layout.rendezvous;
   auto backoff = std::chrono::milliseconds(10);
+  // Before the next try: wait out the backoff (never past the deadline).
+  auto pause = [&] {
+    std::this_thread::sleep_for(
+        std::min<std::chrono::nanoseconds>(backoff, deadline - Clock::now()));
+    backoff = std::min(backoff * 2, std::chrono::milliseconds(200));
+  };
   while (Clock::now() < deadline) {
     if (layout.rendezvous.starts_with("file:")) {
       std::ifstream in(layout.rendezvous.substr(5));
@@ -638,9 +644,7 @@ Result<RendezvousResult> RunJoin(const ClusterLayout& layout, std::string_view s
       if (!(in >> line)) {
         last = NotFoundError("the rendezvous file " + layout.rendezvous.substr(5) +
                              " does not exist yet");
-        std::this_thread::sleep_for(
-            std::min<std::chrono::nanoseconds>(backoff, deadline - Clock::now()));
-        backoff = std::min(backoff * 2, std::chrono::milliseconds(200));
+        pause();
         continue;
       }
       root = line;
@@ -650,9 +654,7 @@ Result<RendezvousResult> RunJoin(const ClusterLayout& layout, std::string_view s
     auto fd = ConnectOnce(*hp, deadline);
     if (!fd.ok()) {
       last = fd.status();
-      std::this_thread::sleep_for(
-          std::min<std::chrono::nanoseconds>(backoff, deadline - Clock::now()));
-      backoff = std::min(backoff * 2, std::chrono::milliseconds(200));
+      pause();
       continue;
     }
     const TimePoint answer_by = deadline + kAnswerGrace;
@@ -669,9 +671,7 @@ Result<RendezvousResult> RunJoin(const ClusterLayout& layout, std::string_view s
                           : s;
       if (layout.rendezvous.starts_with("file:")) {  // maybe a stale file: read it again
         last = bad;
-        std::this_thread::sleep_for(
-            std::min<std::chrono::nanoseconds>(backoff, deadline - Clock::now()));
-        backoff = std::min(backoff * 2, std::chrono::milliseconds(200));
+        pause();
         continue;
       }
       return bad;
@@ -698,9 +698,7 @@ Result<RendezvousResult> RunJoin(const ClusterLayout& layout, std::string_view s
       // root replaces it, so read it again.
       if (layout.rendezvous.starts_with("file:")) {
         last = bad;
-        std::this_thread::sleep_for(
-            std::min<std::chrono::nanoseconds>(backoff, deadline - Clock::now()));
-        backoff = std::min(backoff * 2, std::chrono::milliseconds(200));
+        pause();
         continue;
       }
       return bad;
