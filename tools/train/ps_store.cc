@@ -81,6 +81,18 @@ Status PsStore::EnsureRegistered(std::span<const float> buffer, std::span<float>
   }
   // The Client only reads a push buffer; the API takes one span type.
   std::span<float> b(const_cast<float*>(buffer.data()), buffer.size());
+  // A registration this buffer overlaps is of memory since freed (two live
+  // buffers never overlap): the allocator gave its addresses to this one.
+  const auto overlaps = [&](std::span<float> o) {
+    return !o.empty() && o.data() < b.data() + b.size() && b.data() < o.data() + o.size();
+  };
+  for (auto* slots : {&pull_buffers_, &push_buffers_}) {
+    for (std::span<float>& other : *slots) {
+      if (&other == slot || !overlaps(other)) continue;
+      RDMAPS_RETURN_IF_ERROR(client_->UnregisterBuffer(other));
+      other = {};
+    }
+  }
   RDMAPS_RETURN_IF_ERROR(client_->RegisterBuffer(b));
   *slot = b;
   return Status::OK();
