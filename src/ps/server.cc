@@ -413,9 +413,29 @@ void ServerImpl::AcceptLoop() {
                           << options_.num_workers << " workers; check --num_workers on both sides)";
       continue;
     }
-    // Bound before the bootstrap write: the worker's first push may follow
-    // it at once.
-    const std::uint64_t previous = bound_[hello.worker_id].exchange(peer.connection);
+    // Bound, and counted as connected, before the bootstrap write: the
+    // worker's first push, or its disconnect (a worker that finds its tables
+    // do not match leaves at once), may follow the write at once, and must
+    // find it a member. Both change under mu_, which the apply loop holds
+    // when it checks a disconnect's connection, so a disconnect is either
+    // before this (of the old connection) or after it (of this one).
+    const std::uint32_t w = hello.worker_id;
+    std::uint64_t previous = 0;
+    bool was_seen = false, was_gone = false;
+    std::vector<std::uint32_t> was_dead;
+    {
+      MutexLock lock(mu_);
+      previous = bound_[w].exchange(peer.connection);
+      was_seen = seen_[w];
+      was_gone = gone_[w];
+      was_dead = stats_.dead_workers;
+      if (was_seen) RDMAPS_LOG(WARNING) << "ps server: worker " << w << " connected again";
+      // A worker whose earlier connection ended (e.g. an attempt to
+      // reconnect after a restart that gave up) is back: not dead, not gone.
+      gone_[w] = false;
+      std::erase(stats_.dead_workers, w);
+      seen_[w] = true;
+    }
     const transport::Op op = transport::Op::WriteWithImm(
         boot_msg_.get(), boot_msg_mr_.get(), sizeof(internal::BootstrapMsg),
         hello.boot_addr + std::uint64_t{options_.server_index} * internal::kBootstrapSlotBytes,
@@ -423,33 +443,31 @@ void ServerImpl::AcceptLoop() {
     Status s = conn->Post({&op, 1});
     if (s.ok()) {
       transport::Completion c;
-      auto w = conn->Wait({&c, 1}, DeadlineAfter(std::chrono::seconds(10)));
-      if (!w.ok()) {
-        s = w.status();
-      } else if (*w == 0) {
+      auto waited = conn->Wait({&c, 1}, DeadlineAfter(std::chrono::seconds(10)));
+      if (!waited.ok()) {
+        s = waited.status();
+      } else if (*waited == 0) {
         s = TimedOutError("no completion for the bootstrap write within 10 s");
       } else {
         s = c.status;
       }
     }
     if (!s.ok()) {
-      bound_[hello.worker_id].store(previous);
-      RDMAPS_LOG(WARNING) << "ps server " << options_.server_index << ": bootstrap of worker "
-                          << hello.worker_id << " failed: " << s;
+      // Never bootstrapped: as if this connection had not come. Whatever
+      // the apply loop did for it in between is undone with it.
+      {
+        MutexLock lock(mu_);
+        bound_[w].store(previous);
+        seen_[w] = was_seen;
+        gone_[w] = was_gone;
+        stats_.dead_workers = std::move(was_dead);
+      }
+      RDMAPS_LOG(WARNING) << "ps server " << options_.server_index << ": bootstrap of worker " << w
+                          << " failed: " << s;
       continue;
     }
     {
       MutexLock lock(mu_);
-      if (seen_[hello.worker_id]) {
-        RDMAPS_LOG(WARNING) << "ps server: worker " << hello.worker_id << " connected again";
-      }
-      // A worker whose earlier connection ended (e.g. an attempt to
-      // reconnect after a restart that gave up) is back: not dead, not gone.
-      if (gone_[hello.worker_id]) {
-        gone_[hello.worker_id] = false;
-        std::erase(stats_.dead_workers, hello.worker_id);
-      }
-      seen_[hello.worker_id] = true;
       ++stats_.workers_connected;
     }
     RDMAPS_LOG(VERBOSE) << "ps server " << options_.server_index << ": worker " << hello.worker_id
@@ -639,6 +657,11 @@ void ServerImpl::ApplyLoop() {
         }
         if (n.kind == transport::Notification::Kind::kDisconnected) {
           MutexLock lock(mu_);
+          // Checked again under mu_: the accept loop rebinds under it.
+          if (n.connection != bound_[w].load()) {
+            ++stats_.unbound_notifications;
+            continue;
+          }
           if (!gone_[w]) {
             gone_[w] = true;
             if (workers_[w].done) {
