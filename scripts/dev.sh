@@ -23,6 +23,7 @@ packages=(
   build-essential cmake ninja-build pkg-config g++ clang libclang-rt-14-dev libfuzzer-14-dev
   libgflags-dev libgoogle-glog-dev libgtest-dev libgmock-dev libbenchmark-dev
   libtbb-dev libeigen3-dev nlohmann-json3-dev libxxhash-dev libsodium-dev
+  libcurl4-openssl-dev etcd-server etcd-client
   libibverbs-dev librdmacm-dev rdma-core ibverbs-providers ibverbs-utils rdmacm-utils perftest
   qemu-system-x86 busybox-static cpio kmod iproute2
   openmpi-bin mpich slurm-wlm munge dataset-fashion-mnist zlib1g-dev gnuplot-nox python3 iperf3

@@ -1,0 +1,68 @@
+#include "src/cluster/coordinator.h"
+
+#include "src/cluster/embedded_coordinator.h"
+#include "src/cluster/etcd_coordinator.h"
+
+namespace rdmaps::internal {
+
+Status CheckCoordKey(std::string_view key, bool allow_empty_prefix) {
+  if (key.empty() && !allow_empty_prefix) {
+    return InvalidArgumentError("coordinator key is empty");
+  }
+  if (key.size() > kMaxCoordKeyBytes) {
+    return InvalidArgumentError("coordinator key of " + std::to_string(key.size()) +
+                                " bytes; at most " + std::to_string(kMaxCoordKeyBytes));
+  }
+  for (char c : key) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                    c == '/' || c == '_' || c == '.' || c == ':' || c == '-';
+    if (!ok) {
+      return InvalidArgumentError("coordinator key '" + std::string(key.substr(0, 64)) +
+                                  "' has a byte outside [A-Za-z0-9/_.:-]");
+    }
+  }
+  return Status();
+}
+
+Status CheckCoordValue(std::string_view value) {
+  if (value.size() > kMaxCoordValueBytes) {
+    return InvalidArgumentError("coordinator value of " + std::to_string(value.size()) +
+                                " bytes; at most " + std::to_string(kMaxCoordValueBytes));
+  }
+  return Status();
+}
+
+Status CheckLeaseTtl(std::chrono::milliseconds ttl) {
+  if (ttl < kMinLeaseTtl || ttl > kMaxLeaseTtl) {
+    return InvalidArgumentError("lease TTL of " + std::to_string(ttl.count()) +
+                                " ms; it must be from " + std::to_string(kMinLeaseTtl.count()) +
+                                " ms to " + std::to_string(kMaxLeaseTtl.count()) + " ms");
+  }
+  return Status();
+}
+
+Result<std::unique_ptr<Coordinator>> OpenCoordinator(const CoordinatorOptions& options) {
+  const std::string& a = options.address;
+  if (!options.job_prefix.empty()) {
+    RDMAPS_RETURN_IF_ERROR(CheckCoordKey(options.job_prefix));
+  }
+  if (a.rfind("memory:", 0) == 0) {
+    MemoryCoordinator::Options o;
+    o.name = options.job_prefix + a.substr(7);
+    return std::unique_ptr<Coordinator>(MemoryCoordinator::Open(o));
+  }
+  if (a.rfind("dir:", 0) == 0) {
+    RDMAPS_ASSIGN_OR_RETURN(auto c, DirectoryCoordinator::Open(a.substr(4)));
+    return std::unique_ptr<Coordinator>(std::move(c));
+  }
+  if (a.rfind("etcd://", 0) == 0 || a.rfind("etcd+https://", 0) == 0) {
+    RDMAPS_ASSIGN_OR_RETURN(EtcdOptions etcd, ParseEtcdOptions(options));
+    RDMAPS_ASSIGN_OR_RETURN(auto c, EtcdCoordinator::Open(etcd));
+    return std::unique_ptr<Coordinator>(std::move(c));
+  }
+  return InvalidArgumentError("coordinator address '" + a +
+                              "' is not memory:NAME, dir:/PATH, etcd://HOST:PORT[,HOST:PORT] or "
+                              "etcd+https://HOST:PORT[,...]");
+}
+
+}  // namespace rdmaps::internal
