@@ -73,6 +73,25 @@ inline constexpr int kDefaultServerPort = 7470;
 // Rendezvous port at the root when the launcher does not imply one.
 inline constexpr int kDefaultRendezvousPort = 7471;
 
+// Where a job's decisions live (docs/coordination.md): which server is the
+// primary and which the backup of each shard, at which epoch, and which
+// processes are alive. An empty address: no coordinator (no failover).
+struct CoordinatorConfig {
+  // "memory:NAME" (one process: threads, tests), "dir:/PATH" (the processes
+  // of one machine; rdmaps-local gives its children one), or
+  // "etcd://HOST:PORT[,HOST:PORT...]" / "etcd+https://..." (a cluster).
+  std::string address;
+  // Prepended to every key, so jobs can share an etcd ("rdmaps/<job>/").
+  std::string job_prefix;
+  // etcd with authentication: a user and a file (mode 0600) holding its
+  // password; with TLS, the CA bundle and a client certificate and key.
+  std::string etcd_user;
+  std::string etcd_password_file;
+  std::string etcd_ca_file;
+  std::string etcd_cert_file;
+  std::string etcd_key_file;
+};
+
 struct ClusterOptions {
   // Explicit layout (source 1). role: "ps"/"server", "worker" or "chief".
   std::string role;
@@ -116,6 +135,9 @@ struct ClusterOptions {
   // Deadline of the whole rendezvous (RDMAPS_STARTUP_TIMEOUT_S, when set,
   // stands in for it: see ClusterLayout::startup_timeout).
   std::chrono::milliseconds startup_timeout{60000};
+  // The job's coordinator; an empty address defers to the environment (see
+  // ClusterLayout::coordinator).
+  CoordinatorConfig coordinator;
 };
 
 struct ClusterLayout {
@@ -161,6 +183,13 @@ struct ClusterLayout {
   int rank = -1;           // -1: assigned by the root (ps-lite).
   int world_size = 0;
   std::string advertise_host;
+
+  // The job's coordinator: ClusterOptions::coordinator when its address is
+  // set, else RDMAPS_COORDINATOR, RDMAPS_COORDINATOR_PREFIX (default: from
+  // the launcher's job identity, else "rdmaps/job/"), RDMAPS_ETCD_USER,
+  // RDMAPS_ETCD_PASSWORD_FILE, RDMAPS_ETCD_CA_FILE, RDMAPS_ETCD_CERT_FILE,
+  // RDMAPS_ETCD_KEY_FILE. Empty address: none.
+  CoordinatorConfig coordinator;
 
   // Multi-line, human-readable (what --print_layout prints).
   std::string ToString() const;

@@ -45,6 +45,7 @@
 #include <string_view>
 #include <vector>
 
+#include "rdmaps/cluster.h"
 #include "rdmaps/status.h"
 
 namespace rdmaps::internal {
@@ -135,24 +136,19 @@ class Coordinator {
                                              CoordDeadline deadline) = 0;
 };
 
-// How a program reaches its job's coordinator.
-struct CoordinatorOptions {
-  // "memory:NAME"   in-process: every OpenCoordinator of the same NAME in one
-  //                 process shares one store (threads, tests).
-  // "dir:/PATH"     one machine: processes share the store in directory PATH
-  //                 (created 0700; refused when others can enter it).
-  // "etcd://H:P[,H:P...]" or "etcd+https://H:P[,...]"  a real etcd v3.
-  std::string address;
-  // Prepended to every key ("rdmaps/<job id>/"): two jobs can share an etcd.
-  std::string job_prefix;
-  // etcd only: user name and a file holding the password (mode 0600), or
-  // TLS files (etcd+https): CA bundle, client certificate and key.
-  std::string etcd_user;
-  std::string etcd_password_file;
-  std::string etcd_ca_file;
-  std::string etcd_cert_file;
-  std::string etcd_key_file;
-};
+// How a program reaches its job's coordinator: the public
+// CoordinatorConfig (include/rdmaps/cluster.h), whose address is
+// "memory:NAME" (every handle of one NAME in this process shares a store),
+// "dir:/PATH" (the processes of one machine share the store in PATH, created
+// 0700) or "etcd://H:P[,H:P...]" / "etcd+https://..." (a real etcd v3).
+using CoordinatorOptions = ::rdmaps::CoordinatorConfig;
+
+// ClusterLayout::coordinator from the environment (see its comment);
+// InvalidArgument for a malformed prefix. `launcher_identity` (from
+// LauncherJobIdentity, may be empty) names the default prefix.
+Result<CoordinatorOptions> ResolveCoordinator(const CoordinatorOptions& explicit_options,
+                                              const Environment& env,
+                                              std::string_view launcher_identity);
 
 Result<std::unique_ptr<Coordinator>> OpenCoordinator(const CoordinatorOptions& options);
 

@@ -111,7 +111,9 @@ Result<std::string> Base64Decode(std::string_view text, std::size_t max_bytes) {
 
 Result<json> ParseEtcdReply(std::string_view body) {
   if (body.size() > kMaxEtcdReplyBytes) return Hostile("a reply over 4 MiB");
-  RDMAPS_ASSIGN_OR_RETURN(json j, ParseJsonLimited(body, "etcd reply"));
+  auto parsed = ParseJsonLimited(body, "etcd reply");
+  if (!parsed.ok()) return Hostile("a reply that is not JSON (" + parsed.status().message() + ")");
+  json j = std::move(parsed).value();
   if (!j.is_object()) return Hostile("a reply that is not a JSON object");
   if (const json* err = Field(j, "error")) {
     // Unary: {"error": "...", "code": N, "message": "..."}; streams:
@@ -487,9 +489,13 @@ struct EtcdCoordinator::Impl {
         MutexLock lock(mu);
         good_endpoint = e;
       }
-      if (http >= 500 && sink->buf.empty()) {
+      if (http != 200 && !stream) {
+        // etcd's errors come as JSON with any status; anything else (a
+        // proxy's page, an old etcd without this path) is named by status.
+        auto err = ParseEtcdReply(sink->buf);
+        if (!err.ok() && err.status().code() != StatusCode::kDataLoss) return err.status();
         return UnavailableError("etcd at " + endpoint + " answered HTTP " + std::to_string(http) +
-                                " to " + path);
+                                " to " + path + "; is it etcd 3.4 or later with its gRPC gateway?");
       }
       return std::move(sink->buf);
     }

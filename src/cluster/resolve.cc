@@ -13,6 +13,7 @@
 
 #include "src/base/checked.h"
 #include "src/base/log.h"
+#include "src/cluster/coordinator.h"
 #include "src/cluster/host_lists.h"
 #include "src/cluster/interfaces.h"
 #include "src/cluster/json_parse.h"
@@ -197,6 +198,9 @@ std::string ClusterLayout::ToString() const {
     os << ", advertising " << advertise_host;
   }
   if (!transport.empty()) os << "\n  transport: " << transport;
+  if (!coordinator.address.empty()) {
+    os << "\n  coordinator: " << coordinator.address << ", prefix " << coordinator.job_prefix;
+  }
   return os.str();
 }
 
@@ -752,6 +756,13 @@ Result<ClusterLayout> ResolveCluster(const ClusterOptions& options, const Enviro
                                   std::to_string(kMaxStartupTimeoutS));
     }
     layout.startup_timeout = std::chrono::seconds(*v);
+  }
+  {
+    std::string kind, identity;
+    const bool named = internal::LauncherJobIdentity(env, &kind, &identity);
+    RDMAPS_ASSIGN_OR_RETURN(
+        layout.coordinator,
+        internal::ResolveCoordinator(options.coordinator, env, named ? kind + "-" + identity : ""));
   }
   // The job secret (src/cluster/secret.h says from where, in which order).
   RDMAPS_ASSIGN_OR_RETURN(internal::JobSecret secret,

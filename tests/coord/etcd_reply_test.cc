@@ -50,7 +50,7 @@ TEST(EtcdReplyTest, ErrorsMapFromTheirGrpcCode) {
   EXPECT_EQ(auth.status().code(), StatusCode::kPermissionDenied);
   EXPECT_EQ(ParseEtcdReply(R"({"error":"x","code":14})").status().code(), StatusCode::kUnavailable);
   EXPECT_EQ(ParseEtcdReply("[1]").status().code(), StatusCode::kDataLoss);
-  EXPECT_EQ(ParseEtcdReply("{").status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(ParseEtcdReply("{").status().code(), StatusCode::kDataLoss);
   EXPECT_EQ(ParseEtcdReply(std::string(kMaxEtcdReplyBytes + 1, ' ')).status().code(),
             StatusCode::kDataLoss);
 }

@@ -180,6 +180,15 @@ class Launcher {
   }
 
  private:
+  // The job's coordinator (docs/coordination.md): one the user named
+  // (RDMAPS_COORDINATOR=etcd://...), else a directory of this run's private
+  // temporary directory, shared by every process of the job.
+  void AddCoordinatorEnv(std::map<std::string, std::string>& env) const {
+    if (env.count("RDMAPS_COORDINATOR")) return;
+    env["RDMAPS_COORDINATOR"] = "dir:" + tmpdir_ + "/coord";
+    env["RDMAPS_COORDINATOR_PREFIX"] = "rdmaps/local/";
+  }
+
   // --tables, checked, or the tables the worker command describes.
   Outcome ResolveTables() {
     if (!o_.tables.empty()) {
@@ -233,6 +242,7 @@ class Launcher {
                      .server = true,
                      .ready_pipe = true};
       AddLayoutEnv(o_, spec.env, true, i, placeholder, token_);
+      AddCoordinatorEnv(spec.env);
       for (auto& arg : SplitArgs(o_.server_args)) spec.argv.push_back(std::move(arg));
       if (restart) {
         spec.argv.push_back("--listen=" + ps_[static_cast<std::size_t>(i)]);
@@ -305,6 +315,7 @@ class Launcher {
       }
       ChildSpec spec{.name = name, .argv = o_.command, .env = BaseEnv()};
       AddLayoutEnv(o_, spec.env, false, w, ps_, token_);
+      AddCoordinatorEnv(spec.env);
       // The worker's rendezvous and connect deadline (ClusterLayout).
       spec.env["RDMAPS_STARTUP_TIMEOUT_S"] = std::to_string(o_.startup_timeout.count());
       auto id = job_.Spawn(spec);
