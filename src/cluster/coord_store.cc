@@ -4,8 +4,6 @@
 #include <cstring>
 #include <limits>
 
-#include "src/base/checked.h"
-
 namespace rdmaps::internal {
 namespace {
 
@@ -76,6 +74,44 @@ Status Corrupt(std::string_view what) {
 }
 
 }  // namespace
+
+// The key, value and TTL rules of coordinator.h, here with the state machine
+// that applies them (so the parsers under fuzz need no transport library).
+Status CheckCoordKey(std::string_view key, bool allow_empty_prefix) {
+  if (key.empty() && !allow_empty_prefix) {
+    return InvalidArgumentError("coordinator key is empty");
+  }
+  if (key.size() > kMaxCoordKeyBytes) {
+    return InvalidArgumentError("coordinator key of " + std::to_string(key.size()) +
+                                " bytes; at most " + std::to_string(kMaxCoordKeyBytes));
+  }
+  for (char c : key) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                    c == '/' || c == '_' || c == '.' || c == ':' || c == '-';
+    if (!ok) {
+      return InvalidArgumentError("coordinator key '" + std::string(key.substr(0, 64)) +
+                                  "' has a byte outside [A-Za-z0-9/_.:-]");
+    }
+  }
+  return Status();
+}
+
+Status CheckCoordValue(std::string_view value) {
+  if (value.size() > kMaxCoordValueBytes) {
+    return InvalidArgumentError("coordinator value of " + std::to_string(value.size()) +
+                                " bytes; at most " + std::to_string(kMaxCoordValueBytes));
+  }
+  return Status();
+}
+
+Status CheckLeaseTtl(std::chrono::milliseconds ttl) {
+  if (ttl < kMinLeaseTtl || ttl > kMaxLeaseTtl) {
+    return InvalidArgumentError("lease TTL of " + std::to_string(ttl.count()) +
+                                " ms; it must be from " + std::to_string(kMinLeaseTtl.count()) +
+                                " ms to " + std::to_string(kMaxLeaseTtl.count()) + " ms");
+  }
+  return Status();
+}
 
 void CoordStore::Tombstone(const std::string& key, std::int64_t revision) {
   tombstones_[key] = revision;
