@@ -81,6 +81,10 @@ DEFINE_int32(gid_index, -1, "verbs: GID index (-1: rdma_cm chooses)");
 DEFINE_uint32(push_slots, 32, "push ring slots per worker");
 DEFINE_uint32(push_slot_bytes, 64 * 1024, "bytes per push ring slot");
 DEFINE_uint32(apply_threads, 0, "threads applying one large push (0: all cores)");
+DEFINE_uint32(max_workers, 0,
+              "elastic mode: worker slots for up to this many workers (>= the layout's "
+              "workers, who start as members); others join later and any may leave "
+              "(docs/ps.md \"Elastic workers\"). 0: a fixed set");
 DEFINE_string(checkpoint_dir, "",
               "write checkpoints to this folder (the same, shared, for every server of the job)");
 DEFINE_uint64(checkpoint_every, 0,
@@ -335,6 +339,7 @@ int RealMain(SignalThread& signals) {
   so.push_slots = FLAGS_push_slots;
   so.push_slot_bytes = FLAGS_push_slot_bytes;
   so.apply_threads = FLAGS_apply_threads;
+  so.max_workers = FLAGS_max_workers;
   if (!FLAGS_listen.empty()) so.listen_address = FLAGS_listen;
   so.checkpoint_dir = FLAGS_checkpoint_dir;
   so.checkpoint_every = FLAGS_checkpoint_every;
