@@ -438,10 +438,11 @@ void ServerImpl::AcceptLoop() {
         // Elastic: a slot is taken by one live worker at a time, and a
         // worker that left is replaced by a fresh one (its ring from seq 1,
         // published before the bootstrap lets it read the control block).
-        bool live = false;
+        bool live = false, seen = false;
         {
           MutexLock lock(mu_);
-          live = seen_[w] && !gone_[w];
+          seen = seen_[w];
+          live = seen && !gone_[w];
         }
         if (live) {
           RDMAPS_LOG(WARNING) << "ps server " << options_.server_index << ": rejecting "
@@ -449,8 +450,11 @@ void ServerImpl::AcceptLoop() {
                               << " is held by a live worker; give the new one a free id";
           continue;
         }
-        if (membership_->free(w) && workers_[w].next_seq != 1) {
+        if (membership_->free(w) && seen) {
+          // Slots of the old worker a cut still held were never applied,
+          // so never acknowledged: they go with it.
           workers_[w] = WorkerState{};
+          cut_->Forget(w);
           PublishControl();
         }
       }

@@ -19,12 +19,15 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "rdmaps/client.h"
+#include "rdmaps/log.h"
 #include "rdmaps/server.h"
+#include "src/base/mutex.h"
 #include "src/ps/test_hooks.h"
 #include "tests/ps/ps_suite.h"
 #include "tests/ps/ps_test_util.h"
@@ -109,10 +112,35 @@ class ElasticTest : public ::testing::TestWithParam<PsBackend> {
   std::vector<std::uint64_t> pushes_ = std::vector<std::uint64_t>(kMax, 0);
 };
 
+// The library's INFO lines, kept while it lives.
+class LogCapture {
+ public:
+  LogCapture() {
+    SetMinLogSeverity(LogSeverity::kInfo);
+    SetLogSink([this](LogSeverity, std::string_view, int, std::string_view message) {
+      MutexLock lock(mu_);
+      lines_ += std::string(message) + "\n";
+    });
+  }
+  ~LogCapture() {
+    SetLogSink(nullptr);
+    SetMinLogSeverity(LogSeverity::kWarning);
+  }
+  std::string lines() {
+    MutexLock lock(mu_);
+    return lines_;
+  }
+
+ private:
+  Mutex mu_;
+  std::string lines_ RDMAPS_GUARDED_BY(mu_);
+};
+
 // Join at the members' clock, be counted by BSP, die, be left out, leave by
 // Close(), rejoin a slot a dead worker left: the counts stay exact and every
 // server logs each change with its epoch.
 TEST_P(ElasticTest, JoinLeaveDieRejoinKeepExactCounts) {
+  LogCapture log;
   ASSERT_NO_FATAL_FAILURE(StartServers());
   auto w0 = Connect(0), w1 = Connect(1);
   ASSERT_TRUE(w0 && w1);
@@ -193,6 +221,20 @@ TEST_P(ElasticTest, JoinLeaveDieRejoinKeepExactCounts) {
   for (auto& s : servers_) {
     EXPECT_EQ(s->stats().protocol_errors, 0u);
     EXPECT_EQ(s->stats().members, 3u);  // w0, w1, the new 3
+  }
+  const std::string lines = log.lines();
+  for (const char* line : {
+           "membership epoch 0: workers [0, 2) of 4 slots, at clock 0",
+           "membership epoch 1: worker 2 joined at clock 3",
+           "membership epoch 2: worker 3 joined at clock 4",
+           "membership epoch 3: worker 3 left (died) at clock 4",
+           "membership epoch 4: worker 2 left (graceful) at clock 5",
+           "membership epoch 5: worker 3 joined at clock 6",
+       }) {
+    for (std::uint32_t i = 0; i < kServers; ++i) {
+      const std::string want = "ps server " + std::to_string(i) + ": " + line;
+      EXPECT_NE(lines.find(want), std::string::npos) << want << "\nin:\n" << lines;
+    }
   }
   ASSERT_TRUE(again->Close().ok());
   ASSERT_TRUE(w0->Close().ok());

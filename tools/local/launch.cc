@@ -246,7 +246,8 @@ class Launcher {
                      .ready_pipe = true};
       AddLayoutEnv(o_, spec.env, true, i, placeholder, token_);
       for (auto& arg : SplitArgs(o_.server_args)) spec.argv.push_back(std::move(arg));
-      if (o_.max_workers > 0) spec.argv.push_back("--max_workers=" + std::to_string(o_.max_workers));
+      if (o_.max_workers > 0)
+        spec.argv.push_back("--max_workers=" + std::to_string(o_.max_workers));
       if (restart) {
         spec.argv.push_back("--listen=" + ps_[static_cast<std::size_t>(i)]);
         spec.argv.push_back("--restore=auto");

@@ -374,14 +374,14 @@ int RealMain(SignalThread& signals) {
     return sigpending(&pending) == 0 &&
            (sigismember(&pending, SIGTERM) == 1 || sigismember(&pending, SIGINT) == 1);
   };
-  for (int attempt = 1; !started.ok() &&
-                        started.status().code() == rdmaps::StatusCode::kUnavailable &&
-                        !stop_pending();
+  for (int attempt = 1;
+       !started.ok() && started.status().code() == rdmaps::StatusCode::kUnavailable &&
+       !stop_pending();
        ++attempt) {
     if (std::chrono::steady_clock::now() >= startup_deadline) {
       LOG(ERROR) << layout.name() << ": cannot listen on " << so.listen_address << " after "
-                 << attempt << " attempts within the start-up deadline ("
-                 << FLAGS_startup_timeout_s << " s): " << started.status();
+                 << attempt << " attempts within the start-up deadline (" << FLAGS_startup_timeout_s
+                 << " s): " << started.status();
       return kExitStartup;
     }
     if (attempt == 1) {
