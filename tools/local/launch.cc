@@ -162,7 +162,7 @@ void PrintLayout(const LaunchOptions& o) {
             << "\n";
   for (int w = 0; w < o.workers; ++w) {
     std::cout << "  worker" << w << ": RDMAPS_ROLE=worker RDMAPS_TASK_INDEX=" << w
-              << " RDMAPS_PS_HOSTS=" << JoinHosts(ps) << " RDMAPS_NUM_WORKERS=" << o.workers
+              << " RDMAPS_PS_HOSTS=" << JoinHosts(ps) << " RDMAPS_NUM_WORKERS=" << WorkerSlots(o)
               << "\n";
   }
 }
