@@ -17,7 +17,9 @@
 
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -53,10 +55,12 @@ class ElasticTest : public ::testing::TestWithParam<PsBackend> {
   }
   const std::string& transport() const { return GetParam().transport; }
 
-  void StartServers(std::uint32_t max_workers = kMax) {
+  void StartServers(std::uint32_t max_workers = kMax, const std::string& checkpoint_dir = "") {
     for (std::uint32_t i = 0; i < kServers; ++i) {
       ServerOptions o = MakeServerOptions(transport(), i, kServers, kInitial, Tables());
       o.max_workers = max_workers;
+      o.checkpoint_dir = checkpoint_dir;
+      o.checkpoint_every = checkpoint_dir.empty() ? 0 : 2;
       auto s = Server::Start(o);
       ASSERT_TRUE(s.ok()) << s.status();
       addresses_.push_back((*s)->address());
@@ -298,6 +302,38 @@ TEST_P(ElasticTest, JoinDuringBarrierDoesNotHoldIt) {
   for (int i = 0; i < 3; ++i) ts.emplace_back([&, i] { st[i] = cs[i]->Barrier(); });
   for (auto& th : ts) th.join();
   for (int i = 0; i < 3; ++i) EXPECT_TRUE(st[i].ok()) << "worker " << i << ": " << st[i];
+}
+
+// A checkpoint cut counts members only: a worker that died before it is not
+// waited for, one that joined is (the checkpoint at clock 2 needs w0 and the
+// joiner w2, not the dead w1), and the checkpoint holds the exact counts.
+TEST_P(ElasticTest, CheckpointCutCountsMembersOnly) {
+  char tmpl[] = "/tmp/rdmaps-elastic-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  ASSERT_NO_FATAL_FAILURE(StartServers(kMax, dir));
+  auto w0 = Connect(0), w1 = Connect(1);
+  ASSERT_TRUE(w0 && w1);
+  Round(*w0);
+  Round(*w1);
+  auto w2 = Connect(2);
+  ASSERT_TRUE(w2);
+  EXPECT_EQ(w2->clock(), 1u);
+  internal::TEST_Abandon(*w1);
+  Round(*w0);
+  Round(*w2);
+  // Durable within wait_timeout (10 s), not checkpoint_timeout (600 s).
+  auto ck = w0->Checkpoint();
+  ASSERT_TRUE(ck.ok()) << ck.status();
+  EXPECT_EQ(ck->clock, 2u);
+  auto ck2 = w2->Checkpoint();
+  ASSERT_TRUE(ck2.ok()) << ck2.status();
+  const std::vector<float> counts = Counts();
+  EXPECT_EQ(counts[0], 2.0f);
+  EXPECT_EQ(counts[1], 1.0f);
+  EXPECT_EQ(counts[2], 1.0f);
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
 }
 
 // Without max_workers a worker that dies still fails the others' waits,
