@@ -62,6 +62,15 @@ struct ServerOptions {
   std::uint32_t server_index = 0;
   std::uint32_t num_servers = 1;
   std::uint32_t num_workers = 1;
+  // Elastic mode (docs/ps.md "Elastic workers") when not 0: worker slots
+  // (a push ring and a control word each) for up to this many workers, at
+  // least num_workers. Workers [0, num_workers) are members from the start;
+  // others join a running job (Client::Connect with an id of a free slot)
+  // and any member may leave (Close, or dying) without stalling the rest:
+  // clocks, SSP/BSP waits, barriers and checkpoints count current members
+  // only. 0: a fixed set of num_workers; one that dies fails the waits of
+  // the others, naming it.
+  std::uint32_t max_workers = 0;
   std::vector<TableOptions> tables;
 
   // Push ring per worker: `push_slots` slots of `push_slot_bytes` each (a
@@ -72,7 +81,8 @@ struct ServerOptions {
   // Threads that apply optimizer updates of one large push (oneTBB); 0 = all
   // cores.
   std::uint32_t apply_threads = 0;
-  // Run() returns once every worker has connected and then closed or died.
+  // Run() returns once every worker has connected and then closed or died
+  // (elastic mode: workers [0, num_workers) and every one that joined).
   bool exit_when_workers_done = true;
 
   // Checkpoints (docs/ps.md, "Checkpoints"). The folder this server writes
@@ -106,9 +116,14 @@ struct ServerOptions {
 
 struct ClientOptions {
   TransportOptions transport;
-  // This worker's id in [0, num_workers).
+  // This worker's id in [0, num_workers), or in elastic mode in [0,
+  // max_workers): an id of a slot no live worker holds. Connect() then joins
+  // the running job at the members' current clock (the servers refuse an id
+  // a live worker holds).
   std::uint32_t worker_id = 0;
   std::uint32_t num_workers = 1;
+  // The servers' ServerOptions::max_workers (0: not elastic).
+  std::uint32_t max_workers = 0;
   // The servers' addresses, indexed by server index (all of them).
   std::vector<std::string> servers;
   // Optional: when not empty, checked against the tables the servers

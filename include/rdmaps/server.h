@@ -36,10 +36,14 @@ struct ServerStats {
   // Notifications (a ring write, a disconnect) of a connection that claimed a
   // worker's id but is not the one that worker bootstrapped on: ignored.
   std::uint64_t unbound_notifications = 0;
-  std::uint64_t min_clock = 0;        // min over workers of their applied clock
+  std::uint64_t min_clock = 0;  // min over workers (members) of their applied clock
+  // Elastic mode: +1 on every join and leave; the workers counted now.
+  std::uint32_t membership_epoch = 0;
+  std::uint32_t members = 0;
+  std::uint64_t barrier_arrivals = 0;  // elastic mode: Barrier() arrivals applied
   std::uint32_t workers_connected = 0;
-  std::uint32_t workers_done = 0;     // said goodbye (Client::Close)
-  std::vector<std::uint32_t> dead_workers;  // disconnected without goodbye
+  std::uint32_t workers_done = 0;            // said goodbye (Client::Close)
+  std::vector<std::uint32_t> dead_workers;   // disconnected without goodbye
   std::vector<std::uint64_t> worker_clocks;  // per worker, applied clock
   std::uint64_t registered_bytes = 0;
 };
@@ -59,7 +63,8 @@ class Server {
 
   // Blocks until Stop() is called, or (options.exit_when_workers_done) until
   // every worker has connected and then closed or died. Returns OK on a
-  // clean finish, Unavailable naming the workers that died without closing.
+  // clean finish, Unavailable naming the workers that died without closing
+  // (in elastic mode, ServerOptions::max_workers, a death is a leave: OK).
   virtual Status Run() = 0;
 
   // Like Run() but gives up at `deadline` with TimedOut naming the workers
@@ -74,8 +79,7 @@ class Server {
 
   // Copies this server's current values of rows [range) of `table` (rows it
   // owns) into `out` (range.count * dim floats). For tests and checkpoints.
-  virtual Status ReadLocal(std::uint32_t table, RowRange range,
-                           std::vector<float>* out) const = 0;
+  virtual Status ReadLocal(std::uint32_t table, RowRange range, std::vector<float>* out) const = 0;
 
  protected:
   Server() = default;

@@ -64,6 +64,17 @@ class CheckpointCut {
 
   // Worker w's clock became `clock` (its kClock slot was applied).
   void OnClock(std::uint32_t w, std::uint64_t clock);
+  // Worker w joined (elastic) at `clock`: at or past an armed cut it has
+  // reached it (its slots wait for the capture like the others').
+  void OnJoin(std::uint32_t w, std::uint64_t clock) {
+    if (armed_ && clock >= clock_) at_cut_[w] = true;
+  }
+  // Slot w gets a new worker (elastic): the old one's place at the cut and
+  // its held slots are dropped.
+  void Forget(std::uint32_t w) {
+    at_cut_[w] = false;
+    held_[w].clear();
+  }
   // Worker w asks for a checkpoint at its clock `clock` (a kCheckpoint
   // slot). False when it cannot be had: another worker is already past it.
   bool OnRequest(std::uint32_t w, std::uint64_t clock, const std::vector<std::uint64_t>& clocks);

@@ -26,6 +26,7 @@
 #include "src/base/mutex.h"
 #include "src/ps/common.h"
 #include "src/ps/directory.h"
+#include "src/ps/join.h"
 #include "src/ps/memory.h"
 #include "src/ps/pull_reader.h"
 #include "src/ps/push_writer.h"
@@ -273,6 +274,7 @@ class ClientImpl final : public Client {
   // A push since the last Clock() (Checkpoint() must come before any).
   bool pushed_this_clock_ RDMAPS_GUARDED_BY(mu_) = false;
   bool closed_ RDMAPS_GUARDED_BY(mu_) = false;
+  internal::ElasticState elastic_ RDMAPS_GUARDED_BY(mu_);
   // Init() succeeded. A client whose Connect failed part-way (a server not
   // up, a refused handshake, tables that do not match) has links without
   // connections or buffers: it closes what it opened and says no goodbye,
@@ -291,9 +293,13 @@ class ClientImpl final : public Client {
 };
 
 Status ClientImpl::Init() {
-  if (options_.num_workers == 0 || options_.worker_id >= options_.num_workers) {
-    return InvalidArgumentError("ClientOptions.worker_id " + std::to_string(options_.worker_id) +
-                                " must be < num_workers " + std::to_string(options_.num_workers));
+  RDMAPS_RETURN_IF_ERROR(
+      internal::ValidateMaxWorkers(options_.num_workers, options_.max_workers, "ClientOptions"));
+  if (options_.num_workers == 0 || options_.worker_id >= internal::WorkerSlots(options_)) {
+    return InvalidArgumentError(
+        "ClientOptions.worker_id " + std::to_string(options_.worker_id) + " must be < " +
+        (options_.max_workers ? "max_workers " + std::to_string(options_.max_workers)
+                              : "num_workers " + std::to_string(options_.num_workers)));
   }
   if (options_.num_workers >= internal::kServerPeerBase) {
     return InvalidArgumentError("ClientOptions.num_workers is too large");
@@ -311,6 +317,12 @@ Status ClientImpl::Init() {
   RDMAPS_RETURN_IF_ERROR(ConnectAll(deadline));
   RDMAPS_RETURN_IF_ERROR(ReadDirectories(deadline));
   RDMAPS_RETURN_IF_ERROR(ReadStartClock(deadline));
+  // Elastic: joins a running job when this worker's slot is free.
+  RDMAPS_RETURN_IF_ERROR(internal::JoinIfFree(links_, push_, &clock_, &elastic_, deadline));
+  if (elastic_.joined) {
+    const std::uint64_t now = clock_;
+    stats_.Update([now](ClientStats& st) { st.clock = now; });
+  }
   connected_ = true;
   return Status::OK();
 }
@@ -358,9 +370,10 @@ Status ClientImpl::ReadDirectories(Deadline deadline) {
                            b.directory.rkey);
     RDMAPS_RETURN_IF_ERROR(links_.Exec(s, {&op, 1}, deadline));
     const std::string who = ServerName(s);
-    RDMAPS_ASSIGN_OR_RETURN(internal::Directory dir,
-                            internal::ParseDirectory({dir_buf.get(), b.directory.length},
-                                                     {s.index, S, options_.num_workers}, who));
+    RDMAPS_ASSIGN_OR_RETURN(
+        internal::Directory dir,
+        internal::ParseDirectory({dir_buf.get(), b.directory.length},
+                                 {s.index, S, internal::WorkerSlots(options_)}, who));
     RDMAPS_RETURN_IF_ERROR(internal::AddServerTables(dir, s.index, who, &tables_));
     s.dir = dir.header;
     s.ring = dir.rings[options_.worker_id];
@@ -789,6 +802,12 @@ Status ClientImpl::Barrier() {
   // worker arrives, every push made before the barrier is visible, whatever
   // the tables' staleness (ASP included).
   RDMAPS_RETURN_IF_ERROR(FlushLocked(deadline));
+  if (elastic_.elastic) {  // counts the current members (src/ps/join.h)
+    const auto start = SteadyClock::now();
+    Status st = internal::ElasticBarrier(links_, push_, &elastic_, deadline);
+    stats_.AddBlocked(SteadyClock::now() - start);
+    return st;
+  }
   ServerLink& s = links_[0];
   auto* result =
       reinterpret_cast<std::uint64_t*>(s.ctrl.get() + internal::RoundUp(s.ctrl_bytes, 8));

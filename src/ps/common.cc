@@ -83,3 +83,20 @@ transport::EndpointOptions ToEndpointOptions(const TransportOptions& t, std::uin
 }
 
 }  // namespace rdmaps::internal
+
+namespace rdmaps::internal {
+
+Status ValidateMaxWorkers(std::uint32_t num_workers, std::uint32_t max_workers,
+                          const std::string& who) {
+  constexpr std::uint32_t kMaxWorkerSlots = 1u << 16;
+  if (max_workers == 0) return Status::OK();
+  if (max_workers < num_workers || max_workers > kMaxWorkerSlots) {
+    return InvalidArgumentError(
+        who + ".max_workers " + std::to_string(max_workers) +
+        " must be 0 (not elastic) or in [num_workers " + std::to_string(num_workers) + ", " +
+        std::to_string(kMaxWorkerSlots) + "]: every slot costs a push ring on every server");
+  }
+  return Status::OK();
+}
+
+}  // namespace rdmaps::internal

@@ -27,6 +27,7 @@
 #include "src/ps/common.h"
 #include "src/ps/directory.h"
 #include "src/ps/initializer.h"
+#include "src/ps/membership.h"
 #include "src/ps/memory.h"
 #include "src/ps/optimizer.h"
 #include "src/ps/push_slot.h"
@@ -93,7 +94,7 @@ struct WorkerState {  // apply thread only, except where noted
 class ServerImpl final : public Server {
  public:
   explicit ServerImpl(const ServerOptions& options)
-      : options_(options), workers_(options.num_workers) {}
+      : options_(options), slots_(internal::WorkerSlots(options)), workers_(slots_) {}
 
   ~ServerImpl() override { Stop(); }
 
@@ -143,6 +144,7 @@ class ServerImpl final : public Server {
 
   // Constant after Init().
   const ServerOptions options_;
+  const std::uint32_t slots_;  // worker slots: max_workers in elastic mode, else num_workers
   std::unique_ptr<transport::Endpoint> endpoint_;
   std::string address_;
   std::vector<TableState> tables_;
@@ -163,6 +165,8 @@ class ServerImpl final : public Server {
   // tables_[].memory, which the analysis does not see) against ReadLocal
   // and TEST_SetRow: ApplySlot requires it.
   std::vector<WorkerState> workers_;
+  // Elastic membership (src/ps/membership.h); set in Init, then under apply_mu_.
+  std::optional<internal::Membership> membership_;
   std::uint64_t control_version_ = 0;
   std::vector<ControlWorker> control_scratch_;  // PublishControl's
   std::vector<std::uint64_t> dirty_blocks_;     // ApplySlot's
@@ -214,6 +218,8 @@ Status ValidateServerOptions(const ServerOptions& o) {
   if (o.num_workers >= internal::kServerPeerBase) {
     return InvalidArgumentError("ServerOptions.num_workers is too large");
   }
+  RDMAPS_RETURN_IF_ERROR(
+      internal::ValidateMaxWorkers(o.num_workers, o.max_workers, "ServerOptions"));
   if (o.push_slots == 0) return InvalidArgumentError("ServerOptions.push_slots must be >= 1");
   if (o.push_slot_bytes % internal::kCacheLine != 0) {
     return InvalidArgumentError("ServerOptions.push_slot_bytes " +
@@ -222,8 +228,8 @@ Status ValidateServerOptions(const ServerOptions& o) {
   }
   RDMAPS_RETURN_IF_ERROR(internal::ValidateTables(o.tables));
   if (o.tables.size() > (1u << 20) ||
-      internal::DirectoryBytes(static_cast<std::uint32_t>(o.tables.size()), o.num_workers) >
-          internal::kMaxDirectoryBytes) {
+      internal::DirectoryBytes(static_cast<std::uint32_t>(o.tables.size()),
+                               internal::WorkerSlots(o)) > internal::kMaxDirectoryBytes) {
     return InvalidArgumentError("ServerOptions: " + std::to_string(o.tables.size()) +
                                 " tables and " + std::to_string(o.num_workers) +
                                 " workers make a directory larger than workers accept (" +
@@ -254,17 +260,19 @@ Status ServerImpl::Init() {
                               options_.listen_address)));
   {
     MutexLock lock(mu_);  // no other thread yet; for the analysis
-    seen_.assign(options_.num_workers, false);
-    gone_.assign(options_.num_workers, false);
-    bound_ = std::make_unique<std::atomic<std::uint64_t>[]>(options_.num_workers);
-    stats_.worker_clocks.assign(options_.num_workers, 0);
+    seen_.assign(slots_, false);
+    gone_.assign(slots_, false);
+    bound_ = std::make_unique<std::atomic<std::uint64_t>[]>(slots_);
+    stats_.worker_clocks.assign(slots_, 0);
   }
   RDMAPS_RETURN_IF_ERROR(RegisterAll());
   incarnation_ =
       (std::uint64_t{std::random_device{}()} << 32) ^ std::random_device{}() ^
       static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
-  cut_.emplace(options_.num_workers, options_.checkpoint_every);
+  cut_.emplace(slots_, options_.checkpoint_every);
   if (!options_.restore.empty()) RDMAPS_RETURN_IF_ERROR(Restore());
+  membership_.emplace(slots_, options_.num_workers, options_.max_workers != 0,
+                      options_.server_index, restored_plus1_ == 0 ? 0 : restored_plus1_ - 1);
   if (lineage_.empty())
     lineage_ = internal::CheckpointLineage(options_.transport.job_token, "", {});
   if (!options_.checkpoint_dir.empty()) {
@@ -317,7 +325,7 @@ Status ServerImpl::RegisterAll() {
     return Status::OK();
   };
 
-  const std::uint32_t S = options_.num_servers, W = options_.num_workers;
+  const std::uint32_t S = options_.num_servers, W = slots_;
   tables_.resize(options_.tables.size());
   for (std::size_t i = 0; i < tables_.size(); ++i) {
     TableState& t = tables_[i];
@@ -406,11 +414,12 @@ void ServerImpl::AcceptLoop() {
     std::memcpy(&hello, peer.user_data.data(), sizeof(hello));
     const std::uint64_t need =
         (std::uint64_t{options_.server_index} + 1) * internal::kBootstrapSlotBytes;
-    if (hello.magic != internal::kHelloMagic || hello.worker_id >= options_.num_workers ||
+    if (hello.magic != internal::kHelloMagic || hello.worker_id >= slots_ ||
         hello.boot_length < need || peer.peer_id != hello.worker_id) {
       RDMAPS_LOG(WARNING) << "ps server " << options_.server_index << ": rejecting " << peer.address
-                          << ": bad hello (worker id " << hello.worker_id << ", job has "
-                          << options_.num_workers << " workers; check --num_workers on both sides)";
+                          << ": bad hello (worker id " << hello.worker_id << ", job has " << slots_
+                          << " worker slots; check --num_workers and --max_workers on "
+                          << "both sides)";
       continue;
     }
     // Bound, and counted as connected, before the bootstrap write: the
@@ -424,12 +433,39 @@ void ServerImpl::AcceptLoop() {
     bool was_seen = false, was_gone = false;
     std::vector<std::uint32_t> was_dead;
     {
+      MutexLock apply_lock(apply_mu_);  // (before mu_, as in the apply loop)
+      if (membership_->elastic()) {
+        // Elastic: a slot is taken by one live worker at a time, and a
+        // worker that left is replaced by a fresh one (its ring from seq 1,
+        // published before the bootstrap lets it read the control block).
+        bool live = false, seen = false;
+        {
+          MutexLock lock(mu_);
+          seen = seen_[w];
+          live = seen && !gone_[w];
+        }
+        if (live) {
+          RDMAPS_LOG(WARNING) << "ps server " << options_.server_index << ": rejecting "
+                              << peer.address << ": worker slot " << w
+                              << " is held by a live worker; give the new one a free id";
+          continue;
+        }
+        if (membership_->free(w) && seen) {
+          // Slots of the old worker a cut still held were never applied,
+          // so never acknowledged: they go with it.
+          workers_[w] = WorkerState{};
+          cut_->Forget(w);
+          PublishControl();
+        }
+      }
       MutexLock lock(mu_);
       previous = bound_[w].exchange(peer.connection);
       was_seen = seen_[w];
       was_gone = gone_[w];
       was_dead = stats_.dead_workers;
-      if (was_seen) RDMAPS_LOG(WARNING) << "ps server: worker " << w << " connected again";
+      if (was_seen && !membership_->elastic()) {
+        RDMAPS_LOG(WARNING) << "ps server: worker " << w << " connected again";
+      }
       // A worker whose earlier connection ended (e.g. an attempt to
       // reconnect after a restart that gave up) is back: not dead, not gone.
       gone_[w] = false;
@@ -486,6 +522,7 @@ bool ServerImpl::ApplySlot(std::uint32_t w, const SlotHeader& h, const std::byte
   WorkerState& ws = workers_[w];
   const auto kind = static_cast<SlotKind>(h.kind);
   if (kind == SlotKind::kClock) {
+    if (membership_->joined(w) && h.clock <= ws.clock) return true;  // started above it here
     if (h.clock != ws.clock + 1) return false;
     ws.clock = h.clock;
     cut_->OnClock(w, ws.clock);
@@ -494,14 +531,31 @@ bool ServerImpl::ApplySlot(std::uint32_t w, const SlotHeader& h, const std::byte
     return true;
   }
   if (kind == SlotKind::kBye) {
+    membership_->Leave(w, false, ws.clock);
     ws.done = true;
+    return true;
+  }
+  if (kind == SlotKind::kJoin) {
+    const std::optional<std::uint64_t> start = membership_->Join(w, h.clock);
+    if (!start) return false;
+    ws.clock = *start;
+    cut_->OnJoin(w, ws.clock);
+    return true;
+  }
+  if (kind == SlotKind::kBarrier) {
+    if (!membership_->elastic()) return false;
+    membership_->Barrier(w, h.clock);
+    MutexLock lock(mu_);
+    ++stats_.barrier_arrivals;
     return true;
   }
   if (kind == SlotKind::kCheckpoint) {
     if (h.clock != ws.clock) return false;
     std::vector<std::uint64_t> clocks(workers_.size());
     for (std::size_t i = 0; i < workers_.size(); ++i) {
-      clocks[i] = workers_[i].done ? internal::kClockDone : workers_[i].clock;
+      clocks[i] = workers_[i].done || !membership_->member(static_cast<std::uint32_t>(i))
+                      ? internal::kClockDone
+                      : workers_[i].clock;
     }
     if (options_.checkpoint_dir.empty() || !cut_->OnRequest(w, h.clock, clocks)) {
       RDMAPS_LOG(WARNING) << "ps server " << options_.server_index << ": worker " << w
@@ -575,26 +629,32 @@ bool ServerImpl::ApplySlot(std::uint32_t w, const SlotHeader& h, const std::byte
 }
 
 void ServerImpl::PublishControl() {
-  const std::uint32_t W = options_.num_workers;
+  const std::uint32_t W = slots_;
   ControlHead head{};
   head.num_workers = W;
-  head.min_clock = internal::kClockDone;
   control_scratch_.resize(W);
   for (std::uint32_t w = 0; w < W; ++w) {
     ControlWorker& cw = control_scratch_[w];
-    cw.clock = workers_[w].done ? internal::kClockDone : workers_[w].clock;
     cw.applied_seq = workers_[w].next_seq - 1;
-    cw.state = static_cast<std::uint32_t>(workers_[w].done   ? internal::WorkerLiveness::kClosed
-                                          : workers_[w].died ? internal::WorkerLiveness::kDied
-                                                             : internal::WorkerLiveness::kActive);
-    cw.epoch = 0;
-    head.min_clock = std::min(head.min_clock, cw.clock);
+    membership_->Fill(
+        w, workers_[w].done ? internal::kClockDone : workers_[w].clock,
+        static_cast<std::uint32_t>(workers_[w].done   ? internal::WorkerLiveness::kClosed
+                                   : workers_[w].died ? internal::WorkerLiveness::kDied
+                                                      : internal::WorkerLiveness::kActive),
+        &cw);
   }
+  head.min_clock = membership_->MinClock(control_scratch_);
+  head.floor_clock = membership_->floor();
+  head.membership_epoch = membership_->epoch();
+  head.members = membership_->members();
+  head.flags = membership_->elastic() ? internal::kControlElastic : 0;
   {
     // Stats first: once a worker can read the new block, stats() shows at
     // least as much.
     MutexLock lock(mu_);
     stats_.min_clock = head.min_clock;
+    stats_.membership_epoch = head.membership_epoch;
+    stats_.members = head.members;
     for (std::uint32_t w = 0; w < W; ++w) stats_.worker_clocks[w] = control_scratch_[w].clock;
   }
   std::byte* payload = control_.get() + sizeof(BlockHeader);
@@ -635,7 +695,7 @@ void ServerImpl::ApplyLoop() {
       for (std::size_t i = 0; i < *r; ++i) {
         const transport::Notification& n = batch[i];
         const std::uint32_t w = n.peer_id;
-        if (w >= options_.num_workers) {
+        if (w >= slots_) {
           RDMAPS_LOG_EVERY_N(WARNING, 100)
               << "ps server: notification from unknown peer " << n.peer_id;
           MutexLock lock(mu_);
@@ -664,6 +724,7 @@ void ServerImpl::ApplyLoop() {
           }
           if (!gone_[w]) {
             gone_[w] = true;
+            if (!workers_[w].done) membership_->Leave(w, true, workers_[w].clock);
             if (workers_[w].done) {
               ++stats_.workers_done;
             } else {
@@ -740,7 +801,9 @@ std::vector<internal::ShardView> ServerImpl::Views() {
 void ServerImpl::AdvanceCut() {
   while (cut_->armed()) {
     std::vector<bool> done(workers_.size());
-    for (std::size_t w = 0; w < workers_.size(); ++w) done[w] = workers_[w].done;
+    for (std::uint32_t w = 0; w < workers_.size(); ++w) {
+      done[w] = workers_[w].done || !membership_->member(w);
+    }
     const std::uint64_t clock = *cut_->armed();
     bool captured = false;
     if (cut_->Complete(done)) {
@@ -837,7 +900,9 @@ std::string ServerImpl::WorkerList(const std::vector<std::uint32_t>& ids) const 
 bool ServerImpl::Finished() const {
   if (stopped_) return true;
   if (!options_.exit_when_workers_done) return false;
-  for (std::uint32_t w = 0; w < options_.num_workers; ++w) {
+  for (std::uint32_t w = 0; w < slots_; ++w) {
+    // Elastic: the slots no worker has joined are not waited for.
+    if (w >= options_.num_workers && !seen_[w]) continue;
     if (!seen_[w] || !gone_[w]) return false;
   }
   return true;
@@ -853,17 +918,19 @@ Status ServerImpl::RunUntil(Deadline deadline) {
   }
   if (!finished) {
     std::vector<std::uint32_t> missing, running;
-    for (std::uint32_t w = 0; w < options_.num_workers; ++w) {
-      if (!seen_[w])
-        missing.push_back(w);
-      else if (!gone_[w])
+    for (std::uint32_t w = 0; w < slots_; ++w) {
+      if (!seen_[w]) {
+        if (w < options_.num_workers) missing.push_back(w);
+      } else if (!gone_[w]) {
         running.push_back(w);
+      }
     }
     return TimedOutError("ps server " + std::to_string(options_.server_index) +
                          ": deadline passed; workers never connected: [" + WorkerList(missing) +
                          "], still running: [" + WorkerList(running) + "]");
   }
-  if (!stats_.dead_workers.empty()) {
+  // Elastic: a worker that died left the job, which went on without it.
+  if (!stats_.dead_workers.empty() && options_.max_workers == 0) {
     return UnavailableError("ps server " + std::to_string(options_.server_index) +
                             ": workers disconnected without closing (crashed?): [" +
                             WorkerList(stats_.dead_workers) + "]");

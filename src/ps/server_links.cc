@@ -72,6 +72,7 @@ bool ServerLinks::ParseControl(ServerLink& s) {
   const std::byte* p = s.ctrl.get() + sizeof(BlockHeader);
   ControlHead head;
   std::memcpy(&head, p, sizeof(head));
+  s.head = head;
   std::memcpy(s.clocks.data(), p + sizeof(head), W * sizeof(ControlWorker));
   std::memcpy(&s.ckpt, p + ControlCheckpointOffset(W), sizeof(s.ckpt));
   // The newest knowledge wins (a piggybacked read may be older than a poll).

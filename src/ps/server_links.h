@@ -91,6 +91,7 @@ struct ServerLink {
   std::uint64_t applied_seq = 0;
   std::uint64_t min_clock = 0;
   std::vector<ControlWorker> clocks;
+  ControlHead head{};        // as last read (membership epoch, members, floor, flags)
   ControlCheckpoint ckpt{};  // the checkpoint words of the control block
   // A READ of the control block rides behind a slot in flight (credits ran
   // low): refreshes applied_seq without an extra round trip. At most one.

@@ -78,8 +78,19 @@
 // closed (said goodbye) or died (its connection dropped without a goodbye):
 // a worker waiting for a clock that a died worker never reaches fails at
 // its next poll naming that worker instead of waiting out its deadline.
-// `epoch` is 0 (reserved for membership changes: a worker that rejoins).
-// there (read-my-writes).
+//
+// == Elastic membership (layout 7) ==
+// With ServerOptions::max_workers the block has max_workers slots; workers
+// [0, num_workers) are members from the start, the others kVacant. A worker
+// joins a vacant slot (or one whose worker left) by connecting and sending
+// kJoin (seq 1 of a fresh ring) with clock = max over servers of
+// ControlHead::floor_clock; the server makes its clock max(that, its own
+// floor) and bumps membership_epoch. A member that says goodbye or whose
+// connection drops leaves: epoch + 1, and its clock and barriers read
+// kClockDone, so min_clock and barriers count members only. ControlWorker
+// ::epoch is the epoch its join made. In elastic mode Barrier() sends
+// kBarrier (clock = generation g) and polls server 0 until every slot's
+// barriers >= g (src/ps/membership.h, docs/ps.md "Elastic workers").
 // After the workers comes ControlCheckpoint (appended last, so fields other
 // areas add go after it): the newest clock whose checkpoint part this server
 // has made durable and the newest whose part failed (each stored as clock + 1,
@@ -112,7 +123,7 @@ static_assert(std::endian::native == std::endian::little,
 inline constexpr std::uint32_t kHelloMagic = 0x50414d52;      // "RMAP"
 inline constexpr std::uint32_t kBootstrapMagic = 0x544f4f42;  // "BOOT"
 inline constexpr std::uint32_t kDirectoryMagic = 0x52494452;  // "RDIR"
-inline constexpr std::uint32_t kLayoutVersion = 6;
+inline constexpr std::uint32_t kLayoutVersion = 7;
 inline constexpr std::uint32_t kBootstrapImm = 0x80000000u;
 inline constexpr std::size_t kBootstrapSlotBytes = 64;
 inline constexpr std::size_t kCacheLine = 64;
@@ -375,26 +386,38 @@ inline constexpr std::uint64_t kMaxDirectoryBytes = std::uint64_t{64} << 20;
 // ---- Control block -----------------------------------------------------------
 
 struct ControlHead {
-  std::uint64_t min_clock;
-  std::uint32_t num_workers;
-  std::uint32_t pad;
+  std::uint64_t min_clock;         // min over members of their clock (kClockDone: none)
+  std::uint32_t num_workers;       // worker slots (max_workers in elastic mode)
+  std::uint32_t membership_epoch;  // +1 on every join and leave (elastic mode; else 0)
+  // The largest finite min_clock this server has published (or the clock it
+  // restored): a worker that joins starts at max over servers of it.
+  std::uint64_t floor_clock;
+  std::uint32_t members;  // workers counted in min_clock and barriers
+  std::uint32_t flags;    // kControlElastic
 };
-static_assert(std::is_trivially_copyable_v<ControlHead> && sizeof(ControlHead) == 16);
+static_assert(std::is_trivially_copyable_v<ControlHead> && sizeof(ControlHead) == 32);
+
+// ControlHead::flags: the server runs in elastic mode (ServerOptions::
+// max_workers): workers join and leave, and one that left (closed or died)
+// is no member: its clock and barriers read kClockDone.
+inline constexpr std::uint32_t kControlElastic = 1;
 
 // ControlWorker::state.
 enum class WorkerLiveness : std::uint32_t {
   kActive = 0,  // connected, or not yet connected
   kClosed = 1,  // said goodbye (Close)
   kDied = 2,    // its connection dropped without a goodbye
+  kVacant = 3,  // elastic mode: a slot no worker has joined yet
 };
 
 struct ControlWorker {
   std::uint64_t clock;        // Clock() markers applied (kClockDone after goodbye)
   std::uint64_t applied_seq;  // last push seq applied
   std::uint32_t state;        // WorkerLiveness
-  std::uint32_t epoch;        // 0; reserved for membership changes
+  std::uint32_t epoch;        // the membership epoch its join made (0: an initial worker)
+  std::uint64_t barriers;  // elastic mode: Barrier() generations it reached (kClockDone: no member)
 };
-static_assert(std::is_trivially_copyable_v<ControlWorker> && sizeof(ControlWorker) == 24);
+static_assert(std::is_trivially_copyable_v<ControlWorker> && sizeof(ControlWorker) == 32);
 
 struct ControlCheckpoint {
   std::uint64_t durable_plus1;   // newest clock with a durable part here, + 1 (0: none)
@@ -424,6 +447,8 @@ enum class SlotKind : std::uint32_t {
   kClock = 3,
   kBye = 4,
   kCheckpoint = 5,
+  kJoin = 6,     // elastic: the first slot of a joining worker; clock = its start clock
+  kBarrier = 7,  // elastic: clock = the Barrier() generation the worker arrives at
 };
 
 struct SlotHeader {

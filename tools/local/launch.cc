@@ -59,11 +59,14 @@ std::string JoinHosts(const std::vector<std::string>& v) {
   return s;
 }
 
+// Worker slots: max_workers in elastic mode, else workers.
+int WorkerSlots(const LaunchOptions& o) { return o.max_workers > 0 ? o.max_workers : o.workers; }
+
 std::string TfConfig(const LaunchOptions& o, const std::vector<std::string>& ps, const char* type,
                      int index) {
   nlohmann::json cluster;
   cluster["ps"] = ps;
-  std::vector<std::string> w(static_cast<std::size_t>(o.workers), o.host + ":0");
+  std::vector<std::string> w(static_cast<std::size_t>(WorkerSlots(o)), o.host + ":0");
   cluster["worker"] = w;
   return nlohmann::json({{"cluster", cluster}, {"task", {{"type", type}, {"index", index}}}})
       .dump();
@@ -86,7 +89,8 @@ void AddLayoutEnv(const LaunchOptions& o, std::map<std::string, std::string>& en
   env["RDMAPS_ROLE"] = server ? "ps" : "worker";
   env["RDMAPS_TASK_INDEX"] = std::to_string(index);
   env["RDMAPS_PS_HOSTS"] = JoinHosts(ps);
-  env["RDMAPS_NUM_WORKERS"] = std::to_string(o.workers);
+  // Servers: the workers that start as members; workers: the slot count.
+  env["RDMAPS_NUM_WORKERS"] = std::to_string(server ? o.workers : WorkerSlots(o));
 }
 
 // Splits --server_args at spaces.
@@ -133,6 +137,14 @@ Outcome CheckOptions(const LaunchOptions& o) {
                  "--checkpoint_every=N\"\n";
     return kExitConfig;
   }
+  if (o.max_workers < 0 || o.join_workers < 0 || o.join_after.count() < 0 ||
+      (o.max_workers > 0 && o.max_workers < o.workers + o.join_workers) ||
+      (o.join_workers > 0 && o.max_workers == 0)) {
+    std::cerr << "rdmaps-local: --max_workers=" << o.max_workers << " must be 0 or at least "
+              << "--workers + --join_workers (" << o.workers + o.join_workers
+              << "), and --join_workers needs --max_workers (elastic mode)\n";
+    return kExitConfig;
+  }
   if (o.layout_env != "rdmaps" && o.layout_env != "tf_config") {
     std::cerr << "rdmaps-local: --layout_env must be rdmaps or tf_config, not '" << o.layout_env
               << "'\n";
@@ -150,7 +162,7 @@ void PrintLayout(const LaunchOptions& o) {
             << "\n";
   for (int w = 0; w < o.workers; ++w) {
     std::cout << "  worker" << w << ": RDMAPS_ROLE=worker RDMAPS_TASK_INDEX=" << w
-              << " RDMAPS_PS_HOSTS=" << JoinHosts(ps) << " RDMAPS_NUM_WORKERS=" << o.workers
+              << " RDMAPS_PS_HOSTS=" << JoinHosts(ps) << " RDMAPS_NUM_WORKERS=" << WorkerSlots(o)
               << "\n";
   }
 }
@@ -244,6 +256,8 @@ class Launcher {
       AddLayoutEnv(o_, spec.env, true, i, placeholder, token_);
       AddCoordinatorEnv(spec.env);
       for (auto& arg : SplitArgs(o_.server_args)) spec.argv.push_back(std::move(arg));
+      if (o_.max_workers > 0)
+        spec.argv.push_back("--max_workers=" + std::to_string(o_.max_workers));
       if (restart) {
         spec.argv.push_back("--listen=" + ps_[static_cast<std::size_t>(i)]);
         spec.argv.push_back("--restore=auto");
@@ -306,8 +320,10 @@ class Launcher {
     return std::nullopt;
   }
 
-  Outcome StartWorkers() {
-    for (int w = 0; w < o_.workers; ++w) {
+  Outcome StartWorkers() { return StartWorkerRange(0, o_.workers); }
+
+  Outcome StartWorkerRange(int first, int end) {
+    for (int w = first; w < end; ++w) {
       const std::string name = "worker" + std::to_string(w);
       if (w == o_.omit_worker) {
         job_.Say(name + " not started (--omit_worker)");
@@ -339,6 +355,19 @@ class Launcher {
       }
       return true;
     };
+    if (!joined_ && o_.join_workers > 0) {
+      // Elastic: the joiners start join_after into the run, unless the
+      // job ends (or fails) first.
+      const auto join_at = start_ + o_.join_after;
+      auto wake = job_.WaitUntil(std::min(job_deadline_, join_at), workers_done_or_failure);
+      if (wake.reason == Job::Wake::kSignal) return job_.StopForSignal(wake.signal);
+      if (wake.reason == Job::Wake::kDeadline && Clock::now() >= join_at) {
+        joined_ = true;
+        job_.Say("starting " + std::to_string(o_.join_workers) +
+                 " more workers to join the running job");
+        if (Outcome rc = StartWorkerRange(o_.workers, o_.workers + o_.join_workers)) return rc;
+      }
+    }
     auto wake = job_.WaitUntil(job_deadline_, workers_done_or_failure);
     if (wake.reason == Job::Wake::kSignal) return job_.StopForSignal(wake.signal);
     if (job_.failure() && job_.failure()->server && restarts_ < o_.restart_servers) {
@@ -404,6 +433,7 @@ class Launcher {
   std::vector<std::string> ps_;  // the servers' addresses
   std::vector<ChildId> workers_;
   int restarts_ = 0;
+  bool joined_ = false;  // the join_workers were started
 };
 
 }  // namespace

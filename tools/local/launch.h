@@ -63,6 +63,14 @@ struct LaunchOptions {
   int restart_servers = 0;
   // Fault drill: this worker is not started (its slot stays empty).
   int omit_worker = -1;
+  // Elastic workers (docs/ps.md "Elastic workers"): servers get
+  // --max_workers=max_workers and every worker RDMAPS_NUM_WORKERS =
+  // max_workers (the slot count; TF_CONFIG lists that many workers). 0: a
+  // fixed set. join_workers more workers (ids workers, workers + 1, ...)
+  // start join_after after the first ones and join the running job.
+  int max_workers = 0;
+  int join_workers = 0;
+  std::chrono::seconds join_after{0};
   // Print the layout the workers would get, start nothing.
   bool print_layout = false;
   // The worker command.

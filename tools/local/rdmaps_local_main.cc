@@ -43,6 +43,14 @@ DEFINE_int32(restart_servers, 0,
              "reconnect (rdmaps-train --max_recoveries)");
 DEFINE_int32(omit_worker, -1, "fault drill: do not start this worker (its slot stays empty)");
 DEFINE_bool(print_layout, false, "print the layout the workers would get and exit");
+DEFINE_int32(max_workers, 0,
+             "elastic mode: servers keep slots for this many workers, who may join and leave "
+             "the running job (docs/ps.md \"Elastic workers\"); workers see it as "
+             "RDMAPS_NUM_WORKERS. 0: a fixed set of --workers");
+DEFINE_int32(join_workers, 0,
+             "elastic mode: start this many more workers (ids --workers, ...) --join_after_s "
+             "into the run; they join at the members' clock");
+DEFINE_int32(join_after_s, 0, "when the --join_workers start, in seconds after the first ones");
 
 namespace {
 
@@ -90,6 +98,9 @@ int main(int argc, char** argv) {
   options.timeout = std::chrono::seconds(FLAGS_timeout_s);
   options.grace = std::chrono::seconds(FLAGS_grace_s);
   options.omit_worker = FLAGS_omit_worker;
+  options.max_workers = FLAGS_max_workers;
+  options.join_workers = FLAGS_join_workers;
+  options.join_after = std::chrono::seconds(FLAGS_join_after_s);
   options.print_layout = FLAGS_print_layout;
   // No exception reaches std::terminate (tools/common/exit.h).
   return rdmaps::tools::GuardedMain("rdmaps-local", [&] { return rdmaps::local::Launch(options); });

@@ -81,6 +81,10 @@ DEFINE_int32(gid_index, -1, "verbs: GID index (-1: rdma_cm chooses)");
 DEFINE_uint32(push_slots, 32, "push ring slots per worker");
 DEFINE_uint32(push_slot_bytes, 64 * 1024, "bytes per push ring slot");
 DEFINE_uint32(apply_threads, 0, "threads applying one large push (0: all cores)");
+DEFINE_uint32(max_workers, 0,
+              "elastic mode: worker slots for up to this many workers (>= the layout's "
+              "workers, who start as members); others join later and any may leave "
+              "(docs/ps.md \"Elastic workers\"). 0: a fixed set");
 DEFINE_string(checkpoint_dir, "",
               "write checkpoints to this folder (the same, shared, for every server of the job)");
 DEFINE_uint64(checkpoint_every, 0,
@@ -335,6 +339,7 @@ int RealMain(SignalThread& signals) {
   so.push_slots = FLAGS_push_slots;
   so.push_slot_bytes = FLAGS_push_slot_bytes;
   so.apply_threads = FLAGS_apply_threads;
+  so.max_workers = FLAGS_max_workers;
   if (!FLAGS_listen.empty()) so.listen_address = FLAGS_listen;
   so.checkpoint_dir = FLAGS_checkpoint_dir;
   so.checkpoint_every = FLAGS_checkpoint_every;
@@ -369,14 +374,14 @@ int RealMain(SignalThread& signals) {
     return sigpending(&pending) == 0 &&
            (sigismember(&pending, SIGTERM) == 1 || sigismember(&pending, SIGINT) == 1);
   };
-  for (int attempt = 1; !started.ok() &&
-                        started.status().code() == rdmaps::StatusCode::kUnavailable &&
-                        !stop_pending();
+  for (int attempt = 1;
+       !started.ok() && started.status().code() == rdmaps::StatusCode::kUnavailable &&
+       !stop_pending();
        ++attempt) {
     if (std::chrono::steady_clock::now() >= startup_deadline) {
       LOG(ERROR) << layout.name() << ": cannot listen on " << so.listen_address << " after "
-                 << attempt << " attempts within the start-up deadline ("
-                 << FLAGS_startup_timeout_s << " s): " << started.status();
+                 << attempt << " attempts within the start-up deadline (" << FLAGS_startup_timeout_s
+                 << " s): " << started.status();
       return kExitStartup;
     }
     if (attempt == 1) {

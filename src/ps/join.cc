@@ -1,0 +1,88 @@
+#include "src/ps/join.h"
+
+#include <algorithm>
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "src/base/log.h"
+
+namespace rdmaps::internal {
+namespace {
+
+bool FreeSlot(const ControlWorker& cw) {
+  return cw.state != static_cast<std::uint32_t>(WorkerLiveness::kActive);
+}
+
+std::vector<std::uint32_t> AllServers(const ServerLinks& links) {
+  std::vector<std::uint32_t> all(links.size());
+  for (std::uint32_t i = 0; i < all.size(); ++i) all[i] = i;
+  return all;
+}
+
+}  // namespace
+
+Status JoinIfFree(ServerLinks& links, PushWriter& push, std::uint64_t* clock, ElasticState* state,
+                  transport::Deadline deadline) {
+  const std::uint32_t me = links.worker_id();
+  state->elastic = (links[0].head.flags & kControlElastic) != 0;
+  if (!state->elastic) return Status::OK();
+  std::uint32_t free = 0;
+  std::uint64_t start = 0;
+  for (const ServerLink& s : links.servers()) {
+    if ((s.head.flags & kControlElastic) == 0) {
+      return FailedPreconditionError(ServerName(s) + " is not elastic but " + ServerName(links[0]) +
+                                     " is: start every server with the same --max_workers");
+    }
+    free += FreeSlot(s.clocks[me]) ? 1 : 0;
+    start = std::max(start, s.head.floor_clock);
+  }
+  if (free == 0) {  // an initial member
+    state->barriers = links[0].clocks[me].barriers;
+    return Status::OK();
+  }
+  if (free != links.size()) {
+    return FailedPreconditionError("worker slot " + std::to_string(me) +
+                                   " is free on some servers but held on others (a server "
+                                   "restarted?); join with another id");
+  }
+  RDMAPS_RETURN_IF_ERROR(push.SendControlSlot(SlotKind::kJoin, start, deadline));
+  RDMAPS_RETURN_IF_ERROR(links.WaitForClocks(
+      0, AllServers(links), start, [] { return std::string("joining the job"); }, deadline));
+  RDMAPS_RETURN_IF_ERROR(links.ReadControl({0}, deadline));
+  state->barriers = links[0].clocks[me].barriers;
+  state->joined = true;
+  *clock = start;
+  RDMAPS_LOG(INFO) << "worker " << me << " joined the job at clock " << start
+                   << " (membership epoch " << links[0].head.membership_epoch << " on "
+                   << ServerName(links[0]) << ", " << links[0].head.members << " members)";
+  return Status::OK();
+}
+
+Status ElasticBarrier(ServerLinks& links, PushWriter& push, ElasticState* state,
+                      transport::Deadline deadline) {
+  const std::uint64_t generation = state->barriers + 1;
+  RDMAPS_RETURN_IF_ERROR(push.SendControlSlot(SlotKind::kBarrier, generation, deadline));
+  state->barriers = generation;
+  Backoff backoff;
+  while (true) {
+    RDMAPS_RETURN_IF_ERROR(links.ReadControl({0}, deadline));
+    const ServerLink& s = links[0];
+    std::string late;
+    for (std::uint32_t w = 0; w < s.clocks.size(); ++w) {
+      if (s.clocks[w].barriers < generation) late += " " + std::to_string(w);
+    }
+    if (late.empty()) return Status::OK();
+    if (std::chrono::steady_clock::now() >= deadline) {
+      return TimedOutError("Barrier " + std::to_string(generation) + " of worker " +
+                           std::to_string(links.worker_id()) +
+                           ": members that have not arrived within wait_timeout:" + late +
+                           " (membership epoch " + std::to_string(s.head.membership_epoch) +
+                           "). Are they alive and calling Barrier()? A stopped one holds the "
+                           "barrier until it is killed or resumed");
+    }
+    backoff.Pause();
+  }
+}
+
+}  // namespace rdmaps::internal

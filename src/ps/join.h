@@ -1,0 +1,39 @@
+// Elastic workers, the worker's side (docs/ps.md "Elastic workers"; the
+// server's side is src/ps/membership.h, the words src/ps/wire.h "Elastic
+// membership"): joining a running job at Connect, and the barrier that
+// counts the current members.
+//
+// Thread safety: none; the client calls these under its mutex.
+#pragma once
+
+#include <cstdint>
+
+#include "rdmaps/status.h"
+#include "src/ps/push_writer.h"
+#include "src/ps/server_links.h"
+#include "transport/transport.h"
+
+namespace rdmaps::internal {
+
+struct ElasticState {
+  bool elastic = false;        // the servers run in elastic mode
+  bool joined = false;         // this worker joined a running job
+  std::uint64_t barriers = 0;  // Barrier() generations this worker reached
+};
+
+// Called once the control blocks of every server were read at Connect.
+// Not elastic: nothing. An initial member (its slot is a member on every
+// server): its barrier count. A free slot (vacant, or its worker left) on
+// every server: sends kJoin at the start clock (max over servers of the
+// floor clock), waits until every server applied it and sets *clock to it.
+// FailedPrecondition when the servers disagree on the slot.
+Status JoinIfFree(ServerLinks& links, PushWriter& push, std::uint64_t* clock, ElasticState* state,
+                  transport::Deadline deadline);
+
+// Barrier() in elastic mode (the caller flushed first): kBarrier of the next
+// generation to every server, then polls server 0 until every member has
+// reached it. TimedOut naming the members that have not, at the deadline.
+Status ElasticBarrier(ServerLinks& links, PushWriter& push, ElasticState* state,
+                      transport::Deadline deadline);
+
+}  // namespace rdmaps::internal

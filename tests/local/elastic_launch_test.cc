@@ -1,0 +1,104 @@
+// Adding a worker to a running job with rdmaps-local (docs/ps.md "Elastic
+// workers"): 2 servers with 3 worker slots, 2 rdmaps-train workers, and a
+// third started 1 s into the run (--join_workers, --join_after_s). The
+// joiner must join at the members' clock on both servers (each logs the
+// membership change with its epoch), every worker must leave gracefully and
+// the job must finish. Every wait has a deadline (kKill); nothing is timed.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <regex>
+#include <string>
+#include <vector>
+
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+constexpr auto kKill = std::chrono::seconds(150);
+
+int CountOf(const std::string& text, const std::string& what) {
+  int n = 0;
+  for (auto p = text.find(what); p != std::string::npos; p = text.find(what, p + 1)) ++n;
+  return n;
+}
+
+TEST(ElasticLaunchTest, AWorkerAddedToARunningJobJoinsAtTheMembersClock) {
+  // rdmaps-train's default --data_dir (tools/train/idx.h).
+  const std::string data = "/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte";
+  if (!fs::exists(data + ".gz") && !fs::exists(data)) {
+    GTEST_SKIP() << "needs Fashion-MNIST (Debian package dataset-fashion-mnist)";
+  }
+  std::vector<std::string> argv = {RDMAPS_LOCAL_BIN,
+                                   "--servers=2",
+                                   "--workers=2",
+                                   "--max_workers=3",
+                                   "--join_workers=1",
+                                   "--join_after_s=1",
+                                   "--transport=tcp",
+                                   "--server_binary=" RDMAPS_SERVER_BIN,
+                                   "--",
+                                   RDMAPS_TRAIN_BIN,
+                                   "--model=softmax",
+                                   "--epochs=200",
+                                   "--train_limit=2000",
+                                   "--test_limit=500",
+                                   "--progress=false"};
+  int fds[2];
+  ASSERT_EQ(::pipe2(fds, O_CLOEXEC), 0);
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    ::setpgid(0, 0);
+    ::dup2(fds[1], 1);
+    ::dup2(fds[1], 2);
+    std::vector<char*> args;
+    for (auto& a : argv) args.push_back(a.data());
+    args.push_back(nullptr);
+    ::execv(args[0], args.data());
+    ::_exit(127);
+  }
+  ::close(fds[1]);
+  const auto deadline = Clock::now() + kKill;
+  std::string out;
+  while (Clock::now() < deadline) {
+    pollfd p{fds[0], POLLIN, 0};
+    if (::poll(&p, 1, 50) > 0) {
+      char buf[4096];
+      const ssize_t n = ::read(fds[0], buf, sizeof(buf));
+      if (n <= 0) break;  // rdmaps-local and all its children are done
+      out.append(buf, static_cast<std::size_t>(n));
+    }
+  }
+  if (Clock::now() >= deadline) ::kill(-pid, SIGKILL);
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ::close(fds[0]);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status << "\n" << out;
+  ASSERT_EQ(CountOf(out, "worker2 pid="), 1) << "the joiner was not started\n" << out;
+  // Each server logs the join with its epoch, at the same clock (> 0: the
+  // members had trained before it came).
+  std::vector<std::string> clocks;
+  const std::regex joined(
+      "ps server ([01]): membership epoch 1: worker 2 joined at clock ([0-9]+)");
+  for (auto it = std::sregex_iterator(out.begin(), out.end(), joined); it != std::sregex_iterator();
+       ++it) {
+    clocks.push_back((*it)[2]);
+  }
+  ASSERT_EQ(clocks.size(), 2u) << out;
+  EXPECT_GT(std::stoull(clocks[0]), 0u) << "the joiner came before any training\n" << out;
+  EXPECT_NE(out.find("worker 2 joined the job at clock " + clocks[0]), std::string::npos) << out;
+  // Every worker left gracefully, on both servers; none died.
+  EXPECT_EQ(CountOf(out, "left (graceful)"), 6) << out;
+  EXPECT_EQ(CountOf(out, "left (died)"), 0) << out;
+  EXPECT_EQ(CountOf(out, "job done"), 1) << out;
+}
+
+}  // namespace
