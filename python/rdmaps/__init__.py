@@ -22,8 +22,8 @@ integer array / list of ids (any order, duplicates allowed, never negative).
 Arrays are float32 numpy arrays or CPU torch tensors, C-contiguous, shaped
 (rows, dim) (1-D when rows or dim is 1); anything else is refused with
 rdmaps.InvalidArgument before anything is sent. Every call releases the GIL
-while it waits; Ctrl-C raises KeyboardInterrupt within 50 ms, the interrupted
-call finishing in the background (the client stays usable).
+while it waits; Ctrl-C raises KeyboardInterrupt within 50 ms and cancels the
+interrupted call (Client::Interrupt in C++), so the client stays usable.
 
 Errors: every rdmaps StatusCode is an exception class deriving from
 rdmaps.Error (and from the matching built-in: InvalidArgument is a

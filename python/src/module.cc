@@ -11,8 +11,13 @@
 //   call with the GIL released, spinning briefly (a hot loop of small pulls
 //   pays no thread wake-up), then in slices of kSignalSlice, taking the GIL
 //   between slices to run PyErr_CheckSignals: Ctrl-C raises
-//   KeyboardInterrupt within a slice. The interrupted call finishes in the
-//   background; the arrays it uses are kept alive until it has (Inflight).
+//   KeyboardInterrupt within a slice. Before it does, the interrupted call
+//   is cancelled (Canceller): the calls queued up to it are dropped unrun
+//   (Cancelled) and Client::Interrupt() cuts short the wait of the one that
+//   runs, so the client is free for the next call at once. Waits that
+//   Interrupt() cannot cut (a push waiting for ring space, a checkpoint)
+//   go on in the background after kInterruptGrace; the arrays a call uses
+//   are kept alive until it has finished (Inflight).
 // - Fork: a Client or Server used in a process other than the one that
 //   created it refuses every call (FailedPrecondition) and, when destroyed
 //   there, touches nothing (its threads do not exist in the child and its
@@ -60,6 +65,12 @@ using SteadyClock = std::chrono::steady_clock;
 
 // How long a waiting Python thread goes without checking for signals.
 constexpr auto kSignalSlice = std::chrono::milliseconds(50);
+// How long an interrupted wait gives its call to return Cancelled before
+// KeyboardInterrupt is raised anyway (the call then finishes in the
+// background), and how often it repeats Client::Interrupt() meanwhile (one
+// that came before the call began its wait does not affect it).
+constexpr auto kInterruptGrace = std::chrono::seconds(2);
+constexpr auto kInterruptRepeat = std::chrono::milliseconds(10);
 // How long a waiter spins before sleeping, and the Runner before it sleeps
 // when its queue is empty (the transports' busy_poll default).
 constexpr auto kSpin = std::chrono::microseconds(50);
@@ -91,6 +102,8 @@ T ValueOrRaise(Result<T> result) {
 
 // ---- Runner: the thread that makes a Client's calls ------------------------
 
+struct Canceller;
+
 // One queued call. The runner sets `status` (and `value`) then `done`.
 struct Op {
   std::function<Status(std::uint64_t*)> fn;
@@ -99,6 +112,8 @@ struct Op {
   std::atomic<bool> done{false};
   std::mutex mu;
   std::condition_variable cv;
+  std::uint64_t seq = 0;                  // set by Runner::Submit: 1, 2, ...
+  std::shared_ptr<Canceller> canceller;  // null: not cancellable (Close)
 };
 
 class Runner {
@@ -118,10 +133,19 @@ class Runner {
   void Submit(std::shared_ptr<Op> op) {
     {
       std::lock_guard<std::mutex> lock(mu_);
+      op->seq = ++submitted_;
       queue_.push_back(std::move(op));
       pending_.fetch_add(1, std::memory_order_release);
     }
     cv_.notify_one();
+  }
+
+  // The calls up to `seq` that have not started yet will not run: they
+  // finish Cancelled.
+  void CancelThrough(std::uint64_t seq) {
+    std::uint64_t cur = cancel_through_.load(std::memory_order_relaxed);
+    while (cur < seq && !cancel_through_.compare_exchange_weak(cur, seq)) {
+    }
   }
 
  private:
@@ -142,7 +166,11 @@ class Runner {
       queue_.pop_front();
       pending_.fetch_sub(1, std::memory_order_relaxed);
       lock.unlock();
-      op->status = op->fn(&op->value);
+      if (op->seq <= cancel_through_.load(std::memory_order_acquire)) {
+        op->status = CancelledError("cancelled (Ctrl-C) before it ran");
+      } else {
+        op->status = op->fn(&op->value);
+      }
       op->fn = nullptr;
       {
         std::lock_guard<std::mutex> olock(op->mu);
@@ -157,13 +185,51 @@ class Runner {
   std::condition_variable cv_;
   std::deque<std::shared_ptr<Op>> queue_;
   std::atomic<int> pending_{0};
+  std::uint64_t submitted_ = 0;  // guarded by mu_
+  std::atomic<std::uint64_t> cancel_through_{0};
   bool stop_ = false;
   std::thread thread_;  // Last: starts once the rest is constructed.
 };
 
+// What cancels a client's calls: its Runner and Client, for as long as the
+// PyClient lives (Futures may outlive it).
+struct Canceller {
+  std::mutex mu;
+  Client* client = nullptr;  // null once the PyClient is gone
+  Runner* runner = nullptr;
+
+  // Cancels `op` and the calls queued before it; returns once it finished
+  // or after kInterruptGrace. Called without the GIL.
+  void Cancel(Op& op) {
+    const auto give_up = SteadyClock::now() + kInterruptGrace;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (client == nullptr) return;
+      runner->CancelThrough(op.seq);
+    }
+    while (!op.done.load(std::memory_order_acquire) && SteadyClock::now() < give_up) {
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        if (client == nullptr) return;
+        client->Interrupt();
+      }
+      std::unique_lock<std::mutex> lock(op.mu);
+      op.cv.wait_for(lock, kInterruptRepeat,
+                     [&] { return op.done.load(std::memory_order_acquire); });
+    }
+  }
+
+  void Detach() {
+    std::lock_guard<std::mutex> lock(mu);
+    client = nullptr;
+    runner = nullptr;
+  }
+};
+
 // Waits for `op` with the GIL released, checking for signals between slices.
 // Returns false at `deadline` (the call keeps running); throws
-// error_already_set (KeyboardInterrupt, ...) when a signal handler raised.
+// error_already_set (KeyboardInterrupt, ...) when a signal handler raised,
+// after cancelling the call (Canceller::Cancel) when it is cancellable.
 bool WaitOp(const Op& op, std::optional<SteadyClock::time_point> deadline) {
   if (op.done.load(std::memory_order_acquire)) return true;
   while (true) {
@@ -183,7 +249,14 @@ bool WaitOp(const Op& op, std::optional<SteadyClock::time_point> deadline) {
       }
     }
     if (done) return true;
-    if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+    if (PyErr_CheckSignals() != 0) {
+      py::error_already_set raised;  // takes the pending exception
+      if (op.canceller) {
+        py::gil_scoped_release release;
+        op.canceller->Cancel(const_cast<Op&>(op));
+      }
+      throw raised;
+    }
     if (deadline && SteadyClock::now() >= *deadline) return false;
   }
 }
@@ -413,7 +486,8 @@ class Future {
 
   // The call's result (the out array of a pull, the clock of clock(), else
   // None); raises its error, TimedOut at `timeout` (seconds; the call keeps
-  // running), KeyboardInterrupt on Ctrl-C.
+  // running), KeyboardInterrupt on Ctrl-C (which cancels the call and
+  // those queued before it: their futures raise Cancelled).
   py::object Result(std::optional<double> timeout) {
     std::optional<SteadyClock::time_point> deadline;
     if (timeout) {
@@ -441,8 +515,13 @@ class Future {
 class PyClient {
  public:
   explicit PyClient(std::unique_ptr<Client> client)
-      : client_(std::move(client)), owner_pid_(getpid()), runner_(std::make_unique<Runner>()) {
+      : client_(std::move(client)),
+        owner_pid_(getpid()),
+        runner_(std::make_unique<Runner>()),
+        canceller_(std::make_shared<Canceller>()) {
     tables_ = client_->tables();
+    canceller_->client = client_.get();
+    canceller_->runner = runner_.get();
   }
 
   ~PyClient() {
@@ -450,7 +529,7 @@ class PyClient {
       // A forked child: the threads are the parent's, the sockets too.
       (void)client_.release();
       (void)runner_.release();
-      return;
+      return;  // the canceller too: its mutex may be the parent threads' (held at the fork)
     }
     if (!closed_) {
       try {
@@ -460,6 +539,7 @@ class PyClient {
       }
     }
     py::gil_scoped_release release;
+    canceller_->Detach();
     runner_.reset();
     client_.reset();
   }
@@ -747,6 +827,7 @@ class PyClient {
   Future Queue(Call call) {
     auto op = std::make_shared<Op>();
     op->fn = std::move(call.fn);
+    op->canceller = canceller_;
     inflight_.push_back({op, std::move(call.keep)});
     runner_->Submit(op);
     Future f(std::move(op), std::move(call.result), call.what);
@@ -795,6 +876,7 @@ class PyClient {
   std::unique_ptr<Client> client_;
   const pid_t owner_pid_;
   std::unique_ptr<Runner> runner_;
+  std::shared_ptr<Canceller> canceller_;  // Ctrl-C's way to the Runner and Client
   std::vector<TableInfo> tables_;
   std::deque<Inflight> inflight_;
   std::map<const float*, py::object> registered_;
@@ -1168,7 +1250,9 @@ void DefineModule(py::module_& m) {
   py::class_<Future>(m, "Future", "The completion of an asynchronous call.")
       .def("result", &Future::Result, py::arg("timeout") = py::none(),
            "Waits (interruptibly) and returns the call's result or raises its error; "
-           "TimedOut after `timeout` seconds (the call keeps running).")
+           "TimedOut after `timeout` seconds (the call keeps running). Ctrl-C raises "
+           "KeyboardInterrupt and cancels the call and those queued before it (their "
+           "futures raise rdmaps.Cancelled); the client stays usable.")
       .def("done", &Future::Done);
 
   py::class_<PyClient>(m, "Client")
