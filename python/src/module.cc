@@ -22,7 +22,11 @@
 //   created it refuses every call (FailedPrecondition) and, when destroyed
 //   there, touches nothing (its threads do not exist in the child and its
 //   sockets belong to the parent): the child's exit cannot send the parent's
-//   goodbye or corrupt its connections.
+//   goodbye or corrupt its connections. On verbs, register() refuses an
+//   array that shares a memory page with other objects (ForkUnsafePages):
+//   rdma-core's fork protection hides whole registered pages from a forked
+//   child, which would lose those objects too; rdmaps.zeros() makes arrays
+//   with pages of their own (OwnedPages).
 //
 // Thread safety: a Client may be used from several Python threads; calls are
 // queued on its Runner in the order they take the client's queue lock.
@@ -30,12 +34,15 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <chrono>
+#include <cerrno>
 #include <condition_variable>
 #include <cstdint>
+#include <cstring>
 #include <deque>
 #include <functional>
 #include <map>
@@ -259,6 +266,81 @@ bool WaitOp(const Op& op, std::optional<SteadyClock::time_point> deadline) {
     }
     if (deadline && SteadyClock::now() >= *deadline) return false;
   }
+}
+
+// ---- Arrays with memory pages of their own (rdmaps.zeros) -------------------
+
+std::size_t PageSize() {
+  static const std::size_t page = [] {
+    const long p = sysconf(_SC_PAGESIZE);
+    return p > 0 ? static_cast<std::size_t>(p) : std::size_t{4096};
+  }();
+  return page;
+}
+
+// The blocks rdmaps.zeros() mapped, by start address: their bytes (whole
+// pages). Guarded by the GIL.
+std::map<std::uintptr_t, std::size_t>& OwnedPages() {
+  static auto* blocks = new std::map<std::uintptr_t, std::size_t>;
+  return *blocks;
+}
+
+// A C-contiguous float32 array of zeros in anonymous pages of its own.
+py::array_t<float> PageZeros(const std::vector<py::ssize_t>& shape) {
+  std::size_t n = 1;
+  for (py::ssize_t d : shape) {
+    if (d < 0) RaiseInvalid("zeros: negative dimension " + std::to_string(d));
+    if (d != 0 && n > (std::size_t{1} << 46) / static_cast<std::size_t>(d)) {
+      RaiseInvalid("zeros: the shape has too many elements");
+    }
+    n *= static_cast<std::size_t>(d);
+  }
+  const std::size_t page = PageSize();
+  const std::size_t bytes = std::max<std::size_t>(1, (n * sizeof(float) + page - 1) / page) * page;
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) {
+    Raise(ResourceExhaustedError("zeros: mapping " + std::to_string(bytes) +
+                                 " bytes failed: " + std::strerror(errno)));
+  }
+  OwnedPages()[reinterpret_cast<std::uintptr_t>(p)] = bytes;
+  py::capsule owner(p, [](void* q) {
+    auto& blocks = OwnedPages();
+    auto it = blocks.find(reinterpret_cast<std::uintptr_t>(q));
+    if (it == blocks.end()) return;
+    munmap(q, it->second);  // in a forked child the pages may be absent: harmless
+    blocks.erase(it);
+  });
+  return py::array_t<float>(shape, static_cast<float*>(p), owner);
+}
+
+// Why registering [data, data + bytes) would hurt a forked child, or empty.
+// With fork protection on (RDMAV_FORK_SAFE or IBV_FORK_SAFE set, as this
+// module does at import), rdma-core marks the registered memory's pages
+// MADV_DONTFORK: whole pages, absent from every child. Safe: memory that is
+// whole pages, or lies in a block of rdmaps.zeros().
+std::string ForkUnsafePages(const void* data, std::size_t bytes) {
+  if (getenv("RDMAV_FORK_SAFE") == nullptr && getenv("IBV_FORK_SAFE") == nullptr) return "";
+  const std::size_t page = PageSize();
+  const auto start = reinterpret_cast<std::uintptr_t>(data);
+  const std::uintptr_t end = start + bytes;
+  const std::uintptr_t lo = start / page * page;
+  const std::uintptr_t hi = (end + page - 1) / page * page;
+  if (lo == start && hi == end) return "";
+  auto& blocks = OwnedPages();
+  auto it = blocks.upper_bound(start);
+  if (it != blocks.begin()) {
+    --it;
+    if (it->first <= lo && hi <= it->first + it->second) return "";
+  }
+  return "on verbs a registered array needs memory pages of its own: rdma-core's fork "
+         "protection (RDMAV_FORK_SAFE) hides the registered pages from forked children "
+         "(DataLoader workers), and this array of " +
+         std::to_string(bytes) + " bytes starts " + std::to_string(start - lo) +
+         " bytes into a page and ends " + std::to_string(hi - end) +
+         " bytes before one, pages it shares with other objects that a child would lose "
+         "(SIGSEGV). Allocate it with rdmaps.zeros(shape) (torch: "
+         "torch.from_numpy(rdmaps.zeros(shape))), or use an array that starts on a " +
+         std::to_string(page) + "-byte page boundary and is a whole number of pages";
 }
 
 // ---- Arguments ---------------------------------------------------------------
@@ -514,8 +596,9 @@ class Future {
 
 class PyClient {
  public:
-  explicit PyClient(std::unique_ptr<Client> client)
+  PyClient(std::unique_ptr<Client> client, std::string transport)
       : client_(std::move(client)),
+        transport_(std::move(transport)),
         owner_pid_(getpid()),
         runner_(std::make_unique<Runner>()),
         canceller_(std::make_shared<Canceller>()) {
@@ -549,6 +632,7 @@ class PyClient {
   std::uint32_t num_workers() { return Live()->num_workers(); }
   std::uint32_t num_servers() { return Live()->num_servers(); }
   bool closed() const { return closed_; }
+  const std::string& transport() const { return transport_; }
 
   const TableInfo& Table(py::handle h) const {
     if (py::isinstance<py::str>(h)) {
@@ -745,6 +829,10 @@ class PyClient {
 
   void Register(py::handle array) {
     std::span<float> span = WholeArray(array, "register");
+    if (transport_ == "verbs") {
+      const std::string why = ForkUnsafePages(span.data(), span.size_bytes());
+      if (!why.empty()) RaiseInvalid("register: " + why);
+    }
     ThrowIfError(Live()->RegisterBuffer(span));
     registered_[span.data()] = py::reinterpret_borrow<py::object>(array);
   }
@@ -874,6 +962,7 @@ class PyClient {
   };
 
   std::unique_ptr<Client> client_;
+  const std::string transport_;  // the backend: tcp, verbs or fake (never auto)
   const pid_t owner_pid_;
   std::unique_ptr<Runner> runner_;
   std::shared_ptr<Canceller> canceller_;  // Ctrl-C's way to the Runner and Client
@@ -1233,6 +1322,16 @@ void DefineModule(py::module_& m) {
       },
       "When a launcher asks (RDMAPS_DESCRIBE_TABLES is set) writes the tables there and "
       "returns True: the program must then exit 0.");
+  m.def("zeros", &PageZeros, py::arg("shape"),
+        "A C-contiguous float32 array of zeros in memory pages of its own (anonymous "
+        "mmap), registrable with Client.register() on verbs in a process that forks.");
+  m.def(
+      "_fork_unsafe_pages",
+      [](py::handle array) {
+        auto a = py::reinterpret_borrow<py::array>(array);
+        return ForkUnsafePages(a.data(), static_cast<std::size_t>(a.nbytes()));
+      },
+      "For tests: why register() on verbs would refuse this array (empty: it would not).");
   m.def("auto_transport", [] {
     std::string why;
     std::string t = AutoTransport(&why);
@@ -1279,6 +1378,7 @@ void DefineModule(py::module_& m) {
       .def("clock_async", &PyClient::ClockAsync)
       .def("barrier_async", &PyClient::BarrierAsync)
       .def("close", &PyClient::Close)
+      .def_property_readonly("transport", &PyClient::transport)
       .def("register", &PyClient::Register)
       .def("unregister", &PyClient::Unregister)
       .def("stats", &PyClient::Stats)
@@ -1334,11 +1434,13 @@ void DefineModule(py::module_& m) {
         o.connect_timeout = Millis(connect_timeout, "connect_timeout");
         o.wait_timeout = Millis(wait_timeout, "wait_timeout");
         if (staging_bytes) o.staging_bytes = *staging_bytes;
+        // What "auto" picks, resolved here so that register() knows it.
+        if (o.transport.transport == "auto") o.transport.transport = AutoTransport();
         Result<std::unique_ptr<Client>> client = [&] {
           py::gil_scoped_release release;
           return Client::Connect(o);
         }();
-        return std::make_unique<PyClient>(ValueOrRaise(std::move(client)));
+        return std::make_unique<PyClient>(ValueOrRaise(std::move(client)), o.transport.transport);
       },
       py::arg("servers") = py::none(), py::arg("worker_id") = py::none(),
       py::arg("num_workers") = py::none(), py::arg("transport") = py::none(),
