@@ -203,6 +203,22 @@ class Client {
   // clock) and closes the connections. Idempotent.
   virtual Status Close() = 0;
 
+  // --- Cancellation -----------------------------------------------------
+  // Cuts short the waits of every call that entered before Interrupt() and
+  // has not returned yet (running, or waiting its turn behind another
+  // call): a Pull waiting for other workers' clocks (staleness), Clock()'s
+  // wait, Flush() and Barrier() return Cancelled ("interrupted") within
+  // about 20 ms. Calls entered after it are not affected; nothing is
+  // sticky. Operations already posted to the network complete first, and
+  // waits that only the servers end (a Push waiting for ring space,
+  // Checkpoint()) are not cut. The client stays usable: an interrupted Pull
+  // read nothing (`out` is unspecified); an interrupted Clock() has still
+  // ended its iteration; a Barrier() interrupted after this worker arrived
+  // is resumed, not re-entered, by its next Barrier(). Safe from any thread
+  // (not from a signal handler). For interactive front ends (the Python
+  // binding's Ctrl-C).
+  virtual void Interrupt() = 0;
+
   // --- Asynchronous calls -----------------------------------------------
   // Same arguments and semantics as the synchronous forms; run in submission
   // order on the client's internal thread.

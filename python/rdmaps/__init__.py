@@ -22,8 +22,8 @@ integer array / list of ids (any order, duplicates allowed, never negative).
 Arrays are float32 numpy arrays or CPU torch tensors, C-contiguous, shaped
 (rows, dim) (1-D when rows or dim is 1); anything else is refused with
 rdmaps.InvalidArgument before anything is sent. Every call releases the GIL
-while it waits; Ctrl-C raises KeyboardInterrupt within 50 ms, the interrupted
-call finishing in the background (the client stays usable).
+while it waits; Ctrl-C raises KeyboardInterrupt within 50 ms and cancels the
+interrupted call (Client::Interrupt in C++), so the client stays usable.
 
 Errors: every rdmaps StatusCode is an exception class deriving from
 rdmaps.Error (and from the matching built-in: InvalidArgument is a
@@ -80,7 +80,7 @@ __all__ = [
     "ASP", "BSP", "Client", "Error", "Future", "Initializer", "LocalCluster", "Optimizer",
     "Server", "Table", "TableInfo", "connect", "init", "local_cluster", "serve",
     "resolve_layout", "initialize_rows", "parse_tables_json", "tables_to_json",
-    "describe_tables_if_asked", "auto_transport",
+    "describe_tables_if_asked", "auto_transport", "zeros",
     "AlreadyExists", "Cancelled", "DataLoss", "FailedPrecondition", "Internal",
     "InvalidArgument", "IOError", "NotFound", "NotSupported", "OutOfRange",
     "PermissionDenied", "ResourceExhausted", "TimedOut", "Unavailable",
@@ -98,6 +98,20 @@ def _close_all():
             c.close()
         except Exception:  # noqa: BLE001 - best effort at exit
             pass
+
+
+def zeros(shape):
+    """A C-contiguous float32 array of zeros in memory pages of its own.
+
+    `shape` is an int or a tuple of ints. The memory is an anonymous mmap of
+    whole pages that nothing else shares, so the array can be given to
+    Client.register() on verbs in a process that forks (DataLoader workers):
+    rdma-core hides registered pages from forked children whole. For torch:
+    torch.from_numpy(rdmaps.zeros(shape)).
+    """
+    if isinstance(shape, int):
+        shape = (shape,)
+    return _rdmaps.zeros([int(d) for d in shape])
 
 
 def _array(x, what):
@@ -163,6 +177,11 @@ class Client:
     @property
     def closed(self):
         return self._c.closed
+
+    @property
+    def transport(self):
+        """The backend the client uses: "tcp", "verbs" or "fake" (never "auto")."""
+        return self._c.transport
 
     # --- Synchronous calls -----------------------------------------------
     def pull(self, table, rows, out=None):
@@ -254,6 +273,11 @@ class Client:
         Pulls into and pushes from arrays inside it copy nothing
         (stats()["bytes_staged"] stays 0 for them). The client keeps a
         reference until unregister() or close(). Returns `array`.
+
+        On verbs the array must have memory pages of its own (rdma-core's
+        fork protection hides registered pages from forked children, and a
+        small heap array shares its pages with other objects): make it with
+        rdmaps.zeros(shape); others are refused (InvalidArgument saying so).
         """
         self._c.register(_array(array, "register"))
         return array

@@ -63,6 +63,13 @@ def _initializer(p, seed):
     return rdmaps.Initializer("uniform", low=-b, high=b, seed=seed)
 
 
+def _own_pages(t):
+    """A copy of float32 tensor `t` in memory pages of its own (rdmaps.zeros)."""
+    out = torch.from_numpy(rdmaps.zeros(tuple(t.shape)))
+    out.copy_(t)
+    return out
+
+
 def _table_name(prefix, name):
     # Table names are at most 31 characters; keep the informative end.
     full = (prefix + name).replace(".", "_")
@@ -123,8 +130,14 @@ class Model(torch.nn.Module):
                 raise rdmaps.InvalidArgument(
                     f"parameter {name} must be a contiguous float32 CPU tensor")
             # The gradient buffers exist from the start and stay (zeroed in
-            # place), so both directions can be pinned once.
-            p.grad = torch.zeros_like(p)
+            # place), so both directions can be pinned once. Pinned tensors
+            # live in pages of their own (rdmaps.zeros): on verbs a forked
+            # child (a DataLoader worker) loses registered pages whole.
+            if register:
+                p.data = _own_pages(p.data)
+                p.grad = _own_pages(torch.zeros_like(p))
+            else:
+                p.grad = torch.zeros_like(p)
             if register:
                 client.register(p.data)
                 client.register(p.grad)

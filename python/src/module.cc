@@ -11,13 +11,22 @@
 //   call with the GIL released, spinning briefly (a hot loop of small pulls
 //   pays no thread wake-up), then in slices of kSignalSlice, taking the GIL
 //   between slices to run PyErr_CheckSignals: Ctrl-C raises
-//   KeyboardInterrupt within a slice. The interrupted call finishes in the
-//   background; the arrays it uses are kept alive until it has (Inflight).
+//   KeyboardInterrupt within a slice. Before it does, the interrupted call
+//   is cancelled (Canceller): the calls queued up to it are dropped unrun
+//   (Cancelled) and Client::Interrupt() cuts short the wait of the one that
+//   runs, so the client is free for the next call at once. Waits that
+//   Interrupt() cannot cut (a push waiting for ring space, a checkpoint)
+//   go on in the background after kInterruptGrace; the arrays a call uses
+//   are kept alive until it has finished (Inflight).
 // - Fork: a Client or Server used in a process other than the one that
 //   created it refuses every call (FailedPrecondition) and, when destroyed
 //   there, touches nothing (its threads do not exist in the child and its
 //   sockets belong to the parent): the child's exit cannot send the parent's
-//   goodbye or corrupt its connections.
+//   goodbye or corrupt its connections. On verbs, register() refuses an
+//   array that shares a memory page with other objects (ForkUnsafePages):
+//   rdma-core's fork protection hides whole registered pages from a forked
+//   child, which would lose those objects too; rdmaps.zeros() makes arrays
+//   with pages of their own (OwnedPages).
 //
 // Thread safety: a Client may be used from several Python threads; calls are
 // queued on its Runner in the order they take the client's queue lock.
@@ -25,12 +34,15 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <chrono>
+#include <cerrno>
 #include <condition_variable>
 #include <cstdint>
+#include <cstring>
 #include <deque>
 #include <functional>
 #include <map>
@@ -60,6 +72,12 @@ using SteadyClock = std::chrono::steady_clock;
 
 // How long a waiting Python thread goes without checking for signals.
 constexpr auto kSignalSlice = std::chrono::milliseconds(50);
+// How long an interrupted wait gives its call to return Cancelled before
+// KeyboardInterrupt is raised anyway (the call then finishes in the
+// background), and how often it repeats Client::Interrupt() meanwhile (one
+// that came before the call began its wait does not affect it).
+constexpr auto kInterruptGrace = std::chrono::seconds(2);
+constexpr auto kInterruptRepeat = std::chrono::milliseconds(10);
 // How long a waiter spins before sleeping, and the Runner before it sleeps
 // when its queue is empty (the transports' busy_poll default).
 constexpr auto kSpin = std::chrono::microseconds(50);
@@ -91,6 +109,8 @@ T ValueOrRaise(Result<T> result) {
 
 // ---- Runner: the thread that makes a Client's calls ------------------------
 
+struct Canceller;
+
 // One queued call. The runner sets `status` (and `value`) then `done`.
 struct Op {
   std::function<Status(std::uint64_t*)> fn;
@@ -99,6 +119,8 @@ struct Op {
   std::atomic<bool> done{false};
   std::mutex mu;
   std::condition_variable cv;
+  std::uint64_t seq = 0;                  // set by Runner::Submit: 1, 2, ...
+  std::shared_ptr<Canceller> canceller;  // null: not cancellable (Close)
 };
 
 class Runner {
@@ -118,10 +140,19 @@ class Runner {
   void Submit(std::shared_ptr<Op> op) {
     {
       std::lock_guard<std::mutex> lock(mu_);
+      op->seq = ++submitted_;
       queue_.push_back(std::move(op));
       pending_.fetch_add(1, std::memory_order_release);
     }
     cv_.notify_one();
+  }
+
+  // The calls up to `seq` that have not started yet will not run: they
+  // finish Cancelled.
+  void CancelThrough(std::uint64_t seq) {
+    std::uint64_t cur = cancel_through_.load(std::memory_order_relaxed);
+    while (cur < seq && !cancel_through_.compare_exchange_weak(cur, seq)) {
+    }
   }
 
  private:
@@ -142,7 +173,11 @@ class Runner {
       queue_.pop_front();
       pending_.fetch_sub(1, std::memory_order_relaxed);
       lock.unlock();
-      op->status = op->fn(&op->value);
+      if (op->seq <= cancel_through_.load(std::memory_order_acquire)) {
+        op->status = CancelledError("cancelled (Ctrl-C) before it ran");
+      } else {
+        op->status = op->fn(&op->value);
+      }
       op->fn = nullptr;
       {
         std::lock_guard<std::mutex> olock(op->mu);
@@ -157,13 +192,51 @@ class Runner {
   std::condition_variable cv_;
   std::deque<std::shared_ptr<Op>> queue_;
   std::atomic<int> pending_{0};
+  std::uint64_t submitted_ = 0;  // guarded by mu_
+  std::atomic<std::uint64_t> cancel_through_{0};
   bool stop_ = false;
   std::thread thread_;  // Last: starts once the rest is constructed.
 };
 
+// What cancels a client's calls: its Runner and Client, for as long as the
+// PyClient lives (Futures may outlive it).
+struct Canceller {
+  std::mutex mu;
+  Client* client = nullptr;  // null once the PyClient is gone
+  Runner* runner = nullptr;
+
+  // Cancels `op` and the calls queued before it; returns once it finished
+  // or after kInterruptGrace. Called without the GIL.
+  void Cancel(Op& op) {
+    const auto give_up = SteadyClock::now() + kInterruptGrace;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (client == nullptr) return;
+      runner->CancelThrough(op.seq);
+    }
+    while (!op.done.load(std::memory_order_acquire) && SteadyClock::now() < give_up) {
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        if (client == nullptr) return;
+        client->Interrupt();
+      }
+      std::unique_lock<std::mutex> lock(op.mu);
+      op.cv.wait_for(lock, kInterruptRepeat,
+                     [&] { return op.done.load(std::memory_order_acquire); });
+    }
+  }
+
+  void Detach() {
+    std::lock_guard<std::mutex> lock(mu);
+    client = nullptr;
+    runner = nullptr;
+  }
+};
+
 // Waits for `op` with the GIL released, checking for signals between slices.
 // Returns false at `deadline` (the call keeps running); throws
-// error_already_set (KeyboardInterrupt, ...) when a signal handler raised.
+// error_already_set (KeyboardInterrupt, ...) when a signal handler raised,
+// after cancelling the call (Canceller::Cancel) when it is cancellable.
 bool WaitOp(const Op& op, std::optional<SteadyClock::time_point> deadline) {
   if (op.done.load(std::memory_order_acquire)) return true;
   while (true) {
@@ -183,9 +256,91 @@ bool WaitOp(const Op& op, std::optional<SteadyClock::time_point> deadline) {
       }
     }
     if (done) return true;
-    if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+    if (PyErr_CheckSignals() != 0) {
+      py::error_already_set raised;  // takes the pending exception
+      if (op.canceller) {
+        py::gil_scoped_release release;
+        op.canceller->Cancel(const_cast<Op&>(op));
+      }
+      throw raised;
+    }
     if (deadline && SteadyClock::now() >= *deadline) return false;
   }
+}
+
+// ---- Arrays with memory pages of their own (rdmaps.zeros) -------------------
+
+std::size_t PageSize() {
+  static const std::size_t page = [] {
+    const long p = sysconf(_SC_PAGESIZE);
+    return p > 0 ? static_cast<std::size_t>(p) : std::size_t{4096};
+  }();
+  return page;
+}
+
+// The blocks rdmaps.zeros() mapped, by start address: their bytes (whole
+// pages). Guarded by the GIL.
+std::map<std::uintptr_t, std::size_t>& OwnedPages() {
+  static auto* blocks = new std::map<std::uintptr_t, std::size_t>;
+  return *blocks;
+}
+
+// A C-contiguous float32 array of zeros in anonymous pages of its own.
+py::array_t<float> PageZeros(const std::vector<py::ssize_t>& shape) {
+  std::size_t n = 1;
+  for (py::ssize_t d : shape) {
+    if (d < 0) RaiseInvalid("zeros: negative dimension " + std::to_string(d));
+    if (d != 0 && n > (std::size_t{1} << 46) / static_cast<std::size_t>(d)) {
+      RaiseInvalid("zeros: the shape has too many elements");
+    }
+    n *= static_cast<std::size_t>(d);
+  }
+  const std::size_t page = PageSize();
+  const std::size_t bytes = std::max<std::size_t>(1, (n * sizeof(float) + page - 1) / page) * page;
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) {
+    Raise(ResourceExhaustedError("zeros: mapping " + std::to_string(bytes) +
+                                 " bytes failed: " + std::strerror(errno)));
+  }
+  OwnedPages()[reinterpret_cast<std::uintptr_t>(p)] = bytes;
+  py::capsule owner(p, [](void* q) {
+    auto& blocks = OwnedPages();
+    auto it = blocks.find(reinterpret_cast<std::uintptr_t>(q));
+    if (it == blocks.end()) return;
+    munmap(q, it->second);  // in a forked child the pages may be absent: harmless
+    blocks.erase(it);
+  });
+  return py::array_t<float>(shape, static_cast<float*>(p), owner);
+}
+
+// Why registering [data, data + bytes) would hurt a forked child, or empty.
+// With fork protection on (RDMAV_FORK_SAFE or IBV_FORK_SAFE set, as this
+// module does at import), rdma-core marks the registered memory's pages
+// MADV_DONTFORK: whole pages, absent from every child. Safe: memory that is
+// whole pages, or lies in a block of rdmaps.zeros().
+std::string ForkUnsafePages(const void* data, std::size_t bytes) {
+  if (getenv("RDMAV_FORK_SAFE") == nullptr && getenv("IBV_FORK_SAFE") == nullptr) return "";
+  const std::size_t page = PageSize();
+  const auto start = reinterpret_cast<std::uintptr_t>(data);
+  const std::uintptr_t end = start + bytes;
+  const std::uintptr_t lo = start / page * page;
+  const std::uintptr_t hi = (end + page - 1) / page * page;
+  if (lo == start && hi == end) return "";
+  auto& blocks = OwnedPages();
+  auto it = blocks.upper_bound(start);
+  if (it != blocks.begin()) {
+    --it;
+    if (it->first <= lo && hi <= it->first + it->second) return "";
+  }
+  return "on verbs a registered array needs memory pages of its own: rdma-core's fork "
+         "protection (RDMAV_FORK_SAFE) hides the registered pages from forked children "
+         "(DataLoader workers), and this array of " +
+         std::to_string(bytes) + " bytes starts " + std::to_string(start - lo) +
+         " bytes into a page and ends " + std::to_string(hi - end) +
+         " bytes before one, pages it shares with other objects that a child would lose "
+         "(SIGSEGV). Allocate it with rdmaps.zeros(shape) (torch: "
+         "torch.from_numpy(rdmaps.zeros(shape))), or use an array that starts on a " +
+         std::to_string(page) + "-byte page boundary and is a whole number of pages";
 }
 
 // ---- Arguments ---------------------------------------------------------------
@@ -413,7 +568,8 @@ class Future {
 
   // The call's result (the out array of a pull, the clock of clock(), else
   // None); raises its error, TimedOut at `timeout` (seconds; the call keeps
-  // running), KeyboardInterrupt on Ctrl-C.
+  // running), KeyboardInterrupt on Ctrl-C (which cancels the call and
+  // those queued before it: their futures raise Cancelled).
   py::object Result(std::optional<double> timeout) {
     std::optional<SteadyClock::time_point> deadline;
     if (timeout) {
@@ -440,9 +596,15 @@ class Future {
 
 class PyClient {
  public:
-  explicit PyClient(std::unique_ptr<Client> client)
-      : client_(std::move(client)), owner_pid_(getpid()), runner_(std::make_unique<Runner>()) {
+  PyClient(std::unique_ptr<Client> client, std::string transport)
+      : client_(std::move(client)),
+        transport_(std::move(transport)),
+        owner_pid_(getpid()),
+        runner_(std::make_unique<Runner>()),
+        canceller_(std::make_shared<Canceller>()) {
     tables_ = client_->tables();
+    canceller_->client = client_.get();
+    canceller_->runner = runner_.get();
   }
 
   ~PyClient() {
@@ -450,7 +612,7 @@ class PyClient {
       // A forked child: the threads are the parent's, the sockets too.
       (void)client_.release();
       (void)runner_.release();
-      return;
+      return;  // the canceller too: its mutex may be the parent threads' (held at the fork)
     }
     if (!closed_) {
       try {
@@ -460,6 +622,7 @@ class PyClient {
       }
     }
     py::gil_scoped_release release;
+    canceller_->Detach();
     runner_.reset();
     client_.reset();
   }
@@ -469,6 +632,7 @@ class PyClient {
   std::uint32_t num_workers() { return Live()->num_workers(); }
   std::uint32_t num_servers() { return Live()->num_servers(); }
   bool closed() const { return closed_; }
+  const std::string& transport() const { return transport_; }
 
   const TableInfo& Table(py::handle h) const {
     if (py::isinstance<py::str>(h)) {
@@ -665,6 +829,10 @@ class PyClient {
 
   void Register(py::handle array) {
     std::span<float> span = WholeArray(array, "register");
+    if (transport_ == "verbs") {
+      const std::string why = ForkUnsafePages(span.data(), span.size_bytes());
+      if (!why.empty()) RaiseInvalid("register: " + why);
+    }
     ThrowIfError(Live()->RegisterBuffer(span));
     registered_[span.data()] = py::reinterpret_borrow<py::object>(array);
   }
@@ -747,6 +915,7 @@ class PyClient {
   Future Queue(Call call) {
     auto op = std::make_shared<Op>();
     op->fn = std::move(call.fn);
+    op->canceller = canceller_;
     inflight_.push_back({op, std::move(call.keep)});
     runner_->Submit(op);
     Future f(std::move(op), std::move(call.result), call.what);
@@ -793,8 +962,10 @@ class PyClient {
   };
 
   std::unique_ptr<Client> client_;
+  const std::string transport_;  // the backend: tcp, verbs or fake (never auto)
   const pid_t owner_pid_;
   std::unique_ptr<Runner> runner_;
+  std::shared_ptr<Canceller> canceller_;  // Ctrl-C's way to the Runner and Client
   std::vector<TableInfo> tables_;
   std::deque<Inflight> inflight_;
   std::map<const float*, py::object> registered_;
@@ -1151,6 +1322,16 @@ void DefineModule(py::module_& m) {
       },
       "When a launcher asks (RDMAPS_DESCRIBE_TABLES is set) writes the tables there and "
       "returns True: the program must then exit 0.");
+  m.def("zeros", &PageZeros, py::arg("shape"),
+        "A C-contiguous float32 array of zeros in memory pages of its own (anonymous "
+        "mmap), registrable with Client.register() on verbs in a process that forks.");
+  m.def(
+      "_fork_unsafe_pages",
+      [](py::handle array) {
+        auto a = py::reinterpret_borrow<py::array>(array);
+        return ForkUnsafePages(a.data(), static_cast<std::size_t>(a.nbytes()));
+      },
+      "For tests: why register() on verbs would refuse this array (empty: it would not).");
   m.def("auto_transport", [] {
     std::string why;
     std::string t = AutoTransport(&why);
@@ -1168,7 +1349,9 @@ void DefineModule(py::module_& m) {
   py::class_<Future>(m, "Future", "The completion of an asynchronous call.")
       .def("result", &Future::Result, py::arg("timeout") = py::none(),
            "Waits (interruptibly) and returns the call's result or raises its error; "
-           "TimedOut after `timeout` seconds (the call keeps running).")
+           "TimedOut after `timeout` seconds (the call keeps running). Ctrl-C raises "
+           "KeyboardInterrupt and cancels the call and those queued before it (their "
+           "futures raise rdmaps.Cancelled); the client stays usable.")
       .def("done", &Future::Done);
 
   py::class_<PyClient>(m, "Client")
@@ -1195,6 +1378,7 @@ void DefineModule(py::module_& m) {
       .def("clock_async", &PyClient::ClockAsync)
       .def("barrier_async", &PyClient::BarrierAsync)
       .def("close", &PyClient::Close)
+      .def_property_readonly("transport", &PyClient::transport)
       .def("register", &PyClient::Register)
       .def("unregister", &PyClient::Unregister)
       .def("stats", &PyClient::Stats)
@@ -1250,11 +1434,13 @@ void DefineModule(py::module_& m) {
         o.connect_timeout = Millis(connect_timeout, "connect_timeout");
         o.wait_timeout = Millis(wait_timeout, "wait_timeout");
         if (staging_bytes) o.staging_bytes = *staging_bytes;
+        // What "auto" picks, resolved here so that register() knows it.
+        if (o.transport.transport == "auto") o.transport.transport = AutoTransport();
         Result<std::unique_ptr<Client>> client = [&] {
           py::gil_scoped_release release;
           return Client::Connect(o);
         }();
-        return std::make_unique<PyClient>(ValueOrRaise(std::move(client)));
+        return std::make_unique<PyClient>(ValueOrRaise(std::move(client)), o.transport.transport);
       },
       py::arg("servers") = py::none(), py::arg("worker_id") = py::none(),
       py::arg("num_workers") = py::none(), py::arg("transport") = py::none(),

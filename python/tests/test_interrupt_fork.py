@@ -4,62 +4,102 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import numpy as np
 import pytest
 
 import rdmaps
-from conftest import ones, python_env, wait_until
+from conftest import ones, python_env, sgd_table, wait_until
 
-# A worker whose BSP pull waits for a worker that never clocks, for up to
-# wait_timeout = 6 s; SIGINT must end the wait at once. The interrupted pull
-# goes on in the background until its deadline; the client's next call runs
-# after it and works, and close() says goodbye.
+# Worker 0 of two, two clocks ahead of worker 1 (a straggler the test holds
+# at clock 0): its pulls of an SSP-1 table wait for worker 1, for up to
+# wait_timeout = 60 s. SIGINT must raise KeyboardInterrupt at once AND cancel
+# the C++ call: the client's next call runs at once (it would queue behind
+# the interrupted pull for a minute otherwise), an interrupted future raises
+# Cancelled, and once the straggler clocks a pull of the SSP table works.
 INTERRUPTED_WORKER = textwrap.dedent("""
-    import sys, threading, time, traceback, numpy as np, rdmaps
+    import sys, threading, time, traceback, rdmaps
     client = rdmaps.connect(sys.argv[1].split(","), worker_id=0, num_workers=2,
-                            clock_waits=False, wait_timeout=6)
+                            clock_waits=False, wait_timeout=60)
+    client.clock()
     client.clock()
 
-    def report_waiting():  # once the pull is really waiting inside the client
-        while client.stats()["pull_waits"] == 0:
-            time.sleep(0.01)
-        print("waiting", flush=True)
+    def report_waiting(waits):  # once the pull is really waiting inside the client
+        def run():
+            while client.stats()["pull_waits"] < waits:
+                time.sleep(0.01)
+            print("waiting", flush=True)
+        threading.Thread(target=run, daemon=True).start()
 
-    threading.Thread(target=report_waiting, daemon=True).start()
-    start = time.monotonic()
+    def where():
+        return traceback.extract_tb(sys.exc_info()[2])[-1].name
+
+    report_waiting(1)
     try:
-        client.pull("bsp", 0)
-        print("not interrupted")
+        client.pull("ssp", 0)
+        print("not interrupted", flush=True)
     except KeyboardInterrupt:
-        frames = [f.name for f in traceback.extract_tb(sys.exc_info()[2])]
-        print("interrupted after %.1f s in %s" % (time.monotonic() - start, frames[-1]),
-              flush=True)
-    # Still usable: an ASP table does not wait.
-    print("usable", float(client.pull("w", 3)[0, 0]), flush=True)
+        print("interrupted in", where(), flush=True)
+    start = time.monotonic()
+    value = float(client.pull("w", 3)[0, 0])  # ASP: no wait
+    print("usable %.1f after %.2f s" % (value, time.monotonic() - start), flush=True)
+
+    future = client.pull_async("ssp", 1)
+    report_waiting(2)
+    try:
+        future.result()
+        print("not interrupted", flush=True)
+    except KeyboardInterrupt:
+        print("interrupted in", where(), flush=True)
+    try:
+        future.result(timeout=5)
+        print("not cancelled", flush=True)
+    except rdmaps.Cancelled as e:
+        print("future cancelled", "interrupted" in str(e), flush=True)
+
+    print("ready", flush=True)  # the test lets worker 1 clock now
+    sys.stdin.readline()
+    print("pulled", float(client.pull("ssp", 0)[0, 0]), flush=True)
     client.close()
     print("closed", flush=True)
 """)
 
 
-def test_ctrl_c_interrupts_a_long_wait_and_leaves_the_client_usable(tables):
-    with rdmaps.local_cluster(tables, servers=1, workers=2) as cl:
+def test_ctrl_c_cancels_a_long_wait_and_leaves_the_client_usable():
+    tables = [sgd_table(0, "w", 10, 4), sgd_table(1, "ssp", 4, 4, staleness=1)]
+    with rdmaps.local_cluster(tables, servers=1, workers=2) as cl, \
+            cl.connect(1, clock_waits=False) as straggler:
         proc = subprocess.Popen([sys.executable, "-c", INTERRUPTED_WORKER, ",".join(cl.addresses)],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                env=python_env())
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env=python_env())
         try:
-            assert proc.stdout.readline() == "waiting\n"
-            proc.send_signal(signal.SIGINT)
+            def interrupt():
+                assert proc.stdout.readline() == "waiting\n"
+                sent = time.monotonic()
+                proc.send_signal(signal.SIGINT)
+                line = proc.stdout.readline()
+                # Within a signal slice and the cancellation's first polls;
+                # far below the 60 s wait_timeout (and the 2 s grace after
+                # which KeyboardInterrupt would come without a cancel).
+                assert time.monotonic() - sent < 1.5, line
+                return line
+
+            assert interrupt() == "interrupted in pull\n"
+            usable = proc.stdout.readline().split()
+            assert usable[:2] == ["usable", "1.0"] and float(usable[3]) < 1.0, usable
+            assert interrupt().startswith("interrupted in ")  # future.result()
+            assert proc.stdout.readline() == "future cancelled True\n"
+            assert proc.stdout.readline() == "ready\n"
+            straggler.clock()
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
             out, err = proc.communicate(timeout=30)
         finally:
             proc.kill()
             proc.wait()
-        lines = out.splitlines()
-        assert lines[0].startswith("interrupted after "), (out, err)
-        # Well before the 6 s wait_timeout, and inside the pull itself.
-        assert float(lines[0].split()[2]) < 3 and lines[0].endswith(" in pull"), out
-        assert lines[1:] == ["usable 1.0", "closed"], (out, err)
-        assert proc.returncode == 0
+        assert out.splitlines() == ["pulled 1.0", "closed"], (out, err)
+        assert proc.returncode == 0, err
         wait_until(lambda: cl.servers[0].stats()["workers_done"] == 1)  # the goodbye arrived
 
 

@@ -85,3 +85,35 @@ def test_registered_array_is_kept_alive_by_the_client(client):
     gc.collect()
     assert ref() is not None  # the pinned memory cannot be freed under the client
     client.pull("big", slice(None), ref())
+
+
+def test_zeros_are_page_aligned_and_registrable_on_any_transport(client):
+    a = rdmaps.zeros((512, 256))
+    assert a.dtype == np.float32 and a.shape == (512, 256) and a.flags.c_contiguous
+    assert a.ctypes.data % 4096 == 0 and not a.any()
+    client.register(a)
+    before = client.stats()["bytes_staged"]
+    client.pull("big", slice(None), a)
+    assert client.stats()["bytes_staged"] == before
+    np.testing.assert_array_equal(a, 1.0)
+    assert client.transport == "tcp"
+    # tcp is not affected by verbs' page rule: a small heap array registers too.
+    client.register(np.zeros(10, np.float32))
+
+
+def test_fork_safety_rule_of_register_on_verbs():
+    # What register() refuses on verbs (rdma-core hides registered pages from
+    # forked children whole): memory that shares a page with other objects.
+    small = np.zeros(10, np.float32)  # from the heap, inside a page
+    why = rdmaps._rdmaps._fork_unsafe_pages(small)
+    assert "rdmaps.zeros(shape)" in why and "pages of its own" in why, why
+    assert "40 bytes" in why
+    assert rdmaps._rdmaps._fork_unsafe_pages(rdmaps.zeros(10)) == ""
+    assert rdmaps._rdmaps._fork_unsafe_pages(rdmaps.zeros((64, 3))[5:9]) == ""  # inside a block
+    # Whole pages of any array are fine; a page and a float is not.
+    raw = np.zeros(3 * 1024 + 1024, np.float32)
+    off = (-raw.ctypes.data % 4096) // 4
+    assert rdmaps._rdmaps._fork_unsafe_pages(raw[off:off + 2048]) == ""
+    assert rdmaps._rdmaps._fork_unsafe_pages(raw[off:off + 2049]) != ""
+    with pytest.raises(rdmaps.InvalidArgument, match="negative dimension"):
+        rdmaps.zeros((2, -1))

@@ -4,11 +4,14 @@
 tests/vm/CMakeLists.txt lists it among the VM's commands when the package is
 built: a server and a worker in this process on the rxe device's address
 (RDMAPS_TEST_VERBS_ADDR), a pull into and a push from registered memory
-(zero-copy: nothing staged), then a fork (the child is refused, the parent's
-memory region and connection keep working). Exit 0 on success; no torch (its
+(zero-copy: nothing staged), a small heap array refused by register() (it
+shares pages with other objects, which rdma-core's fork protection would
+take from a child), then a fork (the child uses its heap, is refused the
+client; the parent's memory region and connection keep working). Exit 0 on success; no torch (its
 import takes minutes under the VM's emulated CPU).
 """
 import ctypes
+import gc
 import os
 import sys
 
@@ -21,17 +24,6 @@ def check(cond, what):
     if not cond:
         print("vm_verbs_smoke: FAILED:", what, flush=True)
         sys.exit(1)
-
-
-def page_aligned(rows, cols):
-    """A float32 array made of whole pages: registered memory on verbs must not
-    share a page with anything else, or rdma-core's fork protection
-    (MADV_DONTFORK of the registered pages) takes those neighbours away from
-    a forked child (docs/python.md, "fork")."""
-    n = rows * cols
-    raw = np.zeros(n + 4096 // 4, np.float32)
-    off = (-raw.ctypes.data % 4096) // 4
-    return raw[off:off + n].reshape(rows, cols)
 
 
 def main():
@@ -49,10 +41,21 @@ def main():
                        exit_when_workers_done=False) as server:
         client = rdmaps.connect([server.address], transport="verbs", wait_timeout=60,
                                 job_token=server.job_token)
-        buf = client.register(page_aligned(64, 256))
-        grads = page_aligned(64, 256)
+        # A small heap array shares its pages with other Python objects,
+        # which rdma-core's fork protection would take from a forked child
+        # with the registered pages (SIGSEGV): register() refuses it.
+        heap = np.zeros((16, 256), np.float32)  # 16 KiB: malloc's heap, not its own mmap
+        neighbours = [{"i": i, "s": str(i) * 8} for i in range(2000)]
+        try:
+            client.register(heap)
+            check(False, "register() refuses a heap array that shares its pages")
+        except rdmaps.InvalidArgument as e:
+            check("rdmaps.zeros(shape)" in str(e) and "fork" in str(e),
+                  f"the refusal says why and what to use instead: {e}")
+        # rdmaps.zeros() arrays have pages of their own.
+        buf = client.register(rdmaps.zeros((64, 256)))
+        grads = client.register(rdmaps.zeros((64, 256)))
         grads[:] = 0.5
-        client.register(grads)
         client.push("w", slice(None), grads)
         client.pull("w", slice(None), buf)
         check(np.all(buf == 0.5), "pulled values land in the registered array")
@@ -60,16 +63,27 @@ def main():
         pid = os.fork()
         if pid == 0:
             try:
-                client.pull("w", 0)
-                os._exit(2)
-            except rdmaps.FailedPrecondition:
-                os._exit(0)
+                # The heap array and the objects around it are all there,
+                # the allocator and the collector work on them.
+                code = 0 if float(heap.sum()) == 0.0 else 4
+                code = code or (0 if sum(d["i"] for d in neighbours) == 1999 * 1000 else 5)
+                del neighbours[::2]
+                more = [np.ones(1000, np.float32) * i for i in range(200)]
+                gc.collect()
+                code = code or (0 if float(more[-1][0]) == 199.0 else 6)
+                try:
+                    client.pull("w", 0)
+                    code = code or 2
+                except rdmaps.FailedPrecondition:
+                    pass
+                os._exit(code)
             except BaseException as e:  # say what it was instead
                 print(f"vm_verbs_smoke: the forked child got {type(e).__name__}: {e}", flush=True)
                 os._exit(3)
         _, status = os.waitpid(pid, 0)
         check(os.waitstatus_to_exitcode(status) == 0,
-              f"the forked child is refused (exit {os.waitstatus_to_exitcode(status)})")
+              "the forked child keeps its heap and is refused the parent's client "
+              f"(exit {os.waitstatus_to_exitcode(status)})")
         client.push("w", slice(None), grads)
         client.pull("w", slice(None), buf)
         check(np.all(buf == 0.0), "the parent's memory region works after the fork")

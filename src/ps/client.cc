@@ -14,6 +14,7 @@
 #include "rdmaps/client.h"
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -82,6 +83,9 @@ using transport::Deadline;
 using transport::Op;
 using SteadyClock = std::chrono::steady_clock;
 
+// How often a wait that Interrupt() can cut short looks for one.
+constexpr auto kInterruptPoll = std::chrono::milliseconds(20);
+
 // Caller memory registered with RegisterBuffer().
 struct UserBuffer {
   const float* data = nullptr;
@@ -137,6 +141,7 @@ class ClientImpl final : public Client {
   std::vector<std::uint64_t> server_incarnations() const override { return incarnations_; }
   Status Barrier() override;
   Status Close() override;
+  void Interrupt() override { interrupts_.fetch_add(1, std::memory_order_acq_rel); }
 
   Handle PullAsync(std::uint32_t table, RowRange range, std::span<float> out) override {
     return Submit([=, this] { return Pull(table, range, out); }, nullptr);
@@ -229,6 +234,23 @@ class ClientImpl final : public Client {
                       Deadline deadline) RDMAPS_REQUIRES(mu_);
   // Flush() under mu_, bounded by `deadline`.
   Status FlushLocked(Deadline deadline) RDMAPS_REQUIRES(mu_);
+  // links_.WaitForClocks in slices of kInterruptPoll: Cancelled when an
+  // Interrupt() came after the call began (call_epoch_). The slices count
+  // as one wait in ClientStats::pull_waits.
+  Status WaitForClocks(std::uint64_t required, const std::vector<std::uint32_t>& servers,
+                       const std::function<std::string()>& why, Deadline deadline)
+      RDMAPS_REQUIRES(mu_);
+
+  // --- cancellation
+  // The number of Interrupt()s so far; a public call that can wait reads it
+  // first (Epoch()) and records it in call_epoch_ once it holds mu_.
+  std::uint64_t Epoch() const { return interrupts_.load(std::memory_order_acquire); }
+  bool Interrupted() const RDMAPS_REQUIRES(mu_) { return Epoch() != call_epoch_; }
+  Status InterruptedError(const std::string& what) const {
+    return CancelledError(what +
+                          " was interrupted (Client::Interrupt) while waiting; the client "
+                          "stays usable");
+  }
 
   // A scattered pull by spans (scatter_plan.h): the spans into scratch_,
   // then the gather into `out`.
@@ -275,6 +297,11 @@ class ClientImpl final : public Client {
   bool pushed_this_clock_ RDMAPS_GUARDED_BY(mu_) = false;
   bool closed_ RDMAPS_GUARDED_BY(mu_) = false;
   internal::ElasticState elastic_ RDMAPS_GUARDED_BY(mu_);
+  std::atomic<std::uint64_t> interrupts_{0};
+  std::uint64_t call_epoch_ RDMAPS_GUARDED_BY(mu_) = 0;
+  // The barrier counter value an interrupted Barrier() waited for after
+  // this worker arrived (0: none): the next Barrier() waits for it again.
+  std::uint64_t barrier_target_ RDMAPS_GUARDED_BY(mu_) = 0;
   // Init() succeeded. A client whose Connect failed part-way (a server not
   // up, a refused handshake, tables that do not match) has links without
   // connections or buffers: it closes what it opened and says no goodbye,
@@ -487,8 +514,8 @@ Status ClientImpl::WaitReadable(const RemoteTable& t, const std::vector<std::uin
                                 Deadline deadline) {
   const std::uint32_t st = t.info.staleness;
   const std::uint64_t required = (st == kAsp || clock_ < st) ? 0 : clock_ - st;
-  RDMAPS_RETURN_IF_ERROR(links_.WaitForClocks(
-      required, servers, clock_,
+  RDMAPS_RETURN_IF_ERROR(WaitForClocks(
+      required, servers,
       [&] { return "pulling table '" + t.info.name + "' (staleness " + std::to_string(st) + ")"; },
       deadline));
   std::uint64_t min_seen = internal::kClockDone;
@@ -519,7 +546,9 @@ Status ClientImpl::PullRuns(const RemoteTable& t, const std::vector<Run>& runs,
 }
 
 Status ClientImpl::Pull(std::uint32_t table, RowRange range, std::span<float> out) {
+  const std::uint64_t epoch = Epoch();
   MutexLock lock(mu_);
+  call_epoch_ = epoch;
   RDMAPS_ASSIGN_OR_RETURN(const RemoteTable* t,
                           CheckCall("Pull", "output", table, range, out.size()));
   if (range.count == 0) return Status::OK();
@@ -531,7 +560,9 @@ Status ClientImpl::Pull(std::uint32_t table, RowRange range, std::span<float> ou
 
 Status ClientImpl::Pull(std::uint32_t table, std::span<const std::uint64_t> rows,
                         std::span<float> out) {
+  const std::uint64_t epoch = Epoch();
   MutexLock lock(mu_);
+  call_epoch_ = epoch;
   RDMAPS_ASSIGN_OR_RETURN(const RemoteTable* t,
                           CheckCall("Pull", "output", table, rows, out.size()));
   if (rows.empty()) return Status::OK();
@@ -680,7 +711,9 @@ Status ClientImpl::UnregisterBuffer(std::span<float> buffer) {
 // ---- Clock, Barrier, Close ---------------------------------------------------------
 
 Result<std::uint64_t> ClientImpl::Clock() {
+  const std::uint64_t epoch = Epoch();
   MutexLock lock(mu_);
+  call_epoch_ = epoch;
   RDMAPS_RETURN_IF_ERROR(Usable());
   const Deadline deadline = CallDeadline();
   RDMAPS_RETURN_IF_ERROR(push_.SendControlSlot(SlotKind::kClock, clock_ + 1, deadline));
@@ -692,8 +725,8 @@ Result<std::uint64_t> ClientImpl::Clock() {
   if (options_.clock_waits && clock_bound_ != kAsp && clock_ > clock_bound_) {
     std::vector<std::uint32_t> all(links_.size());
     for (std::uint32_t i = 0; i < all.size(); ++i) all[i] = i;
-    RDMAPS_RETURN_IF_ERROR(links_.WaitForClocks(
-        clock_ - clock_bound_, all, clock_,
+    RDMAPS_RETURN_IF_ERROR(WaitForClocks(
+        clock_ - clock_bound_, all,
         [&] {
           return "ending its iteration (staleness bound " + std::to_string(clock_bound_) + ")";
         },
@@ -708,12 +741,37 @@ Status ClientImpl::FlushLocked(Deadline deadline) {
   // any READ posted after we saw it returns the new rows.
   std::vector<std::uint32_t> all(links_.size());
   for (std::uint32_t i = 0; i < all.size(); ++i) all[i] = i;
-  return links_.WaitForClocks(
-      0, all, clock_, [] { return std::string("flushing its pushes"); }, deadline);
+  return WaitForClocks(
+      0, all, [] { return std::string("flushing its pushes"); }, deadline);
+}
+
+Status ClientImpl::WaitForClocks(std::uint64_t required, const std::vector<std::uint32_t>& servers,
+                                 const std::function<std::string()>& why, Deadline deadline) {
+  // The first slice costs what a plain wait does (the coarse clock, no
+  // stats read): most waits end in it, most without waiting at all.
+  Deadline slice = std::min(deadline, transport::CoarseNowCeil() + kInterruptPoll);
+  Status st = links_.WaitForClocks(required, servers, clock_, why, slice);
+  // TimedOut at a slice's end (not the call's) means: not yet.
+  if (st.code() != StatusCode::kTimedOut || slice >= deadline) return st;
+  // That slice counted this wait in pull_waits; the next ones must not.
+  const std::uint64_t waits = stats_.Get().pull_waits;
+  while (true) {
+    if (Interrupted()) {
+      st = InterruptedError("worker " + std::to_string(options_.worker_id) + " " + why());
+      break;
+    }
+    slice = std::min(deadline, transport::CoarseNowCeil() + kInterruptPoll);
+    st = links_.WaitForClocks(required, servers, clock_, why, slice);
+    if (st.code() != StatusCode::kTimedOut || slice >= deadline) break;
+  }
+  stats_.Update([&](ClientStats& s) { s.pull_waits = std::min(s.pull_waits, waits); });
+  return st;
 }
 
 Status ClientImpl::Flush() {
+  const std::uint64_t epoch = Epoch();
   MutexLock lock(mu_);
+  call_epoch_ = epoch;
   RDMAPS_RETURN_IF_ERROR(Usable());
   return FlushLocked(CallDeadline());
 }
@@ -795,14 +853,14 @@ Status ClientImpl::ReadStartClock(Deadline deadline) {
 }
 
 Status ClientImpl::Barrier() {
+  const std::uint64_t epoch = Epoch();
   MutexLock lock(mu_);
+  call_epoch_ = epoch;
   RDMAPS_RETURN_IF_ERROR(Usable());
   const Deadline deadline = CallDeadline();
-  // Arrive only once this worker's pushes are applied: then, when the last
-  // worker arrives, every push made before the barrier is visible, whatever
-  // the tables' staleness (ASP included).
-  RDMAPS_RETURN_IF_ERROR(FlushLocked(deadline));
   if (elastic_.elastic) {  // counts the current members (src/ps/join.h)
+    // Arrive only once this worker's pushes are applied (see below).
+    RDMAPS_RETURN_IF_ERROR(FlushLocked(deadline));
     const auto start = SteadyClock::now();
     Status st = internal::ElasticBarrier(links_, push_, &elastic_, deadline);
     stats_.AddBlocked(SteadyClock::now() - start);
@@ -811,10 +869,19 @@ Status ClientImpl::Barrier() {
   ServerLink& s = links_[0];
   auto* result =
       reinterpret_cast<std::uint64_t*>(s.ctrl.get() + internal::RoundUp(s.ctrl_bytes, 8));
-  Op op = Op::FetchAdd(result, s.ctrl_mr.get(), atomics_.addr, atomics_.rkey, 1);
-  RDMAPS_RETURN_IF_ERROR(links_.Exec(s, {&op, 1}, deadline));
   const std::uint64_t W = options_.num_workers;
-  const std::uint64_t target = (*result / W + 1) * W;
+  Op op;
+  std::uint64_t target = barrier_target_;  // an interrupted Barrier() arrived already
+  if (target == 0) {
+    // Arrive only once this worker's pushes are applied: then, when the last
+    // worker arrives, every push made before the barrier is visible, whatever
+    // the tables' staleness (ASP included).
+    RDMAPS_RETURN_IF_ERROR(FlushLocked(deadline));
+    op = Op::FetchAdd(result, s.ctrl_mr.get(), atomics_.addr, atomics_.rkey, 1);
+    RDMAPS_RETURN_IF_ERROR(links_.Exec(s, {&op, 1}, deadline));
+    target = (*result / W + 1) * W;
+  }
+  barrier_target_ = 0;
   const auto start = SteadyClock::now();
   internal::Backoff backoff;
   while (true) {
@@ -830,6 +897,12 @@ Status ClientImpl::Barrier() {
         !died.ok()) {
       stats_.AddBlocked(SteadyClock::now() - start);
       return died;
+    }
+    if (Interrupted()) {
+      stats_.AddBlocked(SteadyClock::now() - start);
+      barrier_target_ = target;
+      return InterruptedError("Barrier of worker " + std::to_string(options_.worker_id) +
+                              " (arrived; its next Barrier() waits for the others)");
     }
     if (SteadyClock::now() >= deadline) {
       stats_.AddBlocked(SteadyClock::now() - start);

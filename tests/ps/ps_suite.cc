@@ -788,6 +788,61 @@ TEST_P(PsTest, ClockHoldsAWorkerWithinTheStalenessBound) {
   EXPECT_EQ(*third, 3u);
 }
 
+// Interrupt() until `call` is ready (the first may come before the call
+// began, which it does not affect); false when it is not within 10 s.
+template <typename T>
+bool InterruptUntilReady(Client& client, std::future<T>& call) {
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (call.wait_for(std::chrono::milliseconds(10)) != std::future_status::ready) {
+    if (std::chrono::steady_clock::now() > give_up) return false;
+    client.Interrupt();
+  }
+  return true;
+}
+
+TEST_P(PsTest, InterruptCutsWaitsShortAndTheClientStaysUsable) {
+  // SSP 1, worker 1 a straggler at clock 0; wait_timeout far above the
+  // 10 s InterruptUntilReady allows, so only Interrupt() can end the waits.
+  auto c = StartCluster(transport(), 2, 2, {MakeTable(1, "w", 4, 1, 1)}, 8, [](ClientOptions& o) {
+    o.wait_timeout = std::chrono::seconds(60);
+    o.clock_waits = false;
+  });
+  ASSERT_EQ(c.clients.size(), 2u);
+  Client& w0 = *c.clients[0];
+  Client& w1 = *c.clients[1];
+  ASSERT_TRUE(w0.Clock().ok());
+  ASSERT_TRUE(w0.Clock().ok());
+  std::vector<float> out(4);
+  auto pull = std::async(std::launch::async, [&] { return w0.Pull(1, RowRange{0, 4}, out); });
+  ASSERT_TRUE(InterruptUntilReady(w0, pull)) << "Interrupt() did not end the pull's wait";
+  Status s = pull.get();
+  EXPECT_EQ(s.code(), StatusCode::kCancelled) << s;
+  EXPECT_NE(s.message().find("pulling table 'w'"), std::string::npos) << s;
+  EXPECT_EQ(w0.stats().pull_waits, 1u);  // the slices of one wait count once
+
+  // Nothing is sticky: an Interrupt() with no call in progress changes
+  // nothing, and once the straggler catches up the pull goes through.
+  w0.Interrupt();
+  ASSERT_TRUE(w1.Clock().ok());
+  ASSERT_TRUE(w0.Pull(1, RowRange{0, 4}, out).ok());
+
+  // A Barrier() interrupted after worker 0 arrived: its next Barrier()
+  // resumes it (one arrival), so the two workers stay paired.
+  auto barrier = std::async(std::launch::async, [&] { return w0.Barrier(); });
+  ASSERT_TRUE(InterruptUntilReady(w0, barrier)) << "Interrupt() did not end the barrier's wait";
+  s = barrier.get();
+  EXPECT_EQ(s.code(), StatusCode::kCancelled) << s;
+  EXPECT_NE(s.message().find("arrived"), std::string::npos) << s;
+  ASSERT_TRUE(w1.Barrier().ok());  // worker 0 has arrived: no wait
+  ASSERT_TRUE(w0.Barrier().ok());  // resumed: the barrier is complete
+  for (int round = 0; round < 2; ++round) {
+    auto other = std::async(std::launch::async, [&] { return w1.Barrier(); });
+    ASSERT_TRUE(w0.Barrier().ok());
+    ASSERT_TRUE(other.get().ok());
+  }
+  for (auto& cl : c.clients) ASSERT_TRUE(cl->Close().ok());
+}
+
 TEST_P(PsTest, BspClockIsALockstep) {
   constexpr int kWorkers = 3, kClocks = 20;
   auto c = StartCluster(transport(), 2, kWorkers, {MakeTable(1, "w", 4, 1, 0)});
