@@ -283,9 +283,10 @@ Status EndpointCore::ContinuePayload(Inbound& in, bool* blocked) {
   std::byte* p = e->base + (req.remote_addr.get() - reinterpret_cast<std::uintptr_t>(e->base)) +
                  in.payload_done;
   const std::uint64_t left = req.length.get() - in.payload_done;
-  // Straight into registered memory; what follows the payload lands in rx.
+  // Straight into registered memory; the start of what follows the payload
+  // (kDirectLookahead) lands in rx.
   in.rx_begin = in.rx_end = 0;
-  iovec iov[2] = {{p, left}, {in.rx.get(), kRxBufferBytes}};
+  iovec iov[2] = {{p, left}, {in.rx.get(), kDirectLookahead}};
   ssize_t r = RacyReadv(in.fd.get(), iov, 2);
   if (r == 0) return CancelledError("peer closed the connection in the middle of a WRITE");
   if (r < 0) {
@@ -653,8 +654,9 @@ void TcpConnection::TakePayload(const Pending& p, const std::byte* src, std::siz
 
 bool TcpConnection::ReadPayloadDirect(const Pending& p, std::uint32_t len) {
   rx_begin_ = rx_end_ = 0;
-  // The rest of the payload (its first kIov - 1 pieces), then rx_ for what
-  // follows it.
+  // The rest of the payload (its first kIov - 1 pieces), then rx_ for the
+  // start of what follows it (kDirectLookahead: a next large payload goes
+  // straight into place too).
   constexpr std::size_t kIov = 1024;  // IOV_MAX on Linux; later segments go through rx_
   iov_.resize(kIov);
   std::size_t n = 0, local_bytes = 0;
@@ -670,7 +672,7 @@ bool TcpConnection::ReadPayloadDirect(const Pending& p, std::uint32_t len) {
       local_bytes += seg.length - off;
     }
   }
-  iov_[n++] = {rx_.get(), kRxBufferBytes};
+  iov_[n++] = {rx_.get(), kDirectLookahead};
   ssize_t r = RacyReadv(fd_.get(), iov_.data(), static_cast<int>(n));
   if (r > 0) {
     const auto got = static_cast<std::size_t>(r);

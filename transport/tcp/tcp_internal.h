@@ -39,6 +39,13 @@ inline constexpr std::size_t kCopyThreshold = 8 * 1024;
 // payloads bypass it (readv straight into their destination), so it only
 // needs to hold headers and small payloads.
 inline constexpr std::size_t kRxBufferBytes = 64 * 1024;
+// A readv that puts a large payload straight into its destination reads at
+// most this much of what follows into the receive buffer: enough for the
+// next few headers, little enough that the next large payload (pipelined
+// push slots, back-to-back READ responses) also goes straight into place
+// instead of being received into the buffer and copied (a second copy of
+// nearly every 64 KiB push slot otherwise).
+inline constexpr std::size_t kDirectLookahead = 1024;
 // A served socket stops executing requests while this many response bytes
 // wait to be sent (it resumes when the peer reads).
 inline constexpr std::size_t kMaxTxBacklog = 4 << 20;
