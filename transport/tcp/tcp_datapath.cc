@@ -297,6 +297,7 @@ Status EndpointCore::ContinuePayload(Inbound& in, bool* blocked) {
     return UnavailableError(std::string("recv failed: ") + std::strerror(errno));
   }
   in.last_progress = SteadyClock::now();
+  in.after_direct = true;
   auto got = static_cast<std::uint64_t>(r);
   if (got >= left) {
     in.payload_done += left;
@@ -397,7 +398,12 @@ Status EndpointCore::Serve(Inbound& in) {
       in.rx_end -= in.rx_begin;
       in.rx_begin = 0;
     }
-    ssize_t r = ::recv(in.fd.get(), in.rx.get() + in.rx_end, kRxBufferBytes - in.rx_end, 0);
+    // Right after a payload read in place, read only the next headers'
+    // worth: a next large payload then goes in place too.
+    const std::size_t room = kRxBufferBytes - in.rx_end;
+    const std::size_t want = in.after_direct ? std::min(room, kDirectLookahead) : room;
+    in.after_direct = false;
+    ssize_t r = ::recv(in.fd.get(), in.rx.get() + in.rx_end, want, 0);
     if (r == 0) {
       if (in.rx_begin != in.rx_end) {
         return InvalidArgumentError("peer closed the connection after a truncated request");
@@ -408,7 +414,7 @@ Status EndpointCore::Serve(Inbound& in) {
       if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return Status::OK();
       return UnavailableError(std::string("recv failed: ") + std::strerror(errno));
     }
-    drained = static_cast<std::size_t>(r) < kRxBufferBytes - in.rx_end;
+    drained = static_cast<std::size_t>(r) < want;
     in.rx_end += static_cast<std::size_t>(r);
     in.last_progress = SteadyClock::now();
   }
@@ -615,9 +621,14 @@ void TcpConnection::ReadResponses() {
       rx_end_ -= rx_begin_;
       rx_begin_ = 0;
     }
-    ssize_t r = ::recv(fd_.get(), rx_.get() + rx_end_, kRxBufferBytes - rx_end_, MSG_DONTWAIT);
+    // Right after a payload read in place, only the next headers' worth
+    // (as the served side does).
+    const std::size_t room = kRxBufferBytes - rx_end_;
+    const std::size_t want = after_direct_ ? std::min(room, kDirectLookahead) : room;
+    after_direct_ = false;
+    ssize_t r = ::recv(fd_.get(), rx_.get() + rx_end_, want, MSG_DONTWAIT);
     if (r > 0) {
-      drained = static_cast<std::size_t>(r) < kRxBufferBytes - rx_end_;
+      drained = static_cast<std::size_t>(r) < want;
       rx_end_ += static_cast<std::size_t>(r);
       continue;
     }
@@ -675,6 +686,7 @@ bool TcpConnection::ReadPayloadDirect(const Pending& p, std::uint32_t len) {
   iov_[n++] = {rx_.get(), kDirectLookahead};
   ssize_t r = RacyReadv(fd_.get(), iov_.data(), static_cast<int>(n));
   if (r > 0) {
+    after_direct_ = true;
     const auto got = static_cast<std::size_t>(r);
     const std::size_t into_local = std::min(got, local_bytes);
     TakePayload(p, nullptr, into_local);  // readv put them in place

@@ -168,6 +168,9 @@ struct Inbound {
   bool in_payload = false;
   RequestWire payload_req{};
   std::uint64_t payload_done = 0;
+  // The last payload was read straight into place: the next recv into rx
+  // takes only kDirectLookahead (another large payload likely follows).
+  bool after_direct = false;
   TxQueue tx;
 };
 
@@ -247,6 +250,8 @@ class TcpConnection final : public Connection {
   bool have_header_ = false;
   ResponseWire header_{};
   std::uint32_t payload_done_ = 0;
+  // As Inbound::after_direct, for READ responses.
+  bool after_direct_ = false;
   // Where payload_done_ falls in the head READ's segments.
   std::size_t seg_index_ = 0;
   std::size_t seg_offset_ = 0;
