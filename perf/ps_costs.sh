@@ -26,9 +26,10 @@ for path in sys.argv[1:]:
         if len(f) != 8 or f[0] == "shape":
             continue
         try:
-            rows.setdefault(f[0], []).append(float(f[4]))
+            v = float(f[4])
         except ValueError:
-            pass
+            continue
+        rows.setdefault(f[0], []).append(v)
 need = ["scatter_4096x64", "pull_4m", "scatter_1m_x1", "pull_1m_x1"]
 missing = [k for k in need if k not in rows]
 if missing:

@@ -10,9 +10,10 @@ PullCosts CostsOf(std::string_view kind) {
   // Only the ratios decide (both estimates scale with the constants):
   // c_op / c_byte is the crossover in bytes of span per run of wanted ids.
   // Measured with perf/ps_costs.sh (docs/ps.md, "Scattered pulls"):
-  // tcp loopback here, 2026-12-01: c_op 0.45-0.81 us, c_byte 0.38-0.70 ns,
-  // a crossover of 1.16-1.18 KB in every run whatever the load; a gathered
-  // row a few ns (random reads of the scratch; tens of ns on a loaded box).
+  // tcp loopback here, 2026-12-01: c_op 0.45-2.4 us, c_byte 0.38-1.0 ns, a
+  // crossover of 1.16-1.18 KB in two runs and 2.4 KB in the most loaded one;
+  // a gathered row a few ns (random reads of the scratch; tens of ns on a
+  // loaded box). The quietest run's constants are used.
   // fake: a READ is a memcpy under a lock. verbs: Soft-RoCE in the TCG VM
   // measured c_op 178-240 us, c_byte 49-98 ns, a crossover of 2.4-3.7 KB; an
   // HCA's order of magnitude (1.5 us per op in a batch, 0.1 ns per byte) is
