@@ -37,6 +37,8 @@ DEFINE_string(only, "", "worker: comma-separated shape names to run (default: al
 DEFINE_double(seconds, 0.4, "worker: time per shape (at least --min_iters iterations)");
 DEFINE_int32(min_iters, 5, "worker: fewest iterations per shape");
 DEFINE_int32(max_iters, 20000, "worker: most iterations per shape");
+DEFINE_uint32(push_slot_bytes, 0, "server: ServerOptions::push_slot_bytes (0: the default)");
+DEFINE_uint32(push_slots, 0, "server: ServerOptions::push_slots (0: the default)");
 
 namespace rdmaps {
 namespace {
@@ -83,6 +85,8 @@ int RunServer() {
   so.transport.job_token = JobSecret();
   so.listen_address = FLAGS_host + ":0";
   so.tables = Tables();
+  if (FLAGS_push_slot_bytes != 0) so.push_slot_bytes = FLAGS_push_slot_bytes;
+  if (FLAGS_push_slots != 0) so.push_slots = FLAGS_push_slots;
   auto server = Server::Start(so);
   Check(server.status(), "starting the server");
   std::printf("address %s\n", (*server)->address().c_str());
@@ -126,6 +130,16 @@ int RunWorker() {
   std::mt19937_64 rng(15);
   std::shuffle(shuffled.begin(), shuffled.end(), rng);
   std::vector<std::uint64_t> emb_ids(32);
+  // 4096 distinct ids spread over the 65536-row table: sparse in their span
+  // (17.8 MB of blocks), so the pull goes row by row (4096 READs of one
+  // 272-byte inline block each): its time per id is the cost model's op
+  // cost plus 272 bytes' worth (perf/ps_vs_stream.sh derives PullCosts).
+  std::vector<std::uint64_t> sparse_ids(65536);
+  std::iota(sparse_ids.begin(), sparse_ids.end(), 0);
+  std::shuffle(sparse_ids.begin(), sparse_ids.end(), rng);
+  sparse_ids.resize(4096);
+  std::vector<float> sparse_out(4096 * 64);
+  Check(cl.RegisterBuffer(sparse_out), "RegisterBuffer");
 
   const double mib4 = 4 << 20;
   std::vector<Shape> shapes = {
@@ -164,6 +178,8 @@ int RunWorker() {
        [&] {
          return cl.Pull(kR256, RowRange{0, 256}, r256);
        }},
+      {"scatter_4096x64", 4096 * 64 * 4, 4096 * 64 * 4,
+       [&] { return cl.Pull(kEmb, sparse_ids, sparse_out); }},
       {"scatter_32x64", 32 * 64 * 4, 32 * 64 * 4,
        [&] {
          for (auto& id : emb_ids) id = rng() % 65536;

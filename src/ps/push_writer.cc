@@ -64,7 +64,7 @@ Status PushWriter::EnsureCredit(ServerLink& s, Deadline deadline) {
                            std::to_string(s.pushed_seq) +
                            " pushes within wait_timeout: its apply thread is stuck or overloaded");
     }
-    backoff.Pause();
+    backoff.Pause(kOwnPushPollCap);
   }
   stats_->AddBlocked(SteadyClock::now() - start);
   return Status::OK();

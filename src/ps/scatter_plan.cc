@@ -7,15 +7,23 @@
 namespace rdmaps::internal {
 
 PullCosts CostsOf(std::string_view kind) {
-  // tcp loopback: a scattered pull of 1M one-row runs took 0.45 us per run
-  // (request, response framing, completion, check and copy), a 4 MiB range
-  // pull 0.38 ns per byte; a gathered row costs a few ns (random reads of
-  // the scratch). fake: a READ is a memcpy under a lock. verbs: rxe ops cost
-  // tens of us in the TCG VM (docs/ps.md), an HCA about 1-2 us per op in a
-  // batch and 0.1 ns per byte: either way far from the crossover for the
-  // shapes we know, so one set (an HCA's, conservative for rxe) is used.
+  // Only the ratios decide (both estimates scale with the constants):
+  // c_op / c_byte is the crossover in bytes of span per run of wanted ids.
+  // Measured with perf/ps_costs.sh (docs/ps.md, "Scattered pulls"):
+  // tcp loopback here, 2026-12-01: c_op 0.45-2.4 us, c_byte 0.38-1.0 ns, a
+  // crossover of 1.16-1.18 KB in two runs and 2.4 KB in the most loaded one;
+  // a gathered row a few ns (random reads of the scratch; tens of ns on a
+  // loaded box). The quietest run's constants are used.
+  // fake: a READ is a memcpy under a lock. verbs: Soft-RoCE in the TCG VM
+  // measured c_op 178-240 us, c_byte 49-98 ns, a crossover of 2.4-3.7 KB; an
+  // HCA's order of magnitude (1.5 us per op in a batch, 0.1 ns per byte) is
+  // about 15 KB, which cannot be measured here. One backend name covers
+  // both, so verbs takes the geometric mean, 6 KB: wrong on either device
+  // only between its crossover and 6 KB, where the choice made costs at
+  // most about 2x the other (instead of up to 4-6x with either one's
+  // constants on the other device).
   if (kind == "fake") return {0.25, 0.0001, 0.004};
-  if (kind == "verbs") return {1.5, 0.0001, 0.004};
+  if (kind == "verbs") return {1.5, 0.00025, 0.004};
   return {0.45, 0.00038, 0.004};
 }
 

@@ -34,9 +34,9 @@ struct PullCosts {
 };
 
 // The constants for a transport kind (Endpoint::kind(): "tcp", "verbs",
-// "fake"). Measured on tcp loopback and fake (2026-12-01, ps-shapes and the
-// per-op cost of the 1M-id pull); verbs from the Soft-RoCE VM's op costs
-// (docs/ps.md), not measured on an HCA.
+// "fake"), measured with perf/ps_costs.sh: tcp on loopback, verbs on
+// Soft-RoCE in the VM (tests/vm/ps_shapes_in_vm.sh) and set between that
+// and an HCA's crossover (scatter_plan.cc says why; docs/ps.md).
 PullCosts CostsOf(std::string_view transport_kind);
 
 // Pulls with fewer ids take the per-row path without planning (the shapes

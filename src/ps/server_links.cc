@@ -238,7 +238,10 @@ Status ServerLinks::WaitForClocks(std::uint64_t required, const std::vector<std:
                            ServerName(s) + "; lagging:" + lagging +
                            ". Are those workers alive and calling Clock()?");
     }
-    backoff.Pause();
+    // Waiting only for this worker's own pushes to be applied: poll often.
+    bool clocks_pending = false;
+    for (std::uint32_t i : p) clocks_pending |= servers_[i].min_clock < required;
+    backoff.Pause(clocks_pending ? std::chrono::microseconds(1000) : kOwnPushPollCap);
   }
   stats_->AddBlocked(SteadyClock::now() - start);
   return Status::OK();

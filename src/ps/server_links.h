@@ -30,15 +30,16 @@
 
 namespace rdmaps::internal {
 
-// Sleeps a growing amount between polls: spin a little, then 1 us .. 1 ms.
+// Sleeps a growing amount between polls: spin a little, then 1 us .. `cap`
+// (1 ms: a wait for other workers' clocks can last).
 class Backoff {
  public:
-  void Pause() {
+  void Pause(std::chrono::microseconds cap = std::chrono::microseconds(1000)) {
     if (n_++ < 16) {
       std::this_thread::yield();
       return;
     }
-    std::this_thread::sleep_for(delay_);
+    std::this_thread::sleep_for(std::min(delay_, cap));
     delay_ = std::min(delay_ * 2, std::chrono::microseconds(1000));
   }
 
@@ -49,6 +50,13 @@ class Backoff {
 
 // ClientStats behind a mutex of their own: Client::stats() reads them while
 // a call runs.
+// The longest pause between polls of a wait for this worker's own pushes to
+// be applied (Flush, read-my-writes, push credits): the server's apply
+// thread ends such a wait within about a push's apply time (a 4 MiB push
+// applies in about 1 ms here), so a 1 ms sleep would add up to half the
+// wait again; a poll is one READ of the control block.
+inline constexpr std::chrono::microseconds kOwnPushPollCap{50};
+
 class ClientStatsRecorder {
  public:
   // Runs f(ClientStats&) with the mutex held.

@@ -184,6 +184,81 @@ TEST(TcpDataPath, LargeWriteThenReadRoundTrips) {
   EXPECT_EQ(dst, src);
 }
 
+// Large payloads are read straight into place, with only kDirectLookahead
+// bytes of what follows into the receive buffer, on both sides (WRITE
+// payloads at the target, READ responses at the initiator): back-to-back
+// large ops of odd sizes mixed with small ones, in one post, must all land
+// intact, complete in order, and notify once each in order.
+TEST(TcpDataPath, BackToBackLargePayloadsMixedWithSmallOpsLandIntact) {
+  auto server = MakeEndpoint(1);
+  auto client = MakeEndpoint(2);
+  constexpr std::size_t kOps = 48;
+  auto size_of = [](std::size_t k) -> std::size_t {
+    if (k % 4 == 3) return 1 + k * 7;  // small: inside anyone's lookahead
+    return 70000 + k * 4099;           // large: over the receive buffer, odd
+  };
+  std::vector<std::size_t> at(kOps + 1, 0);
+  for (std::size_t k = 0; k < kOps; ++k) at[k + 1] = at[k] + size_of(k);
+  const std::size_t n = at[kOps];
+  std::vector<std::uint8_t> remote(n, 0), src(n), back(n, 0);
+  for (std::size_t i = 0; i < n; ++i) src[i] = static_cast<std::uint8_t>(i * 131 + (i >> 11));
+  auto rmr = std::move(server->Register(remote.data(), n, kRemoteAll)).value();
+  auto smr = std::move(client->Register(src.data(), n, kAccessNone)).value();
+  auto bmr = std::move(client->Register(back.data(), n, kAccessNone)).value();
+  auto conn = std::move(client->Connect(server->Listen("127.0.0.1:0").value(), {},
+                                        DeadlineAfter(seconds(5))))
+                  .value();
+  const auto base = rmr->remote().addr;
+  auto wait_all = [&](std::size_t ops) {
+    std::vector<Completion> done(ops);
+    std::size_t got = 0;
+    while (got < ops) {
+      auto r = conn->Wait({done.data() + got, ops - got}, DeadlineAfter(seconds(10)));
+      ASSERT_TRUE(r.ok()) << r.status();
+      ASSERT_GT(*r, 0u);
+      got += *r;
+    }
+    for (std::size_t k = 0; k < ops; ++k) {
+      ASSERT_TRUE(done[k].status.ok()) << done[k].status;
+      ASSERT_EQ(done[k].context, k) << "completions out of posting order";
+    }
+  };
+  // WRITE_WITH_IMM every other op, plain WRITE the others: one post.
+  std::vector<Op> writes;
+  for (std::size_t k = 0; k < kOps; ++k) {
+    const auto len = static_cast<std::uint32_t>(size_of(k));
+    writes.push_back(
+        k % 2 == 0 ? Op::WriteWithImm(src.data() + at[k], smr.get(), len, base + at[k], rmr->rkey(),
+                                      static_cast<std::uint32_t>(k), k)
+                   : Op::Write(src.data() + at[k], smr.get(), len, base + at[k], rmr->rkey(), k));
+  }
+  ASSERT_TRUE(conn->Post(writes).ok());
+  ASSERT_NO_FATAL_FAILURE(wait_all(kOps));
+  std::vector<Notification> notes;
+  while (notes.size() < kOps / 2) {
+    std::array<Notification, 64> got;
+    auto r = server->WaitNotifications(got, DeadlineAfter(seconds(10)));
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_GT(*r, 0u) << "a WRITE_WITH_IMM did not notify";
+    notes.insert(notes.end(), got.begin(), got.begin() + *r);
+  }
+  ASSERT_EQ(notes.size(), kOps / 2);
+  for (std::size_t i = 0; i < notes.size(); ++i) {
+    EXPECT_EQ(notes[i].imm, 2 * i);
+    EXPECT_EQ(notes[i].length, size_of(2 * i));
+  }
+  ASSERT_TRUE(remote == src) << "a WRITE payload landed torn or misplaced";
+  // The same sizes back as READ responses, in one post.
+  std::vector<Op> reads;
+  for (std::size_t k = 0; k < kOps; ++k) {
+    reads.push_back(Op::Read(back.data() + at[k], bmr.get(), static_cast<std::uint32_t>(size_of(k)),
+                             base + at[k], rmr->rkey(), k));
+  }
+  ASSERT_TRUE(conn->Post(reads).ok());
+  ASSERT_NO_FATAL_FAILURE(wait_all(kOps));
+  EXPECT_TRUE(back == src) << "a READ response landed torn or misplaced";
+}
+
 TEST(TcpDataPath, ManyPipelinedOpsCompleteInOrderWithTheirData) {
   Pair p;
   ASSERT_TRUE(p.conn);

@@ -283,9 +283,10 @@ Status EndpointCore::ContinuePayload(Inbound& in, bool* blocked) {
   std::byte* p = e->base + (req.remote_addr.get() - reinterpret_cast<std::uintptr_t>(e->base)) +
                  in.payload_done;
   const std::uint64_t left = req.length.get() - in.payload_done;
-  // Straight into registered memory; what follows the payload lands in rx.
+  // Straight into registered memory; the start of what follows the payload
+  // (kDirectLookahead) lands in rx.
   in.rx_begin = in.rx_end = 0;
-  iovec iov[2] = {{p, left}, {in.rx.get(), kRxBufferBytes}};
+  iovec iov[2] = {{p, left}, {in.rx.get(), kDirectLookahead}};
   ssize_t r = RacyReadv(in.fd.get(), iov, 2);
   if (r == 0) return CancelledError("peer closed the connection in the middle of a WRITE");
   if (r < 0) {
@@ -296,6 +297,7 @@ Status EndpointCore::ContinuePayload(Inbound& in, bool* blocked) {
     return UnavailableError(std::string("recv failed: ") + std::strerror(errno));
   }
   in.last_progress = SteadyClock::now();
+  in.after_direct = true;
   auto got = static_cast<std::uint64_t>(r);
   if (got >= left) {
     in.payload_done += left;
@@ -396,7 +398,12 @@ Status EndpointCore::Serve(Inbound& in) {
       in.rx_end -= in.rx_begin;
       in.rx_begin = 0;
     }
-    ssize_t r = ::recv(in.fd.get(), in.rx.get() + in.rx_end, kRxBufferBytes - in.rx_end, 0);
+    // Right after a payload read in place, read only the next headers'
+    // worth: a next large payload then goes in place too.
+    const std::size_t room = kRxBufferBytes - in.rx_end;
+    const std::size_t want = in.after_direct ? std::min(room, kDirectLookahead) : room;
+    in.after_direct = false;
+    ssize_t r = ::recv(in.fd.get(), in.rx.get() + in.rx_end, want, 0);
     if (r == 0) {
       if (in.rx_begin != in.rx_end) {
         return InvalidArgumentError("peer closed the connection after a truncated request");
@@ -407,7 +414,7 @@ Status EndpointCore::Serve(Inbound& in) {
       if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return Status::OK();
       return UnavailableError(std::string("recv failed: ") + std::strerror(errno));
     }
-    drained = static_cast<std::size_t>(r) < kRxBufferBytes - in.rx_end;
+    drained = static_cast<std::size_t>(r) < want;
     in.rx_end += static_cast<std::size_t>(r);
     in.last_progress = SteadyClock::now();
   }
@@ -614,9 +621,14 @@ void TcpConnection::ReadResponses() {
       rx_end_ -= rx_begin_;
       rx_begin_ = 0;
     }
-    ssize_t r = ::recv(fd_.get(), rx_.get() + rx_end_, kRxBufferBytes - rx_end_, MSG_DONTWAIT);
+    // Right after a payload read in place, only the next headers' worth
+    // (as the served side does).
+    const std::size_t room = kRxBufferBytes - rx_end_;
+    const std::size_t want = after_direct_ ? std::min(room, kDirectLookahead) : room;
+    after_direct_ = false;
+    ssize_t r = ::recv(fd_.get(), rx_.get() + rx_end_, want, MSG_DONTWAIT);
     if (r > 0) {
-      drained = static_cast<std::size_t>(r) < kRxBufferBytes - rx_end_;
+      drained = static_cast<std::size_t>(r) < want;
       rx_end_ += static_cast<std::size_t>(r);
       continue;
     }
@@ -653,8 +665,9 @@ void TcpConnection::TakePayload(const Pending& p, const std::byte* src, std::siz
 
 bool TcpConnection::ReadPayloadDirect(const Pending& p, std::uint32_t len) {
   rx_begin_ = rx_end_ = 0;
-  // The rest of the payload (its first kIov - 1 pieces), then rx_ for what
-  // follows it.
+  // The rest of the payload (its first kIov - 1 pieces), then rx_ for the
+  // start of what follows it (kDirectLookahead: a next large payload goes
+  // straight into place too).
   constexpr std::size_t kIov = 1024;  // IOV_MAX on Linux; later segments go through rx_
   iov_.resize(kIov);
   std::size_t n = 0, local_bytes = 0;
@@ -670,9 +683,10 @@ bool TcpConnection::ReadPayloadDirect(const Pending& p, std::uint32_t len) {
       local_bytes += seg.length - off;
     }
   }
-  iov_[n++] = {rx_.get(), kRxBufferBytes};
+  iov_[n++] = {rx_.get(), kDirectLookahead};
   ssize_t r = RacyReadv(fd_.get(), iov_.data(), static_cast<int>(n));
   if (r > 0) {
+    after_direct_ = true;
     const auto got = static_cast<std::size_t>(r);
     const std::size_t into_local = std::min(got, local_bytes);
     TakePayload(p, nullptr, into_local);  // readv put them in place

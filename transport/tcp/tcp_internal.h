@@ -39,6 +39,13 @@ inline constexpr std::size_t kCopyThreshold = 8 * 1024;
 // payloads bypass it (readv straight into their destination), so it only
 // needs to hold headers and small payloads.
 inline constexpr std::size_t kRxBufferBytes = 64 * 1024;
+// A readv that puts a large payload straight into its destination reads at
+// most this much of what follows into the receive buffer: enough for the
+// next few headers, little enough that the next large payload (pipelined
+// push slots, back-to-back READ responses) also goes straight into place
+// instead of being received into the buffer and copied (a second copy of
+// nearly every 64 KiB push slot otherwise).
+inline constexpr std::size_t kDirectLookahead = 1024;
 // A served socket stops executing requests while this many response bytes
 // wait to be sent (it resumes when the peer reads).
 inline constexpr std::size_t kMaxTxBacklog = 4 << 20;
@@ -161,6 +168,9 @@ struct Inbound {
   bool in_payload = false;
   RequestWire payload_req{};
   std::uint64_t payload_done = 0;
+  // The last payload was read straight into place: the next recv into rx
+  // takes only kDirectLookahead (another large payload likely follows).
+  bool after_direct = false;
   TxQueue tx;
 };
 
@@ -240,6 +250,8 @@ class TcpConnection final : public Connection {
   bool have_header_ = false;
   ResponseWire header_{};
   std::uint32_t payload_done_ = 0;
+  // As Inbound::after_direct, for READ responses.
+  bool after_direct_ = false;
   // Where payload_done_ falls in the head READ's segments.
   std::size_t seg_index_ = 0;
   std::size_t seg_offset_ = 0;
