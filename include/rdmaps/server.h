@@ -36,12 +36,15 @@ struct ServerStats {
   // Notifications (a ring write, a disconnect) of a connection that claimed a
   // worker's id but is not the one that worker bootstrapped on: ignored.
   std::uint64_t unbound_notifications = 0;
-  std::uint64_t min_clock = 0;        // min over workers of their applied clock
+  std::uint64_t min_clock = 0;  // min over workers of their applied clock
   std::uint32_t workers_connected = 0;
-  std::uint32_t workers_done = 0;     // said goodbye (Client::Close)
-  std::vector<std::uint32_t> dead_workers;  // disconnected without goodbye
+  std::uint32_t workers_done = 0;            // said goodbye (Client::Close)
+  std::vector<std::uint32_t> dead_workers;   // disconnected without goodbye
   std::vector<std::uint64_t> worker_clocks;  // per worker, applied clock
   std::uint64_t registered_bytes = 0;
+  // Replication: slots forwarded to the backup (a primary) or applied from
+  // the primary's log (a backup).
+  std::uint64_t log_records = 0;
 };
 
 class Server {
@@ -74,8 +77,7 @@ class Server {
 
   // Copies this server's current values of rows [range) of `table` (rows it
   // owns) into `out` (range.count * dim floats). For tests and checkpoints.
-  virtual Status ReadLocal(std::uint32_t table, RowRange range,
-                           std::vector<float>* out) const = 0;
+  virtual Status ReadLocal(std::uint32_t table, RowRange range, std::vector<float>* out) const = 0;
 
  protected:
   Server() = default;

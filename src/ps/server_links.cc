@@ -74,6 +74,7 @@ bool ServerLinks::ParseControl(ServerLink& s) {
   std::memcpy(&head, p, sizeof(head));
   std::memcpy(s.clocks.data(), p + sizeof(head), W * sizeof(ControlWorker));
   std::memcpy(&s.ckpt, p + ControlCheckpointOffset(W), sizeof(s.ckpt));
+  std::memcpy(&s.replica, p + ControlReplicaOffset(W), sizeof(s.replica));
   // The newest knowledge wins (a piggybacked read may be older than a poll).
   s.min_clock = std::max(s.min_clock, head.min_clock);
   s.applied_seq = std::max(s.applied_seq, s.clocks[worker_id_].applied_seq);
@@ -166,6 +167,43 @@ Status ServerLinks::Connect(transport::Endpoint& endpoint,
     }
   }
   return Status::OK();
+}
+
+Status ServerLinks::Reconnect(transport::Endpoint& endpoint, ServerLink& s,
+                              const transport::ConnectOptions& options, Deadline deadline) {
+  // The old connection closes only once the new one is bootstrapped: a
+  // server still serving has then bound this worker to the new one and
+  // ignores the old one's disconnect (it never counts the worker dead).
+  std::unique_ptr<transport::Connection> old = std::move(s.conn);
+  s.slots_in_flight.clear();
+  s.ctrl_inflight = false;
+  auto r = endpoint.Connect(s.address, options, deadline);
+  if (!r.ok()) {
+    return r.status().WithContext("worker " + std::to_string(worker_id_) + " reconnecting to " +
+                                  ServerName(s));
+  }
+  s.conn = std::move(r).value();
+  struct CloseOld {
+    std::unique_ptr<transport::Connection>& c;
+    ~CloseOld() {
+      if (c) c->Close();
+    }
+  } close_old{old};
+  std::vector<transport::Notification> notes(16);
+  while (true) {
+    auto n = endpoint.WaitNotifications(notes, deadline);
+    if (!n.ok()) return n.status().WithContext("waiting for the bootstrap of " + ServerName(s));
+    if (*n == 0) {
+      return TimedOutError("worker " + std::to_string(worker_id_) + ": no bootstrap message from " +
+                           ServerName(s) + " after reconnecting, before the deadline");
+    }
+    for (std::size_t k = 0; k < *n; ++k) {
+      if (notes[k].kind == transport::Notification::Kind::kImmediate &&
+          notes[k].imm == (kBootstrapImm | s.index)) {
+        return Status::OK();
+      }
+    }
+  }
 }
 
 Status ServerLinks::CheckNoneDied(const std::vector<std::uint32_t>& servers, std::uint64_t required,
