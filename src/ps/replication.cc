@@ -53,13 +53,14 @@ std::size_t UsedSlotBytes(const SlotHeader& h, std::uint32_t dim, std::uint32_t 
 
 Status LogSender::Connect(const std::string& backup_address, Deadline deadline) {
   boot_ = AllocateRegionMemory(sizeof(LogBootstrap));
-  staging_ = AllocateRegionMemory(kLogRecordBytes + sizeof(LogControl));
+  staging_ = AllocateRegionMemory(kMaxBatch * kLogRecordBytes + sizeof(LogControl));
   if (!boot_ || !staging_) return ResourceExhaustedError("allocating the log staging failed");
   RDMAPS_ASSIGN_OR_RETURN(
       boot_mr_, endpoint_->Register(boot_.get(), sizeof(LogBootstrap), transport::kRemoteWrite));
-  RDMAPS_ASSIGN_OR_RETURN(staging_mr_,
-                          endpoint_->Register(staging_.get(), kLogRecordBytes + sizeof(LogControl),
-                                              transport::kAccessNone));
+  RDMAPS_ASSIGN_OR_RETURN(
+      staging_mr_,
+      endpoint_->Register(staging_.get(), kMaxBatch * kLogRecordBytes + sizeof(LogControl),
+                          transport::kAccessNone));
   ReplHello hello{kReplHelloMagic, static_cast<std::uint32_t>(epoch_.load()),
                   reinterpret_cast<std::uint64_t>(boot_.get()), boot_mr_->rkey(), shard_};
   transport::ConnectOptions copts;
@@ -120,16 +121,16 @@ Status LogSender::Register(const std::string& self, const std::string& backup_ad
   return Status::OK();
 }
 
-Status LogSender::WaitCredit(Deadline deadline) {
-  while (next_index_ - acked_index_ > backup_.slots) {
-    std::byte* ctl = staging_.get() + kLogRecordBytes;
+Status LogSender::WaitCredit(std::uint64_t need, Deadline deadline) {
+  while (next_index_ + need - 1 - acked_index_ > backup_.slots) {
+    std::byte* ctl = staging_.get() + kMaxBatch * kLogRecordBytes;
     const Op op = Op::Read(ctl, staging_mr_.get(), sizeof(LogControl), backup_.control.addr,
                            backup_.control.rkey);
     RDMAPS_RETURN_IF_ERROR(ExecOps(*conn_, {&op, 1}, deadline));
     LogControl c;
     std::memcpy(&c, ctl, sizeof(c));
     acked_index_ = std::max(acked_index_, std::min(c.applied_index, next_index_ - 1));
-    if (next_index_ - acked_index_ <= backup_.slots) break;
+    if (next_index_ + need - 1 - acked_index_ <= backup_.slots) break;
     if (SteadyClock::now() >= deadline) return TimedOutError("the backup applies no log record");
     std::this_thread::sleep_for(std::chrono::microseconds(20));
   }
@@ -138,37 +139,55 @@ Status LogSender::WaitCredit(Deadline deadline) {
 
 Status LogSender::Forward(std::uint32_t w, const std::byte* slot, std::size_t bytes,
                           const transport::MemoryRegion* slot_mr) {
+  const Item item{w, slot, bytes, slot_mr};
+  return ForwardBatch({&item, 1});
+}
+
+Status LogSender::ForwardBatch(std::span<const Item> items) {
   if (fenced_.load()) return FailedPreconditionError("this primary is fenced");
-  if (alone_) return Status::OK();
+  if (alone_ || items.empty()) return Status::OK();
   if (killed_.load()) return Lost(UnavailableError("killed"));
   const Deadline deadline = DeadlineAfter(op_timeout_);
-  Status st = WaitCredit(deadline);
-  if (!st.ok()) return Lost(st);
-  LogRecord rec{};
-  rec.magic = kLogMagic;
-  rec.worker = w;
-  rec.epoch = epoch_.load();
-  rec.index = next_index_;
-  rec.bytes = static_cast<std::uint32_t>(bytes);
-  std::memcpy(staging_.get(), &rec, sizeof(rec));
-  const std::uint64_t at =
-      backup_.ring.addr + (next_index_ - 1) % backup_.slots * std::uint64_t{backup_.record_bytes};
-  const std::uint32_t imm = static_cast<std::uint32_t>(next_index_);
-  Op ops[2];
-  std::size_t n = 0;
-  transport::Segment gather[2] = {
-      {staging_.get(), staging_mr_.get(), kLogRecordBytes},
-      {const_cast<std::byte*>(slot), slot_mr, static_cast<std::uint32_t>(bytes)}};
-  if (conn_->max_segments() >= 2) {
-    ops[n++] = Op::WriteWithImmGather({gather, 2}, at, backup_.ring.rkey, imm);
-  } else {
-    ops[n++] = Op::Write(slot, slot_mr, bytes, at + kLogRecordBytes, backup_.ring.rkey);
-    ops[n++] = Op::WriteWithImm(staging_.get(), staging_mr_.get(), kLogRecordBytes, at,
-                                backup_.ring.rkey, imm);
+  const std::size_t ops_per = conn_->max_segments() >= 2 ? 1 : 2;
+  // Records of one post: the ring's credits, the staging, the op limit.
+  const std::size_t chunk = std::max<std::size_t>(
+      1, std::min<std::size_t>({backup_.slots, kMaxBatch, conn_->max_outstanding() / ops_per}));
+  std::vector<Op> ops;
+  std::vector<transport::Segment> gather(2 * chunk);
+  for (std::size_t first = 0; first < items.size(); first += chunk) {
+    const std::size_t n = std::min(chunk, items.size() - first);
+    Status st = WaitCredit(n, deadline);
+    if (!st.ok()) return Lost(st);
+    ops.clear();
+    for (std::size_t k = 0; k < n; ++k) {
+      const Item& it = items[first + k];
+      const std::uint64_t index = next_index_ + k;
+      LogRecord rec{};
+      rec.magic = kLogMagic;
+      rec.worker = it.worker;
+      rec.epoch = epoch_.load();
+      rec.index = index;
+      rec.bytes = static_cast<std::uint32_t>(it.bytes);
+      std::byte* hdr = staging_.get() + k * kLogRecordBytes;
+      std::memcpy(hdr, &rec, sizeof(rec));
+      const std::uint64_t at =
+          backup_.ring.addr + (index - 1) % backup_.slots * std::uint64_t{backup_.record_bytes};
+      const std::uint32_t imm = static_cast<std::uint32_t>(index);
+      if (ops_per == 1) {
+        gather[2 * k] = {hdr, staging_mr_.get(), kLogRecordBytes};
+        gather[2 * k + 1] = {const_cast<std::byte*>(it.slot), it.mr,
+                             static_cast<std::uint32_t>(it.bytes)};
+        ops.push_back(Op::WriteWithImmGather({&gather[2 * k], 2}, at, backup_.ring.rkey, imm));
+      } else {
+        ops.push_back(Op::Write(it.slot, it.mr, it.bytes, at + kLogRecordBytes, backup_.ring.rkey));
+        ops.push_back(
+            Op::WriteWithImm(hdr, staging_mr_.get(), kLogRecordBytes, at, backup_.ring.rkey, imm));
+      }
+    }
+    st = ExecOps(*conn_, ops, deadline);
+    if (!st.ok()) return Lost(st);
+    next_index_ += n;
   }
-  st = ExecOps(*conn_, {ops, n}, deadline);
-  if (!st.ok()) return Lost(st);
-  ++next_index_;
   return Status::OK();
 }
 

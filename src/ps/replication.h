@@ -35,6 +35,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 
 #include "rdmaps/failover.h"
@@ -121,6 +122,15 @@ class LogSender {
   // primary go on alone, the call (and every later one) is OK at once.
   Status Forward(std::uint32_t w, const std::byte* slot, std::size_t bytes,
                  const transport::MemoryRegion* slot_mr);
+  // The same for several slots, in this order, posted together (one round
+  // trip per batch that the credits and the connection's op limit allow).
+  struct Item {
+    std::uint32_t worker;
+    const std::byte* slot;
+    std::size_t bytes;
+    const transport::MemoryRegion* mr;
+  };
+  Status ForwardBatch(std::span<const Item> items);
   // The backup's connection dropped (a notification): asks the decider
   // now, so that an idle primary learns that it was fenced.
   void OnBackupDisconnected();
@@ -128,6 +138,8 @@ class LogSender {
   bool alone() const { return alone_; }
   std::uint64_t epoch() const { return epoch_.load(); }
   std::uint64_t forwarded() const { return next_index_ - 1; }
+  // Records posted together at most.
+  static constexpr std::size_t kMaxBatch = 64;
   // In-process kill (tests): never asks the decider again; every later
   // Forward fails. CloseConnection: once the apply thread is joined.
   void Kill();
@@ -136,7 +148,8 @@ class LogSender {
   }
 
  private:
-  Status WaitCredit(transport::Deadline deadline);
+  // Until `need` more records fit the backup's ring.
+  Status WaitCredit(std::uint64_t need, transport::Deadline deadline);
   Status Lost(const Status& why);
 
   transport::Endpoint* const endpoint_;
@@ -148,7 +161,7 @@ class LogSender {
   std::unique_ptr<transport::Connection> conn_;
   AlignedBuffer boot_;
   std::unique_ptr<transport::MemoryRegion> boot_mr_;
-  AlignedBuffer staging_;  // LogRecord, then LogControl as read
+  AlignedBuffer staging_;  // kMaxBatch LogRecords, then LogControl as read
   std::unique_ptr<transport::MemoryRegion> staging_mr_;
   LogBootstrap backup_{};
   std::uint64_t next_index_ = 1;

@@ -17,6 +17,7 @@
 #include <cstring>
 #include <optional>
 #include <random>
+#include <span>
 #include <system_error>
 #include <thread>
 #include <unordered_map>
@@ -131,6 +132,14 @@ class ServerImpl final : public Server {
   // Replication (src/ps/replication.h). A backup: a notification of its
   // primary's connection (a log record, or the primary lost). Apply thread.
   void HandleLog(const transport::Notification& n) RDMAPS_REQUIRES(apply_mu_);
+  // A primary of a replicated shard, before the batch is applied: forwards
+  // at once the slots whose apply order is known (data slots in
+  // notification order, no cut holding any), one round trip for all of
+  // them, and notes for each notification it covered whether it is of the
+  // worker's bound connection (prebound_), so that the loop applies
+  // exactly those. Returns how many notifications it covered.
+  std::size_t PreForward(std::span<const transport::Notification> batch) RDMAPS_REQUIRES(apply_mu_);
+  std::size_t UsedBytes(const SlotHeader& h) const;
   // False while this server must acknowledge nothing: a backup not
   // promoted, a fenced or killed primary.
   bool Serving() const;
@@ -172,6 +181,12 @@ class ServerImpl final : public Server {
   std::unique_ptr<internal::LogSender> log_sender_;
   std::unique_ptr<internal::LogReceiver> log_receiver_;
   std::atomic<bool> killed_{false};  // TEST_Kill
+  // Apply thread only: per worker the newest seq forwarded to the backup,
+  // and PreForward's scratch.
+  std::vector<std::uint64_t> forwarded_seq_;
+  std::vector<std::uint64_t> forward_next_;
+  std::vector<internal::LogSender::Item> forward_items_;
+  std::vector<bool> prebound_;
 
   // Apply thread only. apply_mu_ guards the shards' contents (behind
   // tables_[].memory, which the analysis does not see) against ReadLocal
@@ -304,6 +319,7 @@ Status ServerImpl::Init() {
     MutexLock lock(mu_);
     stats_.registered_bytes += registered;
   } else if (options_.replicas == 2) {
+    forwarded_seq_.assign(options_.num_workers, 0);
     log_sender_ = std::make_unique<internal::LogSender>(
         endpoint_.get(), options_.server_index, options_.push_slot_bytes,
         options_.transport.op_timeout, options_.failover);
@@ -704,6 +720,7 @@ void ServerImpl::ApplyLoop() {
     std::size_t since_publish = 0;  // slots applied since the last PublishControl
     {
       MutexLock apply_lock(apply_mu_);
+      const std::size_t covered = log_sender_ ? PreForward({batch.data(), *r}) : 0;
       for (std::size_t i = 0; i < *r; ++i) {
         const transport::Notification& n = batch[i];
         const std::uint32_t w = n.peer_id;
@@ -724,7 +741,9 @@ void ServerImpl::ApplyLoop() {
           ++stats_.protocol_errors;
           continue;
         }
-        if (n.connection != bound_[w].load()) {
+        // (Within what PreForward covered, as it decided: the slots the
+        // backup got are the slots applied here, in the same order.)
+        if (i < covered ? !prebound_[i] : n.connection != bound_[w].load()) {
           // Not the connection this worker bootstrapped on: a refused or
           // stale one that claimed its id. Never the worker's push or death.
           RDMAPS_LOG_EVERY_T(WARNING, 1.0)
@@ -798,17 +817,19 @@ void ServerImpl::HandleSlot(std::uint32_t w, std::uint32_t imm) {
   SlotHeader h;
   std::memcpy(&h, base, sizeof(h));
   bool ok = imm == internal::ImmOfSeq(seq) && h.seq == seq;
-  if (ok && log_sender_) {
+  if (log_sender_ && log_sender_->fenced()) return;  // superseded: acknowledges nothing
+  if (ok && log_sender_ && forwarded_seq_[w] < seq) {
     // Replicated: the backup holds the slot before any of it is applied
     // (and so before a worker can see it or its acknowledgement).
-    auto it = table_index_.find(h.table);
-    const std::uint32_t dim = it == table_index_.end() ? 0 : tables_[it->second].options.dim;
-    const std::size_t used = internal::UsedSlotBytes(h, dim, options_.push_slot_bytes);
-    if (!log_sender_->Forward(w, base, used, ring_mrs_[w].get()).ok()) return;  // fenced
+    if (!log_sender_->Forward(w, base, UsedBytes(h), ring_mrs_[w].get()).ok()) return;  // fenced
+    forwarded_seq_[w] = seq;
     MutexLock lock(mu_);
     ++stats_.log_records;
   }
   if (!ok || !ApplySlot(w, h, base + sizeof(SlotHeader))) {
+    // Forwarded and refused by both: a slot of this seq sent again is
+    // forwarded again.
+    if (log_sender_ && forwarded_seq_[w] >= seq) forwarded_seq_[w] = seq - 1;
     RDMAPS_LOG_EVERY_N(WARNING, 100)
         << "ps server " << options_.server_index
         << ": dropping malformed or out-of-sequence push from worker " << w << " (expected seq "
@@ -818,6 +839,54 @@ void ServerImpl::HandleSlot(std::uint32_t w, std::uint32_t imm) {
     return;
   }
   ++ws.next_seq;
+}
+
+std::size_t ServerImpl::UsedBytes(const SlotHeader& h) const {
+  auto it = table_index_.find(h.table);
+  const std::uint32_t dim = it == table_index_.end() ? 0 : tables_[it->second].options.dim;
+  return internal::UsedSlotBytes(h, dim, options_.push_slot_bytes);
+}
+
+std::size_t ServerImpl::PreForward(std::span<const transport::Notification> batch) {
+  // Only where the apply order is known ahead: no cut holds a slot, and
+  // up to the first slot that is not data (a Clock may arm a cut; a
+  // Checkpoint request does), each forwarded by HandleSlot itself after.
+  if (log_sender_->alone() || log_sender_->fenced() || cut_->armed()) return 0;
+  for (const auto& held : cut_->held()) {
+    if (!held.empty()) return 0;
+  }
+  const std::uint32_t W = options_.num_workers;
+  std::vector<internal::LogSender::Item>& items = forward_items_;
+  items.clear();
+  forward_next_.resize(W);
+  for (std::uint32_t w = 0; w < W; ++w) forward_next_[w] = workers_[w].next_seq;
+  prebound_.assign(batch.size(), false);
+  std::size_t covered = 0;
+  for (; covered < batch.size(); ++covered) {
+    const transport::Notification& n = batch[covered];
+    if (n.kind != transport::Notification::Kind::kImmediate) continue;  // changes no order
+    const std::uint32_t w = n.peer_id;
+    if (w >= W) continue;
+    prebound_[covered] = n.connection == bound_[w].load();
+    if (!prebound_[covered]) continue;
+    const std::uint64_t seq = forward_next_[w];
+    const std::byte* base =
+        rings_[w].get() + (seq - 1) % options_.push_slots * options_.push_slot_bytes;
+    SlotHeader h;
+    std::memcpy(&h, base, sizeof(h));
+    const bool data = h.kind == static_cast<std::uint32_t>(SlotKind::kRange) ||
+                      h.kind == static_cast<std::uint32_t>(SlotKind::kRows);
+    if (n.imm != internal::ImmOfSeq(seq) || h.seq != seq || !data) break;
+    items.push_back({w, base, UsedBytes(h), ring_mrs_[w].get()});
+    forward_next_[w] = seq + 1;
+  }
+  if (items.empty() || !log_sender_->ForwardBatch(items).ok()) return 0;
+  for (std::uint32_t w = 0; w < W; ++w) {
+    if (forward_next_[w] > workers_[w].next_seq) forwarded_seq_[w] = forward_next_[w] - 1;
+  }
+  MutexLock lock(mu_);
+  stats_.log_records += items.size();
+  return covered;
 }
 
 bool ServerImpl::Serving() const {
