@@ -175,33 +175,49 @@ Status ServerLinks::Reconnect(transport::Endpoint& endpoint, ServerLink& s,
   // server still serving has then bound this worker to the new one and
   // ignores the old one's disconnect (it never counts the worker dead).
   std::unique_ptr<transport::Connection> old = std::move(s.conn);
-  s.slots_in_flight.clear();
-  s.ctrl_inflight = false;
-  auto r = endpoint.Connect(s.address, options, deadline);
-  if (!r.ok()) {
-    return r.status().WithContext("worker " + std::to_string(worker_id_) + " reconnecting to " +
-                                  ServerName(s));
-  }
-  s.conn = std::move(r).value();
   struct CloseOld {
     std::unique_ptr<transport::Connection>& c;
     ~CloseOld() {
       if (c) c->Close();
     }
   } close_old{old};
+  s.slots_in_flight.clear();
+  s.ctrl_inflight = false;
+  // A backup the shard map names may not serve yet when this worker comes
+  // (it is promoted just after the decision): it refuses the connection,
+  // and the worker tries again until the deadline.
   std::vector<transport::Notification> notes(16);
   while (true) {
-    auto n = endpoint.WaitNotifications(notes, deadline);
-    if (!n.ok()) return n.status().WithContext("waiting for the bootstrap of " + ServerName(s));
-    if (*n == 0) {
-      return TimedOutError("worker " + std::to_string(worker_id_) + ": no bootstrap message from " +
-                           ServerName(s) + " after reconnecting, before the deadline");
-    }
-    for (std::size_t k = 0; k < *n; ++k) {
-      if (notes[k].kind == transport::Notification::Kind::kImmediate &&
-          notes[k].imm == (kBootstrapImm | s.index)) {
-        return Status::OK();
+    auto r = endpoint.Connect(s.address, options, deadline);
+    if (!r.ok()) {
+      if (r.status().code() == StatusCode::kUnavailable && SteadyClock::now() < deadline) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        continue;
       }
+      return r.status().WithContext("worker " + std::to_string(worker_id_) + " reconnecting to " +
+                                    ServerName(s));
+    }
+    s.conn = std::move(r).value();
+    while (s.conn->health().ok()) {
+      auto n = endpoint.WaitNotifications(
+          notes, std::min(deadline, transport::DeadlineAfter(std::chrono::milliseconds(20))));
+      if (!n.ok()) return n.status().WithContext("waiting for the bootstrap of " + ServerName(s));
+      for (std::size_t k = 0; k < *n; ++k) {
+        if (notes[k].kind == transport::Notification::Kind::kImmediate &&
+            notes[k].imm == (kBootstrapImm | s.index)) {
+          return Status::OK();
+        }
+      }
+      if (SteadyClock::now() >= deadline) {
+        return TimedOutError("worker " + std::to_string(worker_id_) +
+                             ": no bootstrap message from " + ServerName(s) +
+                             " after reconnecting, before the deadline");
+      }
+    }
+    s.conn->Close();  // refused: again
+    if (SteadyClock::now() >= deadline) {
+      return UnavailableError("worker " + std::to_string(worker_id_) + ": " + ServerName(s) +
+                              " kept refusing the connection until the deadline");
     }
   }
 }
