@@ -16,6 +16,7 @@
 #include <gflags/gflags.h>
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <memory>
@@ -165,9 +166,13 @@ int main(int argc, char** argv) {
   {
     std::stringstream ss(FLAGS_push_bytes_list);
     for (std::string item; std::getline(ss, item, ',');) {
-      const std::uint64_t b = std::stoull(item);
-      if (b < 4 || b % 4 != 0) {
-        std::fprintf(stderr, "repl-bench: --push_bytes_list: %s is not a multiple of 4\n",
+      std::uint64_t b = 0;
+      const auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), b);
+      if (ec != std::errc() || end != item.data() + item.size() || b < 4 || b % 4 != 0 ||
+          b > (std::uint64_t{1} << 30)) {
+        std::fprintf(stderr,
+                     "repl-bench: --push_bytes_list: '%s' is not a byte count that is a multiple "
+                     "of 4, from 4 to 1 GiB\n",
                      item.c_str());
         return 2;
       }
