@@ -322,8 +322,30 @@ void LogReceiver::Release() {
   std::memcpy(control_.get(), &c, sizeof(c));
 }
 
+bool LogReceiver::WaitServing(Deadline deadline) {
+  MutexLock lock(mu_);
+  while (deciding_ && !serving_.load()) {
+    if (decided_.wait_until(lock.native(), deadline) == std::cv_status::timeout) break;
+  }
+  return serving_.load();
+}
+
 bool LogReceiver::OnPrimaryLost() {
   if (serving_.load()) return false;
+  {
+    MutexLock lock(mu_);
+    deciding_ = true;
+  }
+  struct Decided {
+    LogReceiver* r;
+    ~Decided() {
+      {
+        MutexLock lock(r->mu_);
+        r->deciding_ = false;
+      }
+      r->decided_.notify_all();
+    }
+  } decided{this};
   auto a = decider_->ReportPrimaryLost(shard_, epoch_.load(), self_);
   if (!a.ok()) {
     RDMAPS_LOG(ERROR) << "backup of shard " << shard_

@@ -31,6 +31,7 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -214,6 +215,10 @@ class LogReceiver {
   bool OnPrimaryLost() RDMAPS_EXCLUDES(mu_);
 
   bool serving() const { return serving_.load(); }
+  // Accept thread: whether this backup serves, waiting (until `deadline`)
+  // while its promotion is being decided: the shard map names it a moment
+  // before it serves, and a worker that read the map may come in between.
+  bool WaitServing(transport::Deadline deadline) RDMAPS_EXCLUDES(mu_);
   // In-process kill (tests), once the apply thread is joined.
   void CloseConnection() RDMAPS_EXCLUDES(mu_) {
     MutexLock lock(mu_);
@@ -242,6 +247,8 @@ class LogReceiver {
   mutable Mutex mu_;
   std::unique_ptr<transport::Connection> primary_ RDMAPS_GUARDED_BY(mu_);
   bool fenced_ RDMAPS_GUARDED_BY(mu_) = false;
+  bool deciding_ RDMAPS_GUARDED_BY(mu_) = false;  // OnPrimaryLost asks the decider
+  std::condition_variable decided_;
 };
 
 }  // namespace rdmaps::internal

@@ -470,7 +470,8 @@ void ServerImpl::AcceptLoop() {
     }
     std::unique_ptr<transport::Connection> conn = std::move(r).value();
     if (log_receiver_ && log_receiver_->MaybeAccept(conn)) continue;
-    if (!Serving()) {
+    if (!Serving() && !(log_receiver_ && !killed_.load() &&
+                        log_receiver_->WaitServing(DeadlineAfter(std::chrono::seconds(10))))) {
       RDMAPS_LOG(WARNING) << "ps server " << options_.server_index << ": refusing "
                           << conn->peer().address << ": this "
                           << (log_receiver_ ? "backup has not been promoted"
