@@ -82,6 +82,11 @@ struct ClientStats {
   // Scattered pulls carried out as range pulls of each server's span of
   // wanted rows and a gather (docs/ps.md, "Scattered pulls").
   std::uint64_t span_pulls = 0;
+  // Replicated shards (docs/ps.md, "Replication and failover"): failovers
+  // this worker went through (each reconnected every server) and the
+  // unacknowledged pushes it sent again to a new primary.
+  std::uint64_t failovers = 0;
+  std::uint64_t pushes_resent = 0;
 };
 
 // Describes a table as the servers publish it.

@@ -19,6 +19,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -27,7 +28,14 @@
 
 namespace rdmaps {
 
-struct ClusterLayout;  // rdmaps/cluster.h
+struct ClusterLayout;   // rdmaps/cluster.h
+class FailoverDecider;  // rdmaps/failover.h
+
+// A Server's part in its shard's replication (rdmaps/failover.h).
+enum class ReplicaRole : std::uint32_t {
+  kPrimary = 0,  // serves workers; with replicas == 2 forwards every slot to its backup
+  kBackup = 1,   // applies its primary's log; serves workers once promoted
+};
 
 // Which transport to use and how; mirrors the transport layer's endpoint
 // options without exposing its header.
@@ -106,6 +114,21 @@ struct ServerOptions {
   // written by a different number of servers. Every worker then starts at the checkpoint's clock.
   std::string restore;
 
+  // Replication and failover (docs/ps.md, "Replication and failover").
+  // 1: the shard has one copy. 2: a primary and a backup, started as two
+  // Servers with the same server_index (the placement rule,
+  // rdmaps::BackupHostOf, says which process hosts the backup); `failover`
+  // must be set on both.
+  std::uint32_t replicas = 1;
+  ReplicaRole replica_role = ReplicaRole::kPrimary;
+  // A primary with replicas == 2: the address its backup listens on
+  // (Server::address() of the backup, started first).
+  std::string backup_address;
+  // Where the primary registers its shard and the survivor of a lost peer
+  // asks who serves next (the job's coordinator, or
+  // rdmaps::NewEmbeddedFailoverDecider() in one process).
+  std::shared_ptr<FailoverDecider> failover;
+
   // The options a server of `layout` (role kServer) starts with: the
   // layout's transport (when it names one) and job token, listen_address,
   // server_index (when known: a ps-lite server learns it in CompleteCluster;
@@ -150,6 +173,14 @@ struct ClientOptions {
   // Bytes of registered staging memory per server connection (pull side);
   // a pull larger than this is split into several batches of READs.
   std::size_t staging_bytes = 4 << 20;
+  // Replicated shards (docs/ps.md, "Replication and failover"): the shard
+  // map the servers registered in. When set, `servers` are the addresses at
+  // start, the worker keeps each push until its server acknowledged it
+  // (ring_slots slots of memory per server) and, when a server is lost,
+  // waits (within wait_timeout) for the new epoch of its shard, reconnects,
+  // resends what was not acknowledged and retries the call. Pull, Push,
+  // PushPull, Clock and Flush fail over; Barrier and Checkpoint do not yet.
+  std::shared_ptr<FailoverDecider> failover;
 
   // The options a worker of a completed `layout` (role kWorker, after
   // CompleteCluster or ResolveWorkerCluster) connects with: the layout's

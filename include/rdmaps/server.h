@@ -46,6 +46,9 @@ struct ServerStats {
   std::vector<std::uint32_t> dead_workers;   // disconnected without goodbye
   std::vector<std::uint64_t> worker_clocks;  // per worker, applied clock
   std::uint64_t registered_bytes = 0;
+  // Replication: slots forwarded to the backup (a primary) or applied from
+  // the primary's log (a backup).
+  std::uint64_t log_records = 0;
 };
 
 class Server {

@@ -23,6 +23,7 @@
 #include <system_error>
 #include <thread>
 
+#include "rdmaps/failover.h"
 #include "src/base/log.h"
 #include "src/base/mutex.h"
 #include "src/ps/common.h"
@@ -204,6 +205,23 @@ class ClientImpl final : public Client {
   // checkpoint they restored. FailedPrecondition when they disagree.
   Status ReadStartClock(Deadline deadline) RDMAPS_REQUIRES(mu_);
   Status ReadDirectories(Deadline deadline) RDMAPS_REQUIRES(mu_);
+  // Reads s's directory (again, after a failover: the shard's addresses
+  // changed) and, the first time, allocates s's buffers.
+  Status ReadDirectory(ServerLink& s, Deadline deadline) RDMAPS_REQUIRES(mu_);
+
+  // --- failover (ClientOptions::failover; docs/ps.md, "Replication and
+  // failover")
+  // Runs f, the network part of a call. When it failed on a broken link
+  // and a shard has a new epoch: Recover, then run f again, its slots up
+  // to those sent before rebuilt without being sent (replay_until), so
+  // every push is sent under one seq and applied once.
+  template <typename F>
+  Status Failsafe(Deadline deadline, F&& f) RDMAPS_REQUIRES(mu_);
+  // Waits for the new epoch of every shard whose link failed, reconnects
+  // every link (the failed call may have left any out of step), checks each
+  // server serves at its epoch and resends what it has not applied.
+  // FailedPrecondition (keeping the links broken) when no shard moved.
+  Status Recover(Deadline deadline) RDMAPS_REQUIRES(mu_);
   // Allocates and registers s's staging (to hold at least `min_staging`
   // bytes), push and control buffers.
   Status AllocateBuffers(ServerLink& s, std::size_t min_staging) RDMAPS_REQUIRES(mu_);
@@ -277,7 +295,8 @@ class ClientImpl final : public Client {
   std::vector<std::uint64_t> incarnations_;
   // The smallest staleness bound of the tables (Clock() waits by it).
   std::uint32_t clock_bound_ = kAsp;
-  internal::WireRegion atomics_{};  // server 0's barrier counter
+  internal::WireRegion atomics_{};             // server 0's barrier counter
+  transport::ConnectOptions connect_options_;  // the hello; constant after Init
 
   ClientStatsRecorder stats_;  // has its own mutex
 
@@ -364,15 +383,40 @@ Status ClientImpl::ConnectAll(Deadline deadline) {
   internal::HelloMsg hello{internal::kHelloMagic, options_.worker_id,
                            reinterpret_cast<std::uint64_t>(boot_.get()), boot_mr_->rkey(),
                            static_cast<std::uint32_t>(boot_bytes)};
-  transport::ConnectOptions copts;
-  copts.user_data.resize(sizeof(hello));
-  std::memcpy(copts.user_data.data(), &hello, sizeof(hello));
-  return links_.Connect(*endpoint_, options_.servers, copts, deadline);
+  connect_options_.user_data.resize(sizeof(hello));
+  std::memcpy(connect_options_.user_data.data(), &hello, sizeof(hello));
+  std::vector<std::string> addresses = options_.servers;
+  std::vector<std::uint64_t> epochs(S, 0);
+  if (options_.failover) {
+    // The shard map's primaries win over the addresses at start.
+    for (std::uint32_t i = 0; i < S; ++i) {
+      auto a = options_.failover->Current(i);
+      if (!a.ok() && a.status().code() == StatusCode::kNotFound) continue;
+      if (!a.ok()) return a.status().WithContext("reading the shard map");
+      addresses[i] = a->primary;
+      epochs[i] = a->epoch;
+    }
+  }
+  RDMAPS_RETURN_IF_ERROR(links_.Connect(*endpoint_, addresses, connect_options_, deadline));
+  for (std::uint32_t i = 0; i < S; ++i) links_[i].epoch = epochs[i];
+  return Status::OK();
 }
 
 Status ClientImpl::ReadDirectories(Deadline deadline) {
   const std::uint32_t S = links_.size();
-  for (ServerLink& s : links_.servers()) {
+  for (ServerLink& s : links_.servers()) RDMAPS_RETURN_IF_ERROR(ReadDirectory(s, deadline));
+  for (auto& [id, t] : tables_) {
+    if (options_.staleness_override) {
+      t.info.staleness = std::min(t.info.staleness, *options_.staleness_override);
+    }
+    clock_bound_ = std::min(clock_bound_, t.info.staleness);
+  }
+  return internal::CheckWantedTables(tables_, options_.tables, S);
+}
+
+Status ClientImpl::ReadDirectory(ServerLink& s, Deadline deadline) {
+  const std::uint32_t S = links_.size();
+  {
     internal::BootstrapMsg b;
     std::memcpy(&b, boot_.get() + s.index * internal::kBootstrapSlotBytes, sizeof(b));
     if (b.magic != internal::kBootstrapMagic || b.server_index != s.index) {
@@ -413,15 +457,9 @@ Status ClientImpl::ReadDirectories(Deadline deadline) {
            std::size_t{d.rows_per_block} * internal::RowBytes(d.dim) + sizeof(BlockHeader),
            d.block_stride});
     }
-    RDMAPS_RETURN_IF_ERROR(AllocateBuffers(s, max_block));
+    if (!s.staging) RDMAPS_RETURN_IF_ERROR(AllocateBuffers(s, max_block));
   }
-  for (auto& [id, t] : tables_) {
-    if (options_.staleness_override) {
-      t.info.staleness = std::min(t.info.staleness, *options_.staleness_override);
-    }
-    clock_bound_ = std::min(clock_bound_, t.info.staleness);
-  }
-  return internal::CheckWantedTables(tables_, options_.tables, S);
+  return Status::OK();
 }
 
 Status ClientImpl::AllocateBuffers(ServerLink& s, std::size_t min_staging) {
@@ -446,6 +484,91 @@ Status ClientImpl::AllocateBuffers(ServerLink& s, std::size_t min_staging) {
                           endpoint_->Register(s.ctrl.get(), internal::RoundUp(s.ctrl_bytes, 8) + 8,
                                               transport::kAccessNone));
   s.clocks.assign(h.num_workers, internal::ControlWorker{});
+  if (options_.failover) {
+    const std::size_t bytes = std::size_t{h.ring_slots} * h.slot_bytes;
+    s.retain = internal::AllocateRegionMemory(bytes);
+    if (!s.retain) {
+      return ResourceExhaustedError("allocating " + std::to_string(bytes) +
+                                    " bytes to keep unacknowledged pushes failed");
+    }
+    RDMAPS_ASSIGN_OR_RETURN(s.retain_mr,
+                            endpoint_->Register(s.retain.get(), bytes, transport::kAccessNone));
+    s.retain_len.assign(h.ring_slots, 0);
+  }
+  return Status::OK();
+}
+
+// ---- failover ------------------------------------------------------------------
+
+template <typename F>
+Status ClientImpl::Failsafe(Deadline deadline, F&& f) {
+  if (!options_.failover) return f();
+  constexpr int kMaxFailovers = 4;
+  std::vector<std::uint64_t> start(links_.size());
+  for (std::uint32_t i = 0; i < links_.size(); ++i) start[i] = links_[i].pushed_seq;
+  Status st;
+  for (int attempt = 0;; ++attempt) {
+    st = f();
+    if (st.ok() || links_.broken().ok() || attempt == kMaxFailovers) break;
+    if (Status r = Recover(deadline); !r.ok()) {
+      st = r.WithContext("after " + st.ToString());
+      break;
+    }
+    for (ServerLink& s : links_.servers()) {
+      s.replay_until = std::max(s.replay_until, s.pushed_seq);
+      s.pushed_seq = start[s.index];
+    }
+  }
+  for (ServerLink& s : links_.servers()) {
+    // A retry that failed before it rebuilt every slot sent keeps them counted.
+    s.pushed_seq = std::max(s.pushed_seq, s.replay_until);
+    s.replay_until = 0;
+  }
+  return st;
+}
+
+Status ClientImpl::Recover(Deadline deadline) {
+  bool moved = false;
+  for (ServerLink& s : links_.servers()) {
+    auto a = options_.failover->Current(s.index);
+    if (!a.ok()) return a.status().WithContext("failover: reading the shard map");
+    if (a->epoch == s.epoch && !s.conn->health().ok()) {
+      // Its server is lost: wait for the decision about its shard.
+      a = options_.failover->WaitForEpochAfter(s.index, s.epoch, deadline);
+      if (!a.ok()) {
+        return a.status().WithContext("failover: " + ServerName(s) + " is lost");
+      }
+    }
+    if (a->epoch != s.epoch) {
+      RDMAPS_LOG(WARNING) << "worker " << options_.worker_id << ": shard " << s.index
+                          << " moved to " << a->primary << " at epoch " << a->epoch
+                          << "; reconnecting";
+      moved = true;
+      s.epoch = a->epoch;
+      s.address = a->primary;
+    }
+  }
+  if (!moved) return FailedPreconditionError("no shard changed its primary");
+  links_.ClearBroken();
+  // Every link anew: the failed call may have left any of them out of step
+  // (a server still serving takes the new connection as this worker's and
+  // drops what the old one still delivers).
+  for (ServerLink& s : links_.servers()) {
+    Status st = links_.Reconnect(*endpoint_, s, connect_options_, deadline);
+    if (st.ok()) st = ReadDirectory(s, deadline);
+    if (st.ok()) {
+      s.applied_seq = 0;
+      st = links_.ReadControl({s.index}, deadline);
+    }
+    if (st.ok() && (s.replica.serving == 0 || s.replica.epoch != s.epoch)) {
+      st = UnavailableError(ServerName(s) + " serves at epoch " + std::to_string(s.replica.epoch) +
+                            (s.replica.serving ? "" : " and acknowledges nothing") +
+                            "; the shard map says epoch " + std::to_string(s.epoch));
+    }
+    if (st.ok()) st = push_.Resend(s, deadline);
+    if (!st.ok()) return links_.Fail(s, st.WithContext("failover"));
+  }
+  stats_.Update([](ClientStats& st) { ++st.failovers; });
   return Status::OK();
 }
 
@@ -555,7 +678,9 @@ Status ClientImpl::Pull(std::uint32_t table, RowRange range, std::span<float> ou
   std::vector<Run> runs;
   std::vector<std::uint32_t> involved;
   internal::RunsOfRange(*t, num_servers(), range, &runs, &involved);
-  return PullRuns(*t, runs, involved, range.count, out);
+  return Failsafe(CallDeadline(), [&]() RDMAPS_REQUIRES(mu_) {
+    return PullRuns(*t, runs, involved, range.count, out);
+  });
 }
 
 Status ClientImpl::Pull(std::uint32_t table, std::span<const std::uint64_t> rows,
@@ -568,7 +693,10 @@ Status ClientImpl::Pull(std::uint32_t table, std::span<const std::uint64_t> rows
   if (rows.empty()) return Status::OK();
   if (rows.size() >= internal::kSpanMinRows) {
     const internal::SpanPlan plan = internal::PlanScatteredPull(*t, num_servers(), rows, costs_);
-    if (plan.use_span) return PullSpans(*t, plan, rows, out);
+    if (plan.use_span) {
+      return Failsafe(CallDeadline(),
+                      [&]() RDMAPS_REQUIRES(mu_) { return PullSpans(*t, plan, rows, out); });
+    }
   }
   std::vector<Run> runs;
   std::vector<std::uint32_t> involved;
@@ -583,7 +711,9 @@ Status ClientImpl::Pull(std::uint32_t table, std::span<const std::uint64_t> rows
                      << t->rows_per_block << " row(s) and a header READ; \"layout\": \"inline\" "
                      << "makes it one READ (docs/ps.md, Row layouts)";
   }
-  return PullRuns(*t, runs, involved, rows.size(), out);
+  return Failsafe(CallDeadline(), [&]() RDMAPS_REQUIRES(mu_) {
+    return PullRuns(*t, runs, involved, rows.size(), out);
+  });
 }
 
 Status ClientImpl::PullSpans(const RemoteTable& t, const internal::SpanPlan& plan,
@@ -628,8 +758,11 @@ Status ClientImpl::Push(std::uint32_t table, RowRange range, std::span<const flo
   RDMAPS_ASSIGN_OR_RETURN(const RemoteTable* t,
                           CheckCall("Push", "gradient", table, range, grads.size()));
   if (range.count == 0) return Status::OK();
-  RDMAPS_RETURN_IF_ERROR(push_.PushRange(
-      *t, range, grads, FindRegistered(grads.data(), grads.size_bytes()), clock_, CallDeadline()));
+  const Deadline deadline = CallDeadline();
+  const transport::MemoryRegion* mr = FindRegistered(grads.data(), grads.size_bytes());
+  RDMAPS_RETURN_IF_ERROR(Failsafe(deadline, [&]() RDMAPS_REQUIRES(mu_) {
+    return push_.PushRange(*t, range, grads, mr, clock_, deadline);
+  }));
   pushed_this_clock_ = true;
   stats_.Update([&](ClientStats& st) {
     ++st.pushes;
@@ -644,8 +777,11 @@ Status ClientImpl::Push(std::uint32_t table, std::span<const std::uint64_t> rows
   RDMAPS_ASSIGN_OR_RETURN(const RemoteTable* t,
                           CheckCall("Push", "gradient", table, rows, grads.size()));
   if (rows.empty()) return Status::OK();
-  RDMAPS_RETURN_IF_ERROR(push_.PushRows(
-      *t, rows, grads, FindRegistered(grads.data(), grads.size_bytes()), clock_, CallDeadline()));
+  const Deadline deadline = CallDeadline();
+  const transport::MemoryRegion* mr = FindRegistered(grads.data(), grads.size_bytes());
+  RDMAPS_RETURN_IF_ERROR(Failsafe(deadline, [&]() RDMAPS_REQUIRES(mu_) {
+    return push_.PushRows(*t, rows, grads, mr, clock_, deadline);
+  }));
   pushed_this_clock_ = true;
   stats_.Update([&](ClientStats& st) {
     ++st.pushes;
@@ -716,7 +852,9 @@ Result<std::uint64_t> ClientImpl::Clock() {
   call_epoch_ = epoch;
   RDMAPS_RETURN_IF_ERROR(Usable());
   const Deadline deadline = CallDeadline();
-  RDMAPS_RETURN_IF_ERROR(push_.SendControlSlot(SlotKind::kClock, clock_ + 1, deadline));
+  RDMAPS_RETURN_IF_ERROR(Failsafe(deadline, [&]() RDMAPS_REQUIRES(mu_) {
+    return push_.SendControlSlot(SlotKind::kClock, clock_ + 1, deadline);
+  }));
   ++clock_;
   pushed_this_clock_ = false;
   const std::uint64_t now = clock_;
@@ -725,12 +863,14 @@ Result<std::uint64_t> ClientImpl::Clock() {
   if (options_.clock_waits && clock_bound_ != kAsp && clock_ > clock_bound_) {
     std::vector<std::uint32_t> all(links_.size());
     for (std::uint32_t i = 0; i < all.size(); ++i) all[i] = i;
-    RDMAPS_RETURN_IF_ERROR(WaitForClocks(
-        clock_ - clock_bound_, all,
-        [&] {
-          return "ending its iteration (staleness bound " + std::to_string(clock_bound_) + ")";
-        },
-        deadline));
+    RDMAPS_RETURN_IF_ERROR(Failsafe(deadline, [&]() RDMAPS_REQUIRES(mu_) {
+      return WaitForClocks(
+          clock_ - clock_bound_, all,
+          [&] {
+            return "ending its iteration (staleness bound " + std::to_string(clock_bound_) + ")";
+          },
+          deadline);
+    }));
   }
   return clock_;
 }
@@ -773,7 +913,8 @@ Status ClientImpl::Flush() {
   MutexLock lock(mu_);
   call_epoch_ = epoch;
   RDMAPS_RETURN_IF_ERROR(Usable());
-  return FlushLocked(CallDeadline());
+  const Deadline deadline = CallDeadline();
+  return Failsafe(deadline, [&]() RDMAPS_REQUIRES(mu_) { return FlushLocked(deadline); });
 }
 
 Result<CheckpointInfo> ClientImpl::Checkpoint() {

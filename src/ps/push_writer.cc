@@ -47,6 +47,7 @@ Status PushWriter::MakeRoom(ServerLink& s, Deadline deadline) {
 }
 
 Status PushWriter::EnsureCredit(ServerLink& s, Deadline deadline) {
+  if (s.pushed_seq < s.replay_until) return Status::OK();  // rebuilt, not sent
   if (s.pushed_seq - s.applied_seq < s.dir.ring_slots) return Status::OK();
   // The control READ riding with a slot in flight may bring the credits.
   RDMAPS_RETURN_IF_ERROR(FinishAll(s, deadline));
@@ -73,9 +74,27 @@ Status PushWriter::EnsureCredit(ServerLink& s, Deadline deadline) {
 Status PushWriter::PostSlot(ServerLink& s, SlotHeader h, std::size_t bytes,
                             std::span<const transport::Segment> data) {
   h.seq = s.pushed_seq + 1;
+  if (h.seq <= s.replay_until) {
+    // A call retried after a failover rebuilds a slot it sent before:
+    // Recover sent it again already (or the server has it).
+    s.pushed_seq = h.seq;
+    return Status::OK();
+  }
   std::byte* staged = Staging(s);
   std::memcpy(staged, &h, sizeof(h));
   CHECK_LE(data.size(), kMaxGatherRuns);
+  if (s.retain) {
+    // Kept until acknowledged: a new primary gets it again (Resend).
+    const std::size_t at = (h.seq - 1) % s.dir.ring_slots;
+    std::byte* keep = s.retain.get() + at * std::size_t{s.dir.slot_bytes};
+    std::memcpy(keep, staged, bytes);
+    std::size_t off = bytes;
+    for (const transport::Segment& seg : data) {
+      std::memcpy(keep + off, seg.addr, seg.length);
+      off += seg.length;
+    }
+    s.retain_len[at] = static_cast<std::uint32_t>(off);
+  }
   Op ops[kMaxGatherRuns + 2];
   transport::Segment gather[kMaxGatherRuns + 1];
   std::size_t n = 0;
@@ -263,6 +282,26 @@ Status PushWriter::SendControlSlot(SlotKind kind, std::uint64_t clock, Deadline 
     return Status::OK();
   };
   return SendPipelined(has_more, post_next, deadline);
+}
+
+Status PushWriter::Resend(ServerLink& s, Deadline deadline) {
+  if (!s.retain) return Status::OK();
+  const std::size_t batch = std::max<std::size_t>(1, s.conn->max_outstanding() / 2);
+  std::vector<Op> ops;
+  std::uint64_t resent = 0;
+  for (std::uint64_t seq = s.applied_seq + 1; seq <= s.pushed_seq; ++seq) {
+    const std::size_t at = (seq - 1) % s.dir.ring_slots;
+    ops.push_back(Op::WriteWithImm(s.retain.get() + at * std::size_t{s.dir.slot_bytes},
+                                   s.retain_mr.get(), s.retain_len[at], SlotAddress(s, seq),
+                                   s.ring.rkey, ImmOfSeq(seq)));
+    ++resent;
+    if (ops.size() == batch || seq == s.pushed_seq) {
+      RDMAPS_RETURN_IF_ERROR(links_->Exec(s, ops, deadline));
+      ops.clear();
+    }
+  }
+  stats_->Update([&](ClientStats& st) { st.pushes_resent += resent; });
+  return Status::OK();
 }
 
 }  // namespace rdmaps::internal

@@ -67,6 +67,9 @@ class PushWriter {
   // Sends a slot of `kind` (kClock: `clock` is the new clock; kBye) to every
   // server.
   Status SendControlSlot(SlotKind kind, std::uint64_t clock, transport::Deadline deadline);
+  // After a failover reconnected s: WRITEs again every retained slot the
+  // server has not applied (applied_seq < seq <= pushed_seq), in seq order.
+  Status Resend(ServerLink& s, transport::Deadline deadline);
 
  private:
   // Waits (completing the slots in flight, then polling the control block)

@@ -17,6 +17,7 @@
 #include <cstring>
 #include <optional>
 #include <random>
+#include <span>
 #include <system_error>
 #include <thread>
 #include <unordered_map>
@@ -31,6 +32,7 @@
 #include "src/ps/memory.h"
 #include "src/ps/optimizer.h"
 #include "src/ps/push_slot.h"
+#include "src/ps/replication.h"
 #include "src/ps/test_hooks.h"
 #include "src/ps/wire.h"
 #include "transport/transport.h"
@@ -113,6 +115,8 @@ class ServerImpl final : public Server {
   transport::Endpoint* TEST_endpoint() const { return endpoint_.get(); }
   Status TEST_SetRow(std::uint32_t table, std::uint64_t row, float value);
   void TEST_PauseApply(bool paused) { test_paused_.store(paused); }
+  void TEST_Kill();
+  Status TEST_ShardState(std::uint32_t table, std::vector<float>* rows, std::vector<float>* state);
 
  private:
   Status RegisterAll();
@@ -126,6 +130,20 @@ class ServerImpl final : public Server {
   // behind the checkpoint cut (src/ps/checkpoint.h). Apply thread only.
   void TakeSlot(std::uint32_t w, std::uint32_t imm) RDMAPS_REQUIRES(apply_mu_);
   void HandleSlot(std::uint32_t w, std::uint32_t imm) RDMAPS_REQUIRES(apply_mu_);
+  // Replication (src/ps/replication.h). A backup: a notification of its
+  // primary's connection (a log record, or the primary lost). Apply thread.
+  void HandleLog(const transport::Notification& n) RDMAPS_REQUIRES(apply_mu_);
+  // A primary of a replicated shard, before the batch is applied: forwards
+  // at once the slots whose apply order is known (data slots in
+  // notification order, no cut holding any), one round trip for all of
+  // them, and notes for each notification it covered whether it is of the
+  // worker's bound connection (prebound_), so that the loop applies
+  // exactly those. Returns how many notifications it covered.
+  std::size_t PreForward(std::span<const transport::Notification> batch) RDMAPS_REQUIRES(apply_mu_);
+  std::size_t UsedBytes(const SlotHeader& h) const;
+  // False while this server must acknowledge nothing: a backup not
+  // promoted, a fenced or killed primary.
+  bool Serving() const;
   // Captures the shards once the cut is complete (or abandons it after
   // checkpoint_timeout), then lets the held slots through. Apply thread only.
   void AdvanceCut() RDMAPS_REQUIRES(apply_mu_);
@@ -160,6 +178,17 @@ class ServerImpl final : public Server {
   AlignedBuffer boot_msg_;
   std::unique_ptr<transport::MemoryRegion> boot_msg_mr_;
   std::unique_ptr<tbb::global_control> tbb_limit_;
+  // Replication: the primary of a replicated shard forwards every slot
+  // (apply thread, after Init); a backup takes the log.
+  std::unique_ptr<internal::LogSender> log_sender_;
+  std::unique_ptr<internal::LogReceiver> log_receiver_;
+  std::atomic<bool> killed_{false};  // TEST_Kill
+  // Apply thread only: per worker the newest seq forwarded to the backup,
+  // and PreForward's scratch.
+  std::vector<std::uint64_t> forwarded_seq_;
+  std::vector<std::uint64_t> forward_next_;
+  std::vector<internal::LogSender::Item> forward_items_;
+  std::vector<bool> prebound_;
 
   // Apply thread only. apply_mu_ guards the shards' contents (behind
   // tables_[].memory, which the analysis does not see) against ReadLocal
@@ -227,6 +256,24 @@ Status ValidateServerOptions(const ServerOptions& o) {
                                 " must be a multiple of 64 (slots are cache-line aligned)");
   }
   RDMAPS_RETURN_IF_ERROR(internal::ValidateTables(o.tables));
+  if (o.replicas != 1 && o.replicas != 2) {
+    return InvalidArgumentError("ServerOptions.replicas " + std::to_string(o.replicas) +
+                                " must be 1 or 2 (more copies are not built yet)");
+  }
+  if (o.replicas == 2 && o.failover == nullptr) {
+    return InvalidArgumentError(
+        "ServerOptions.replicas is 2 but ServerOptions.failover is not set: a replicated shard "
+        "needs the shard map that decides failovers (rdmaps/failover.h)");
+  }
+  if (o.replica_role == ReplicaRole::kBackup && o.replicas != 2) {
+    return InvalidArgumentError("ServerOptions.replica_role is kBackup but replicas is " +
+                                std::to_string(o.replicas) + "; a backup needs replicas = 2");
+  }
+  if (o.replica_role == ReplicaRole::kPrimary && o.replicas == 2 && o.backup_address.empty()) {
+    return InvalidArgumentError(
+        "ServerOptions.replicas is 2 but backup_address is empty: start the backup first and "
+        "give its Server::address()");
+  }
   if (o.tables.size() > (1u << 20) ||
       internal::DirectoryBytes(static_cast<std::uint32_t>(o.tables.size()),
                                internal::WorkerSlots(o)) > internal::kMaxDirectoryBytes) {
@@ -254,10 +301,13 @@ Status ServerImpl::Init() {
     tbb_limit_ = std::make_unique<tbb::global_control>(tbb::global_control::max_allowed_parallelism,
                                                        options_.apply_threads);
   }
-  RDMAPS_ASSIGN_OR_RETURN(endpoint_,
-                          transport::Endpoint::Create(internal::ToEndpointOptions(
-                              options_.transport, internal::kServerPeerBase + options_.server_index,
-                              options_.listen_address)));
+  const bool backup = options_.replica_role == ReplicaRole::kBackup;
+  RDMAPS_ASSIGN_OR_RETURN(
+      endpoint_,
+      transport::Endpoint::Create(internal::ToEndpointOptions(
+          options_.transport,
+          (backup ? internal::kBackupPeerBase : internal::kServerPeerBase) + options_.server_index,
+          options_.listen_address)));
   {
     MutexLock lock(mu_);  // no other thread yet; for the analysis
     seen_.assign(slots_, false);
@@ -266,6 +316,22 @@ Status ServerImpl::Init() {
     stats_.worker_clocks.assign(slots_, 0);
   }
   RDMAPS_RETURN_IF_ERROR(RegisterAll());
+  if (backup) {
+    log_receiver_ = std::make_unique<internal::LogReceiver>(
+        endpoint_.get(), options_.server_index, options_.push_slots, options_.push_slot_bytes,
+        options_.failover);
+    std::size_t registered = 0;
+    RDMAPS_RETURN_IF_ERROR(log_receiver_->Register(&registered));
+    MutexLock lock(mu_);
+    stats_.registered_bytes += registered;
+  } else if (options_.replicas == 2) {
+    forwarded_seq_.assign(slots_, 0);
+    log_sender_ = std::make_unique<internal::LogSender>(
+        endpoint_.get(), options_.server_index, options_.push_slot_bytes,
+        options_.transport.op_timeout, options_.failover);
+    RDMAPS_RETURN_IF_ERROR(log_sender_->Connect(options_.backup_address,
+                                                DeadlineAfter(options_.transport.op_timeout)));
+  }
   incarnation_ =
       (std::uint64_t{std::random_device{}()} << 32) ^ std::random_device{}() ^
       static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
@@ -291,6 +357,8 @@ Status ServerImpl::Init() {
     PublishControl();
   }
   RDMAPS_ASSIGN_OR_RETURN(address_, endpoint_->Listen(options_.listen_address));
+  if (log_receiver_) log_receiver_->set_self(address_);
+  if (log_sender_) RDMAPS_RETURN_IF_ERROR(log_sender_->Register(address_, options_.backup_address));
   running_.store(2);
   accept_thread_ = std::thread([this] {
     AcceptLoop();
@@ -395,6 +463,11 @@ Status ServerImpl::RegisterAll() {
 
 void ServerImpl::AcceptLoop() {
   while (!stop_.load()) {
+    if (log_sender_ && log_sender_->fenced() && !connections_.empty()) {
+      // Superseded: the workers go to the new primary.
+      for (auto& c : connections_) c->Close();
+      connections_.clear();
+    }
     auto r = endpoint_->Accept(DeadlineAfter(std::chrono::milliseconds(200)));
     if (!r.ok()) {
       if (r.status().code() != StatusCode::kTimedOut && !stop_.load()) {
@@ -404,6 +477,15 @@ void ServerImpl::AcceptLoop() {
       continue;
     }
     std::unique_ptr<transport::Connection> conn = std::move(r).value();
+    if (log_receiver_ && log_receiver_->MaybeAccept(conn)) continue;
+    if (!Serving() && !(log_receiver_ && !killed_.load() &&
+                        log_receiver_->WaitServing(DeadlineAfter(std::chrono::seconds(10))))) {
+      RDMAPS_LOG(WARNING) << "ps server " << options_.server_index << ": refusing "
+                          << conn->peer().address << ": this "
+                          << (log_receiver_ ? "backup has not been promoted"
+                                            : "primary is fenced (a backup took over)");
+      continue;
+    }
     const transport::PeerInfo& peer = conn->peer();
     internal::HelloMsg hello{};
     if (peer.user_data.size() != sizeof(hello)) {
@@ -667,6 +749,13 @@ void ServerImpl::PublishControl() {
   ck.incarnation = incarnation_;
   published_ckpt_ = ck.durable_plus1 + ck.failed_plus1;
   std::memcpy(payload + internal::ControlCheckpointOffset(W), &ck, sizeof(ck));
+  internal::ControlReplica rep{};
+  rep.epoch = log_sender_ ? log_sender_->epoch() : log_receiver_ ? log_receiver_->epoch() : 0;
+  rep.replicas =
+      (log_sender_ && !log_sender_->alone()) || (log_receiver_ && !log_receiver_->serving()) ? 2
+                                                                                             : 1;
+  rep.serving = Serving() ? 1 : 0;
+  std::memcpy(payload + internal::ControlReplicaOffset(W), &rep, sizeof(rep));
   internal::SealBlock(control_.get(), ++control_version_, internal::ControlPayloadBytes(W));
 }
 
@@ -692,9 +781,20 @@ void ServerImpl::ApplyLoop() {
     std::size_t since_publish = 0;  // slots applied since the last PublishControl
     {
       MutexLock apply_lock(apply_mu_);
+      const std::size_t covered = log_sender_ ? PreForward({batch.data(), *r}) : 0;
       for (std::size_t i = 0; i < *r; ++i) {
         const transport::Notification& n = batch[i];
         const std::uint32_t w = n.peer_id;
+        if (log_receiver_ && log_receiver_->Owns(n)) {
+          HandleLog(n);
+          continue;
+        }
+        if (log_sender_ && n.peer_id == internal::kBackupPeerBase + options_.server_index) {
+          if (n.kind == transport::Notification::Kind::kDisconnected && !killed_.load()) {
+            log_sender_->OnBackupDisconnected();
+          }
+          continue;
+        }
         if (w >= slots_) {
           RDMAPS_LOG_EVERY_N(WARNING, 100)
               << "ps server: notification from unknown peer " << n.peer_id;
@@ -702,7 +802,9 @@ void ServerImpl::ApplyLoop() {
           ++stats_.protocol_errors;
           continue;
         }
-        if (n.connection != bound_[w].load()) {
+        // (Within what PreForward covered, as it decided: the slots the
+        // backup got are the slots applied here, in the same order.)
+        if (i < covered ? !prebound_[i] : n.connection != bound_[w].load()) {
           // Not the connection this worker bootstrapped on: a refused or
           // stale one that claimed its id. Never the worker's push or death.
           RDMAPS_LOG_EVERY_T(WARNING, 1.0)
@@ -776,8 +878,20 @@ void ServerImpl::HandleSlot(std::uint32_t w, std::uint32_t imm) {
   const std::byte* base = rings_[w].get() + slot * options_.push_slot_bytes;
   SlotHeader h;
   std::memcpy(&h, base, sizeof(h));
-  if (imm != internal::ImmOfSeq(seq) || h.seq != seq ||
-      !ApplySlot(w, h, base + sizeof(SlotHeader))) {
+  bool ok = imm == internal::ImmOfSeq(seq) && h.seq == seq;
+  if (log_sender_ && log_sender_->fenced()) return;  // superseded: acknowledges nothing
+  if (ok && log_sender_ && forwarded_seq_[w] < seq) {
+    // Replicated: the backup holds the slot before any of it is applied
+    // (and so before a worker can see it or its acknowledgement).
+    if (!log_sender_->Forward(w, base, UsedBytes(h), ring_mrs_[w].get()).ok()) return;  // fenced
+    forwarded_seq_[w] = seq;
+    MutexLock lock(mu_);
+    ++stats_.log_records;
+  }
+  if (!ok || !ApplySlot(w, h, base + sizeof(SlotHeader))) {
+    // Forwarded and refused by both: a slot of this seq sent again is
+    // forwarded again.
+    if (log_sender_ && forwarded_seq_[w] >= seq) forwarded_seq_[w] = seq - 1;
     RDMAPS_LOG_EVERY_N(WARNING, 100)
         << "ps server " << options_.server_index
         << ": dropping malformed or out-of-sequence push from worker " << w << " (expected seq "
@@ -787,6 +901,88 @@ void ServerImpl::HandleSlot(std::uint32_t w, std::uint32_t imm) {
     return;
   }
   ++ws.next_seq;
+}
+
+std::size_t ServerImpl::UsedBytes(const SlotHeader& h) const {
+  auto it = table_index_.find(h.table);
+  const std::uint32_t dim = it == table_index_.end() ? 0 : tables_[it->second].options.dim;
+  return internal::UsedSlotBytes(h, dim, options_.push_slot_bytes);
+}
+
+std::size_t ServerImpl::PreForward(std::span<const transport::Notification> batch) {
+  // Only where the apply order is known ahead: no cut holds a slot, and
+  // up to the first slot that is not data (a Clock may arm a cut; a
+  // Checkpoint request does), each forwarded by HandleSlot itself after.
+  if (log_sender_->alone() || log_sender_->fenced() || cut_->armed()) return 0;
+  for (const auto& held : cut_->held()) {
+    if (!held.empty()) return 0;
+  }
+  const std::uint32_t W = slots_;
+  std::vector<internal::LogSender::Item>& items = forward_items_;
+  items.clear();
+  forward_next_.resize(W);
+  for (std::uint32_t w = 0; w < W; ++w) forward_next_[w] = workers_[w].next_seq;
+  prebound_.assign(batch.size(), false);
+  std::size_t covered = 0;
+  for (; covered < batch.size(); ++covered) {
+    const transport::Notification& n = batch[covered];
+    if (n.kind != transport::Notification::Kind::kImmediate) continue;  // changes no order
+    const std::uint32_t w = n.peer_id;
+    if (w >= W) continue;
+    prebound_[covered] = n.connection == bound_[w].load();
+    if (!prebound_[covered]) continue;
+    const std::uint64_t seq = forward_next_[w];
+    const std::byte* base =
+        rings_[w].get() + (seq - 1) % options_.push_slots * options_.push_slot_bytes;
+    SlotHeader h;
+    std::memcpy(&h, base, sizeof(h));
+    const bool data = h.kind == static_cast<std::uint32_t>(SlotKind::kRange) ||
+                      h.kind == static_cast<std::uint32_t>(SlotKind::kRows);
+    if (n.imm != internal::ImmOfSeq(seq) || h.seq != seq || !data) break;
+    items.push_back({w, base, UsedBytes(h), ring_mrs_[w].get()});
+    forward_next_[w] = seq + 1;
+  }
+  if (items.empty() || !log_sender_->ForwardBatch(items).ok()) return 0;
+  for (std::uint32_t w = 0; w < W; ++w) {
+    if (forward_next_[w] > workers_[w].next_seq) forwarded_seq_[w] = forward_next_[w] - 1;
+  }
+  MutexLock lock(mu_);
+  stats_.log_records += items.size();
+  return covered;
+}
+
+bool ServerImpl::Serving() const {
+  if (killed_.load()) return false;
+  if (log_receiver_ && !log_receiver_->serving()) return false;
+  return !(log_sender_ && log_sender_->fenced());
+}
+
+void ServerImpl::HandleLog(const transport::Notification& n) {
+  if (n.kind == transport::Notification::Kind::kDisconnected) {
+    if (log_receiver_->OnPrimaryLost()) PublishControl();
+    return;
+  }
+  internal::LogReceiver::Logged rec;
+  if (!log_receiver_->Take(n.imm, &rec)) {
+    MutexLock lock(mu_);
+    ++stats_.protocol_errors;
+    return;
+  }
+  // What the primary's HandleSlot did with this slot, in its order.
+  const std::uint32_t w = rec.worker;
+  bool ok = w < slots_ && rec.header.seq == workers_[w].next_seq;
+  if (ok && rec.header.kind == static_cast<std::uint32_t>(SlotKind::kCheckpoint)) {
+    // The primary's cut writes the checkpoint; a backup takes none (yet).
+    ++workers_[w].next_seq;
+  } else if (ok && ApplySlot(w, rec.header, rec.payload)) {
+    ++workers_[w].next_seq;
+  } else {
+    MutexLock lock(mu_);
+    ++stats_.protocol_errors;
+  }
+  log_receiver_->Release();
+  MutexLock lock(mu_);
+  ++stats_.log_records;
 }
 
 std::vector<internal::ShardView> ServerImpl::Views() {
@@ -979,6 +1175,33 @@ Status ServerImpl::ReadLocal(std::uint32_t table, RowRange range, std::vector<fl
   return Status::OK();
 }
 
+void ServerImpl::TEST_Kill() {
+  // From now on nothing is forwarded, applied or acknowledged, whatever
+  // point of a batch the apply thread is at; then every connection closes,
+  // as when the process dies.
+  killed_.store(true);
+  if (log_sender_) log_sender_->Kill();
+  Stop();
+  for (auto& c : connections_) c->Close();  // (the accept thread is joined)
+  connections_.clear();
+  if (log_sender_) log_sender_->CloseConnection();
+  if (log_receiver_) log_receiver_->CloseConnection();
+}
+
+Status ServerImpl::TEST_ShardState(std::uint32_t table, std::vector<float>* rows,
+                                   std::vector<float>* state) {
+  auto it = table_index_.find(table);
+  if (it == table_index_.end()) return InvalidArgumentError("unknown table");
+  const TableState& t = tables_[it->second];
+  MutexLock lock(apply_mu_);
+  rows->resize(t.shard.count * t.options.dim);
+  for (std::uint64_t r = 0; r < t.shard.count; ++r) {
+    std::memcpy(rows->data() + r * t.options.dim, t.data(r), t.row_bytes());
+  }
+  *state = t.state;
+  return Status::OK();
+}
+
 Status ServerImpl::TEST_SetRow(std::uint32_t table, std::uint64_t row, float value) {
   auto it = table_index_.find(table);
   if (it == table_index_.end()) return InvalidArgumentError("unknown table");
@@ -1003,6 +1226,11 @@ Status TEST_SetRow(Server& server, std::uint32_t table, std::uint64_t row, float
 }
 void TEST_PauseApply(Server& server, bool paused) {
   static_cast<ServerImpl&>(server).TEST_PauseApply(paused);
+}
+void TEST_Kill(Server& server) { static_cast<ServerImpl&>(server).TEST_Kill(); }
+Status TEST_ShardState(Server& server, std::uint32_t table, std::vector<float>* rows,
+                       std::vector<float>* state) {
+  return static_cast<ServerImpl&>(server).TEST_ShardState(table, rows, state);
 }
 }  // namespace internal
 

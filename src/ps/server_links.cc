@@ -75,6 +75,7 @@ bool ServerLinks::ParseControl(ServerLink& s) {
   s.head = head;
   std::memcpy(s.clocks.data(), p + sizeof(head), W * sizeof(ControlWorker));
   std::memcpy(&s.ckpt, p + ControlCheckpointOffset(W), sizeof(s.ckpt));
+  std::memcpy(&s.replica, p + ControlReplicaOffset(W), sizeof(s.replica));
   // The newest knowledge wins (a piggybacked read may be older than a poll).
   s.min_clock = std::max(s.min_clock, head.min_clock);
   s.applied_seq = std::max(s.applied_seq, s.clocks[worker_id_].applied_seq);
@@ -167,6 +168,59 @@ Status ServerLinks::Connect(transport::Endpoint& endpoint,
     }
   }
   return Status::OK();
+}
+
+Status ServerLinks::Reconnect(transport::Endpoint& endpoint, ServerLink& s,
+                              const transport::ConnectOptions& options, Deadline deadline) {
+  // The old connection closes only once the new one is bootstrapped: a
+  // server still serving has then bound this worker to the new one and
+  // ignores the old one's disconnect (it never counts the worker dead).
+  std::unique_ptr<transport::Connection> old = std::move(s.conn);
+  struct CloseOld {
+    std::unique_ptr<transport::Connection>& c;
+    ~CloseOld() {
+      if (c) c->Close();
+    }
+  } close_old{old};
+  s.slots_in_flight.clear();
+  s.ctrl_inflight = false;
+  // A backup the shard map names may not serve yet when this worker comes
+  // (it is promoted just after the decision): it refuses the connection,
+  // and the worker tries again until the deadline.
+  std::vector<transport::Notification> notes(16);
+  while (true) {
+    auto r = endpoint.Connect(s.address, options, deadline);
+    if (!r.ok()) {
+      if (r.status().code() == StatusCode::kUnavailable && SteadyClock::now() < deadline) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        continue;
+      }
+      return r.status().WithContext("worker " + std::to_string(worker_id_) + " reconnecting to " +
+                                    ServerName(s));
+    }
+    s.conn = std::move(r).value();
+    while (s.conn->health().ok()) {
+      auto n = endpoint.WaitNotifications(
+          notes, std::min(deadline, transport::DeadlineAfter(std::chrono::milliseconds(20))));
+      if (!n.ok()) return n.status().WithContext("waiting for the bootstrap of " + ServerName(s));
+      for (std::size_t k = 0; k < *n; ++k) {
+        if (notes[k].kind == transport::Notification::Kind::kImmediate &&
+            notes[k].imm == (kBootstrapImm | s.index)) {
+          return Status::OK();
+        }
+      }
+      if (SteadyClock::now() >= deadline) {
+        return TimedOutError("worker " + std::to_string(worker_id_) +
+                             ": no bootstrap message from " + ServerName(s) +
+                             " after reconnecting, before the deadline");
+      }
+    }
+    s.conn->Close();  // refused: again
+    if (SteadyClock::now() >= deadline) {
+      return UnavailableError("worker " + std::to_string(worker_id_) + ": " + ServerName(s) +
+                              " kept refusing the connection until the deadline");
+    }
+  }
 }
 
 Status ServerLinks::CheckNoneDied(const std::vector<std::uint32_t>& servers, std::uint64_t required,

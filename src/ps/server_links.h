@@ -112,6 +112,18 @@ struct ServerLink {
     bool ctrl;
   };
   std::deque<SlotInFlight> slots_in_flight;
+  // Replicated shards (ClientOptions::failover): the shard map epoch this
+  // link serves at, the replica words of the control block as last read,
+  // and a copy of every slot not yet acknowledged (slot of seq at
+  // (seq - 1) % ring_slots, its length in retain_len) to send again to a
+  // new primary. Slots up to replay_until are being rebuilt by a call
+  // retried after a failover: they were sent already and are not posted.
+  std::uint64_t epoch = 0;
+  ControlReplica replica{};
+  AlignedBuffer retain;
+  std::unique_ptr<transport::MemoryRegion> retain_mr;
+  std::vector<std::uint32_t> retain_len;
+  std::uint64_t replay_until = 0;
 };
 
 // "server 1 (host:7000)".
@@ -140,6 +152,12 @@ class ServerLinks {
   const Status& broken() const { return broken_; }
   // `st` in the context of s; breaks the links when it is the first error.
   Status Fail(ServerLink& s, const Status& st);
+  // After a failover reconnected every link (the client's Recover).
+  void ClearBroken() { broken_ = Status::OK(); }
+  // Closes s's connection and connects again to s.address (a new primary
+  // of its shard), waiting for its bootstrap message.
+  Status Reconnect(transport::Endpoint& endpoint, ServerLink& s,
+                   const transport::ConnectOptions& options, transport::Deadline deadline);
 
   Status PostOps(ServerLink& s, std::span<const transport::Op> ops);
   // Takes n completions of s; the first failed op fails the call.

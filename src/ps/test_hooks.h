@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "rdmaps/client.h"
 #include "rdmaps/server.h"
@@ -23,5 +24,16 @@ Status TEST_SetRow(Server& server, std::uint32_t table, std::uint64_t row, float
 // While paused, the server's apply thread takes no notification: pushes
 // land in the rings and wait there (what a slow or stuck server looks like).
 void TEST_PauseApply(Server& server, bool paused);
+
+// Kills the server in process: from this instant it forwards, applies and
+// acknowledges nothing (wherever its apply thread is in a batch), asks no
+// failover decider anything, then closes every connection, as a process
+// that died would.
+void TEST_Kill(Server& server);
+
+// A copy of the shard's rows (row by row, dim floats each) and of its
+// optimizer state, under the apply lock.
+Status TEST_ShardState(Server& server, std::uint32_t table, std::vector<float>* rows,
+                       std::vector<float>* state);
 
 }  // namespace rdmaps::internal

@@ -96,6 +96,11 @@
 // has made durable and the newest whose part failed (each stored as clock + 1,
 // 0 = none), the clock it restored from (+ 1, 0 = started fresh) and a random
 // incarnation id drawn at start (a restarted server has a new one).
+// Then ControlReplica (layout version 7): the epoch of the shard map entry
+// this server serves at (0: unreplicated), its replica count and whether it
+// acknowledges pushes (a backup not yet promoted and a fenced primary do
+// not). A worker that reconnects after a failover checks the epoch it was
+// told against it (docs/ps.md, "Replication and failover").
 // A kCheckpoint slot (no rows, clock = the worker's clock) asks for a
 // checkpoint at that clock (src/ps/checkpoint.h, docs/ps.md "Checkpoints").
 //
@@ -427,11 +432,21 @@ struct ControlCheckpoint {
 };
 static_assert(std::is_trivially_copyable_v<ControlCheckpoint> && sizeof(ControlCheckpoint) == 32);
 
+struct ControlReplica {
+  std::uint64_t epoch;     // shard map epoch served at; 0: unreplicated
+  std::uint32_t replicas;  // copies of the shard while serving at `epoch` (1 or 2)
+  std::uint32_t serving;   // 1: acknowledges pushes; 0: backup or fenced
+};
+static_assert(std::is_trivially_copyable_v<ControlReplica> && sizeof(ControlReplica) == 16);
+
 inline std::size_t ControlCheckpointOffset(std::uint32_t num_workers) {
   return sizeof(ControlHead) + num_workers * sizeof(ControlWorker);
 }
-inline std::size_t ControlPayloadBytes(std::uint32_t num_workers) {
+inline std::size_t ControlReplicaOffset(std::uint32_t num_workers) {
   return ControlCheckpointOffset(num_workers) + sizeof(ControlCheckpoint);
+}
+inline std::size_t ControlPayloadBytes(std::uint32_t num_workers) {
+  return ControlReplicaOffset(num_workers) + sizeof(ControlReplica);
 }
 inline std::size_t ControlBlockBytes(std::uint32_t num_workers) {
   return sizeof(BlockHeader) + ControlPayloadBytes(num_workers);

@@ -1,0 +1,226 @@
+// repl-bench: the cost of replicated shards, measured against unreplicated
+// ones in the same run (docs/ps.md, "Replication and failover").
+//
+//   push     one worker pushes --push_bytes_list sizes (4 MiB and 1 KiB by
+//            default) to one shard with replicas = 1 and with replicas = 2
+//            (primary and backup in this process, over --transport), runs
+//            alternating, --repeat times; median pushes/s of each and the
+//            ratio replicated / unreplicated. Each run ends with a Flush,
+//            so every push counted is acknowledged.
+//   failover --drills times: a replicated shard and a worker pushing 1 KiB;
+//            the primary Server is destroyed (its connections close, as
+//            when its process dies); the time from then until the worker's
+//            first Push + Flush acknowledged by the promoted backup. p50
+//            and max.
+// Output: a table, or one JSON object (--json).
+#include <gflags/gflags.h>
+
+#include <algorithm>
+#include <charconv>
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "rdmaps/client.h"
+#include "rdmaps/failover.h"
+#include "rdmaps/server.h"
+#include "tools/common/flags.h"
+
+DEFINE_string(transport, "tcp", "tcp (loopback) or fake");
+DEFINE_string(push_bytes_list, "4194304,1024", "push sizes to measure, in bytes (multiples of 4)");
+DEFINE_double(seconds, 1.0, "target duration of each push run");
+DEFINE_int32(repeat, 3, "push runs of each kind (median reported)");
+DEFINE_int32(drills, 20, "failover drills");
+DEFINE_bool(json, false, "print one JSON object instead of a table");
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using rdmaps::Client;
+using rdmaps::ClientOptions;
+using rdmaps::Server;
+using rdmaps::ServerOptions;
+
+[[noreturn]] void Die(const std::string& what, const rdmaps::Status& st) {
+  std::fprintf(stderr, "repl-bench: %s: %s\n", what.c_str(), st.ToString().c_str());
+  std::exit(1);
+}
+
+template <typename T>
+T Must(rdmaps::Result<T> r, const std::string& what) {
+  if (!r.ok()) Die(what, r.status());
+  return std::move(r).value();
+}
+
+std::string Listen() { return FLAGS_transport == "fake" ? "fake:0" : "127.0.0.1:0"; }
+
+rdmaps::TableOptions Table(std::uint64_t floats) {
+  rdmaps::TableOptions t;
+  t.id = 1;
+  t.name = "t";
+  t.dim = static_cast<std::uint32_t>(std::min<std::uint64_t>(floats, 1024));
+  t.rows = (floats + t.dim - 1) / t.dim;
+  t.layout = rdmaps::RowLayout::kDense;
+  t.optimizer = rdmaps::OptimizerOptions::Sgd(0.01f);
+  return t;
+}
+
+struct Shard {
+  std::shared_ptr<rdmaps::FailoverDecider> decider;
+  std::unique_ptr<Server> backup, primary;
+  std::unique_ptr<Client> client;
+};
+
+Shard StartShard(const rdmaps::TableOptions& table, bool replicated) {
+  Shard s;
+  ServerOptions o;
+  o.transport.transport = FLAGS_transport;
+  o.transport.job_token = "repl-bench";
+  o.listen_address = Listen();
+  o.tables = {table};
+  o.exit_when_workers_done = false;
+  if (replicated) {
+    s.decider = rdmaps::NewEmbeddedFailoverDecider();
+    ServerOptions b = o;
+    b.replicas = 2;
+    b.replica_role = rdmaps::ReplicaRole::kBackup;
+    b.failover = s.decider;
+    s.backup = Must(Server::Start(b), "starting the backup");
+    o.replicas = 2;
+    o.backup_address = s.backup->address();
+    o.failover = s.decider;
+  }
+  s.primary = Must(Server::Start(o), "starting the primary");
+  ClientOptions c;
+  c.transport = o.transport;
+  c.servers = {s.primary->address()};
+  c.failover = s.decider;
+  c.wait_timeout = std::chrono::seconds(30);
+  s.client = Must(Client::Connect(c), "connecting the worker");
+  return s;
+}
+
+// Pushes of `floats` for about FLAGS_seconds; pushes per second.
+double PushRate(std::uint64_t floats, bool replicated) {
+  const rdmaps::TableOptions t = Table(floats);
+  Shard s = StartShard(t, replicated);
+  std::vector<float> grads(t.rows * t.dim, 1e-3f);
+  if (auto st = s.client->RegisterBuffer(grads); !st.ok()) Die("RegisterBuffer", st);
+  const std::span<const float> g(grads.data(), floats);
+  const rdmaps::RowRange range{0, floats / t.dim};
+  // Warm-up, then timed batches until the target duration.
+  for (int i = 0; i < 3; ++i) {
+    if (auto st = s.client->Push(1, range, g); !st.ok()) Die("Push", st);
+  }
+  if (auto st = s.client->Flush(); !st.ok()) Die("Flush", st);
+  std::uint64_t n = 0;
+  const auto t0 = Clock::now();
+  const auto until = t0 + std::chrono::duration<double>(FLAGS_seconds);
+  while (Clock::now() < until) {
+    for (int i = 0; i < 16; ++i, ++n) {
+      if (auto st = s.client->Push(1, range, g); !st.ok()) Die("Push", st);
+    }
+  }
+  if (auto st = s.client->Flush(); !st.ok()) Die("Flush", st);
+  const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  (void)s.client->Close();
+  return static_cast<double>(n) / secs;
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Kill -> first acknowledged push at the new primary, in ms.
+double Drill() {
+  const rdmaps::TableOptions t = Table(256);
+  Shard s = StartShard(t, true);
+  const std::vector<float> g(256, 1e-3f);
+  for (int i = 0; i < 20; ++i) {
+    if (auto st = s.client->Push(1, {0, 1}, g); !st.ok()) Die("Push", st);
+  }
+  if (auto st = s.client->Flush(); !st.ok()) Die("Flush", st);
+  const auto t0 = Clock::now();
+  s.primary.reset();  // every connection of the primary closes
+  if (auto st = s.client->Push(1, {0, 1}, g); !st.ok()) Die("Push after the kill", st);
+  if (auto st = s.client->Flush(); !st.ok()) Die("Flush after the kill", st);
+  const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+  if (s.client->stats().failovers != 1) {
+    Die("drill", rdmaps::InternalError("the worker did not fail over"));
+  }
+  (void)s.client->Close();
+  return ms;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  gflags::SetUsageMessage(
+      "replicated vs unreplicated push throughput and failover time, in one run");
+  rdmaps::tools::ParseCommandLineFlags(&argc, &argv);
+  std::vector<std::uint64_t> sizes;
+  {
+    std::stringstream ss(FLAGS_push_bytes_list);
+    for (std::string item; std::getline(ss, item, ',');) {
+      std::uint64_t b = 0;
+      const auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), b);
+      if (ec != std::errc() || end != item.data() + item.size() || b < 4 || b % 4 != 0 ||
+          b > (std::uint64_t{1} << 30)) {
+        std::fprintf(stderr,
+                     "repl-bench: --push_bytes_list: '%s' is not a byte count that is a multiple "
+                     "of 4, from 4 to 1 GiB\n",
+                     item.c_str());
+        return 2;
+      }
+      sizes.push_back(b);
+    }
+  }
+  struct Row {
+    std::uint64_t bytes;
+    double plain, replicated;
+  };
+  std::vector<Row> rows;
+  for (std::uint64_t b : sizes) {
+    std::vector<double> plain, repl;
+    for (int r = 0; r < FLAGS_repeat; ++r) {
+      plain.push_back(PushRate(b / 4, false));
+      repl.push_back(PushRate(b / 4, true));
+    }
+    rows.push_back({b, Median(plain), Median(repl)});
+  }
+  std::vector<double> drills;
+  for (int i = 0; i < FLAGS_drills; ++i) drills.push_back(Drill());
+  std::sort(drills.begin(), drills.end());
+  const double p50 = drills.empty() ? 0 : drills[drills.size() / 2];
+  const double max = drills.empty() ? 0 : drills.back();
+  if (FLAGS_json) {
+    std::printf("{\"transport\":\"%s\",\"push\":[", FLAGS_transport.c_str());
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+      std::printf(
+          "%s{\"bytes\":%llu,\"unreplicated_per_s\":%.1f,\"replicated_per_s\":%.1f,"
+          "\"ratio\":%.3f}",
+          i ? "," : "", static_cast<unsigned long long>(rows[i].bytes), rows[i].plain,
+          rows[i].replicated, rows[i].replicated / rows[i].plain);
+    }
+    std::printf("],\"failover\":{\"drills\":%zu,\"p50_ms\":%.2f,\"max_ms\":%.2f}}\n", drills.size(),
+                p50, max);
+    return 0;
+  }
+  std::printf("transport %s, one shard, one worker, medians of %d runs\n", FLAGS_transport.c_str(),
+              FLAGS_repeat);
+  std::printf("%12s %18s %18s %8s\n", "push bytes", "replicas=1 push/s", "replicas=2 push/s",
+              "ratio");
+  for (const Row& r : rows) {
+    std::printf("%12llu %18.1f %18.1f %8.3f\n", static_cast<unsigned long long>(r.bytes), r.plain,
+                r.replicated, r.replicated / r.plain);
+  }
+  std::printf(
+      "failover (kill -> first acknowledged push at the new primary), %zu drills: "
+      "p50 %.2f ms, max %.2f ms\n",
+      drills.size(), p50, max);
+  return 0;
+}
