@@ -165,6 +165,85 @@ TEST_F(DocumentedCommandsTest, ByHandTwoServersFourWorkersWithASecretFile) {
   fs::remove_all(dir);
 }
 
+// docs/deploying.md, the ps-lite form: a scheduler that hosts the
+// rendezvous, two servers with a fixed --listen port (picked free here),
+// four workers; "..." is the same four DMLC_ variables. The secret is
+// derived from the per-user key (here a key file of the test's own).
+TEST_F(DocumentedCommandsTest, PsLiteSchedulerServersAndWorkers) {
+  const std::string dir = TempDir();
+  ASSERT_FALSE(dir.empty());
+  const std::string tables = dir + "/tables.json";
+  ASSERT_EQ(std::system((kTrain + " --model=mlp --print_tables > " + tables).c_str()), 0);
+  const std::map<std::string, std::string> dmlc = {
+      {"DMLC_PS_ROOT_URI", "127.0.0.1"},
+      {"DMLC_PS_ROOT_PORT", std::to_string(FreePort())},
+      {"DMLC_NUM_SERVER", "2"},
+      {"DMLC_NUM_WORKER", "4"},
+      {"RDMAPS_KEY_FILE", dir + "/key"}};
+  auto with_role = [&](const char* role) {
+    auto e = dmlc;
+    e["DMLC_ROLE"] = role;
+    return e;
+  };
+  std::vector<std::unique_ptr<Proc>> procs;
+  procs.push_back(std::make_unique<Proc>(std::vector<std::string>{kServer}, with_role("scheduler"),
+                                         std::chrono::seconds(150), kForeign));
+  for (int i = 0; i < 2; ++i) {
+    procs.push_back(std::make_unique<Proc>(
+        std::vector<std::string>{kServer, "--tables=" + tables,
+                                 "--listen=127.0.0.1:" + std::to_string(FreePort())},
+        with_role("server"), std::chrono::seconds(150), kForeign));
+  }
+  for (int i = 0; i < 4; ++i) {
+    procs.push_back(std::make_unique<Proc>(Cat({kTrain}, kShort), with_role("worker"),
+                                           std::chrono::seconds(150), kForeign));
+  }
+  for (auto& p : procs) EXPECT_EQ(p->Wait(), 0) << p->out();
+  fs::remove_all(dir);
+}
+
+// docs/deploying.md, torchrun on two nodes, both on 127.0.0.1 (each "node"
+// gives its --node_rank; Debian's torch 1.13 also needs --redirects=1
+// --tee=1 --log_dir, as that section says). Two ranks per node instead of
+// four keep the machine's load down; the rendezvous is at MASTER_PORT+1.
+TEST_F(DocumentedCommandsTest, TorchrunTwoNodes) {
+  if (std::system("/usr/bin/python3 -c 'import torch.distributed.run' >/dev/null 2>&1") != 0) {
+    GTEST_SKIP() << "torch.distributed.run not found: apt-get install python3-torch";
+  }
+  const std::string dir = TempDir();
+  ASSERT_FALSE(dir.empty());
+  const std::string tables = dir + "/tables.json";
+  ASSERT_EQ(std::system((kTrain + " --model=mlp --print_tables > " + tables).c_str()), 0);
+  int port = 0;
+  for (int tries = 0; tries < 50 && port == 0; ++tries) {
+    const int p = FreePort();
+    // MASTER_PORT+1 must be free too (the rendezvous).
+    int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in sa{};
+    sa.sin_family = AF_INET;
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    sa.sin_port = htons(static_cast<std::uint16_t>(p + 1));
+    if (p > 0 && p < 65535 && ::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) == 0) {
+      port = p;
+    }
+    ::close(fd);
+  }
+  ASSERT_NE(port, 0);
+  std::vector<std::unique_ptr<Proc>> nodes;
+  for (int node = 0; node < 2; ++node) {
+    nodes.push_back(std::make_unique<Proc>(
+        Cat({"torchrun", "--no_python", "--redirects=1", "--tee=1",
+             "--log_dir=" + dir + "/logs" + std::to_string(node), "--nnodes=2",
+             "--nproc_per_node=2", "--node_rank=" + std::to_string(node), "--master_addr=127.0.0.1",
+             "--master_port=" + std::to_string(port), kServer, "--num_servers=2",
+             "--tables=" + tables, "--", kTrain},
+            kShort),
+        std::map<std::string, std::string>{}, std::chrono::seconds(150), kForeign));
+  }
+  for (auto& n : nodes) EXPECT_EQ(n->Wait(), 0) << n->out();
+  fs::remove_all(dir);
+}
+
 // README "Benchmarks": the rdmaps-perf line (-n bounds the iterations).
 TEST(DocumentedPerfCommandTest, ReadmeRdmapsPerfLoopback) {
   Proc p({kPerf, "--transport=tcp", "--loopback", "--op=read", "-s", "64,4K,1M", "-n", "20"});
