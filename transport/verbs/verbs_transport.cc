@@ -55,9 +55,13 @@ VerbsConnection::~VerbsConnection() {
 Status VerbsConnection::Init(CmIdPtr id) {
   id_ = std::move(id);
   const ibv_device_attr& a = shared_->dev_attr;
-  std::size_t depth = std::min<std::size_t>({shared_->options.max_outstanding,
-                                             static_cast<std::size_t>(a.max_qp_wr),
-                                             static_cast<std::size_t>(a.max_cqe) - 1});
+  // Room for the handshake's sends (kHandshakeWrs WRs, one CQE) beside the
+  // data path's depth.
+  std::size_t depth = std::min<std::size_t>(
+      {shared_->options.max_outstanding,
+       static_cast<std::size_t>(std::max(a.max_qp_wr, 1 + static_cast<int>(kHandshakeWrs))) -
+           kHandshakeWrs,
+       static_cast<std::size_t>(std::max(a.max_cqe, 3)) - 2});
   depth = std::max<std::size_t>(depth, 1);
   channel_.reset(ibv_create_comp_channel(shared_->ctx));
   if (!channel_) return ErrnoError("ibv_create_comp_channel on " + shared_->dev_name, errno);
