@@ -28,6 +28,7 @@ if ((${#targets[@]} == 0)); then
 fi
 
 cmake -S "$here" -B "$build" -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DRDMAPS_FUZZ=ON \
+  ${CCACHE_BASEDIR:+-DCMAKE_CXX_COMPILER_LAUNCHER=ccache} \
   -DRDMAPS_BUILD_PERF=OFF >/dev/null
 cmake --build "$build" -j "$jobs" --target fuzz
 

@@ -72,7 +72,7 @@ SteadyClock::time_point CoarseNowCeil();
 
 // Wire protocol version carried in every handshake. Peers with different
 // versions refuse each other with FailedPrecondition.
-inline constexpr std::uint16_t kProtocolVersion = 2;
+inline constexpr std::uint16_t kProtocolVersion = 3;
 // The longest EndpointOptions::job_token (it never travels).
 inline constexpr std::size_t kMaxJobTokenBytes = 1024;
 // What a PermissionDenied from a handshake tells the user to do.

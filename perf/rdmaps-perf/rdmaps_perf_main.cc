@@ -12,6 +12,7 @@
 // seconds per size, -t ops in flight and -l ops per post for bandwidth.
 // See perf_runner.h for what is measured and docs/perf.md for how to read it.
 #include <gflags/gflags.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstring>
@@ -21,7 +22,9 @@
 #include "perf/rdmaps-perf/perf_cli.h"
 #include "perf/rdmaps-perf/perf_report.h"
 #include "perf/rdmaps-perf/perf_runner.h"
+#include "rdmaps/cluster.h"
 #include "src/base/host_port.h"
+#include "src/cluster/secret.h"
 #include "tools/common/exit.h"
 
 DEFINE_string(transport, "tcp", "Transport backend: tcp, fake, verbs or auto");
@@ -39,20 +42,25 @@ DEFINE_uint32(post_list, 1, "-l: operations per Post() call in bw mode");
 DEFINE_uint64(warmup, 16, "Untimed operations before each size");
 DEFINE_string(output, "table", "table, csv or json (results on stdout)");
 DEFINE_int32(port, 0, "-p: server port; 0 lets the server pick a free one (it prints it)");
-DEFINE_string(bind, "",
-              "Server address to listen on (default 0.0.0.0; 127.0.0.1 with --loopback)");
+DEFINE_string(bind, "", "Server address to listen on (default 0.0.0.0; 127.0.0.1 with --loopback)");
 DEFINE_bool(loopback, false, "Run server and client in this process (server on a thread)");
 DEFINE_double(timeout, 30, "Seconds any single wait may take (connect, an op, an idle client)");
 DEFINE_uint32(busy_poll_us, 50, "Microseconds a completion wait spins before sleeping");
-DEFINE_string(job_token, "rdmaps-perf", "Token both sides must present");
+DEFINE_bool(insecure, false,
+            "run without a job secret (also RDMAPS_INSECURE=1): anyone who reaches the port can "
+            "read and write the benchmark buffer");
+DEFINE_string(secret_file, "",
+              "a server started with no RDMAPS_JOB_SECRET[_FILE] writes its generated job secret "
+              "here, mode 0600 (default: $XDG_RUNTIME_DIR/rdmaps/job-secret-PID); start the "
+              "client with RDMAPS_JOB_SECRET_FILE=PATH");
 DEFINE_string(ib_dev, "", "-d: verbs device (default: the one owning the address)");
 DEFINE_int32(ib_port, 1, "-i: verbs device port");
 DEFINE_int32(gid_index, -1, "-x: verbs GID index (-1: rdma_cm chooses)");
 
 namespace {
 
-using rdmaps::perf::PerfOptions;
 using rdmaps::perf::ParseFlags;
+using rdmaps::perf::PerfOptions;
 using rdmaps::perf::WithPort;
 
 constexpr int kExitError = 1;
@@ -82,7 +90,51 @@ int RealMain(int argc, char** argv) {
 
   PerfOptions o;
   o.endpoint.transport = FLAGS_transport;
-  o.endpoint.job_token = FLAGS_job_token;
+  // The job secret as every tool resolves it (docs/security.md): never a
+  // flag; the loopback run and a server started by hand make one.
+  const rdmaps::Environment env = rdmaps::CurrentEnvironment();
+  auto secret = rdmaps::internal::ResolveJobSecret(
+      [] {
+        rdmaps::ClusterOptions co;
+        co.insecure = FLAGS_insecure;
+        return co;
+      }(),
+      env, rdmaps::ClusterLayout{});
+  if (!secret.ok()) {
+    std::fprintf(stderr, "rdmaps-perf: %s\n", secret.status().ToString().c_str());
+    return rdmaps::tools::kExitConfig;
+  }
+  o.endpoint.job_token = secret->value;
+  o.endpoint.insecure = secret->insecure;
+  struct SecretFile {
+    std::string path;
+    ~SecretFile() {
+      if (!path.empty()) ::unlink(path.c_str());
+    }
+  } secret_file;
+  if (o.endpoint.job_token.empty() && !o.endpoint.insecure) {
+    o.endpoint.job_token = rdmaps::GenerateJobSecret();
+    if (!FLAGS_loopback && positional.empty()) {
+      const std::string path = !FLAGS_secret_file.empty()
+                                   ? FLAGS_secret_file
+                                   : rdmaps::DefaultJobSecretFile(env, static_cast<int>(getpid()));
+      if (path.empty()) {
+        return Usage(
+            "no job secret and nowhere to write one (no HOME): pass --secret_file=PATH, "
+            "set RDMAPS_JOB_SECRET_FILE, or --insecure");
+      }
+      if (rdmaps::Status s = rdmaps::WriteJobSecretFile(path, o.endpoint.job_token); !s.ok()) {
+        std::fprintf(stderr, "rdmaps-perf: cannot write the job secret: %s\n",
+                     s.ToString().c_str());
+        return kExitError;
+      }
+      secret_file.path = path;
+      std::printf("job secret written to %s; start the client with RDMAPS_JOB_SECRET_FILE=%s\n",
+                  path.c_str(), path.c_str());
+    } else if (!FLAGS_loopback) {
+      o.endpoint.job_token.clear();  // a client: Endpoint::Create names the sources
+    }
+  }
   o.endpoint.busy_poll = std::chrono::microseconds(FLAGS_busy_poll_us);
   o.endpoint.ib_dev = FLAGS_ib_dev;
   o.endpoint.ib_port = FLAGS_ib_port;
@@ -103,8 +155,8 @@ int RealMain(int argc, char** argv) {
     return Usage("unknown --mode='" + FLAGS_mode + "'; use lat, bw or both");
   }
 
-  const bool atomic = o.op == rdmaps::perf::PerfOp::kFetchAdd ||
-                      o.op == rdmaps::perf::PerfOp::kCompareSwap;
+  const bool atomic =
+      o.op == rdmaps::perf::PerfOp::kFetchAdd || o.op == rdmaps::perf::PerfOp::kCompareSwap;
   if (atomic) {
     if (FLAGS_all || (!FLAGS_size.empty() && FLAGS_size != "8")) {
       std::fprintf(stderr, "rdmaps-perf: atomics are always 8 bytes; ignoring -s/-a\n");

@@ -57,6 +57,46 @@ Result<int> ParseCount(std::string_view name, std::string_view text) {
 
 namespace {
 
+// How many names `name` expands to, at most kMaxSlurmNodes + 1 (the
+// product of its groups' sizes; an item that is not N or N-M counts 1 and is
+// refused by ExpandOne). Checked before expanding: the groups multiply, and
+// building each of a huge product's names before the leaf count stops it
+// costs seconds.
+std::uint64_t CountNames(std::string_view name) {
+  std::uint64_t total = 1;
+  std::size_t at = 0;
+  while (true) {
+    auto open = name.find('[', at);
+    if (open == std::string_view::npos) break;
+    auto close = name.find(']', open);
+    if (close == std::string_view::npos) break;
+    std::string_view body = name.substr(open + 1, close - open - 1);
+    std::uint64_t group = 0;
+    std::size_t start = 0;
+    while (true) {
+      auto comma = body.find(',', start);
+      auto item = body.substr(
+          start, comma == std::string_view::npos ? std::string_view::npos : comma - start);
+      auto dash = item.find('-');
+      std::uint64_t lo = 0, hi = 0;
+      std::string_view lo_s = item.substr(0, dash);
+      std::string_view hi_s = dash == std::string_view::npos ? lo_s : item.substr(dash + 1);
+      const bool ok =
+          lo_s.size() <= 9 && hi_s.size() <= 9 &&
+          std::from_chars(lo_s.data(), lo_s.data() + lo_s.size(), lo).ec == std::errc() &&
+          std::from_chars(hi_s.data(), hi_s.data() + hi_s.size(), hi).ec == std::errc() && hi >= lo;
+      group += ok ? hi - lo + 1 : 1;  // <= 10^9 per item; bounded below
+      if (group > kMaxSlurmNodes) return kMaxSlurmNodes + 1;
+      if (comma == std::string_view::npos) break;
+      start = comma + 1;
+    }
+    total *= std::max<std::uint64_t>(group, 1);  // both <= kMaxSlurmNodes + 1: no overflow
+    if (total > kMaxSlurmNodes) return kMaxSlurmNodes + 1;
+    at = close + 1;
+  }
+  return total;
+}
+
 // Expands one name that may hold bracket groups, appending to `out`.
 Status ExpandOne(std::string_view whole, std::string_view name, std::vector<std::string>* out) {
   auto open = name.find('[');
@@ -146,6 +186,10 @@ Result<std::vector<std::string>> ExpandSlurmNodeList(std::string_view text) {
       auto name = text.substr(start, i - start);
       if (name.empty()) {
         return InvalidArgumentError("Slurm node list " + Quote(text) + " has an empty name");
+      }
+      if (out.size() + CountNames(name) > kMaxSlurmNodes) {
+        return InvalidArgumentError("Slurm node list " + Quote(text) + " expands to more than " +
+                                    std::to_string(kMaxSlurmNodes) + " nodes");
       }
       RDMAPS_RETURN_IF_ERROR(ExpandOne(text, name, &out));
       start = i + 1;

@@ -28,6 +28,11 @@
 
 namespace rdmaps::internal {
 
+RendezvousRootCounters& TEST_RendezvousRootCounters() {
+  static RendezvousRootCounters counters;
+  return counters;
+}
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -283,6 +288,8 @@ struct Joiner {
   std::string address;
   std::string peer;    // IP:port as seen by the root, for messages.
   Nonce root_nonce{};  // sent in its challenge
+  TimePoint accepted_at{};
+  std::uint64_t accept_seq = 0;
 };
 
 Result<RendezvousResult> RunRoot(const ClusterLayout& layout, std::string_view self_address,
@@ -306,7 +313,15 @@ Result<RendezvousResult> RunRoot(const ClusterLayout& layout, std::string_view s
   RDMAPS_LOG(INFO) << "rendezvous root listening at " << where << ", expecting " << S << " ps + "
                    << W << " workers";
 
+  // An entry whose fd is closed is in none of the maps below and is reused
+  // by the next accepted socket, so conns stays as small as the sockets
+  // open at once: at most kMaxRendezvousUnauthenticated without a hello,
+  // plus the processes of the job.
   std::vector<Joiner> conns;
+  std::uint64_t accept_seq = 0;
+  // Given up to accept (and close) a connection when no descriptor is free.
+  Fd reserve(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+  RendezvousRootCounters& counters = TEST_RendezvousRootCounters();
   // Arrived processes: rank -> conn index (ranked); arrival order (ps-lite).
   std::map<int, std::size_t> by_rank;
   std::vector<std::size_t> servers_in, workers_in;
@@ -415,9 +430,49 @@ Result<RendezvousResult> RunRoot(const ClusterLayout& layout, std::string_view s
         socklen_t len = sizeof(ss);
         int c = accept4(listener.get(), reinterpret_cast<sockaddr*>(&ss), &len,
                         SOCK_NONBLOCK | SOCK_CLOEXEC);
-        if (c < 0) break;
+        if (c < 0) {
+          if (errno == EMFILE || errno == ENFILE) {
+            // The connection stays queued and the listener readable: shed
+            // it, or poll would wake us at once until the deadline.
+            counters.accept_errors.fetch_add(1);
+            RDMAPS_LOG_EVERY_T(WARNING, 1.0)
+                << "rendezvous: out of file descriptors ("
+                << (errno == EMFILE ? "EMFILE: raise `ulimit -n`" : "ENFILE: the system's limit")
+                << "); closing the connections that arrive until some are free";
+            reserve.Reset();
+            int shed = accept4(listener.get(), nullptr, nullptr, SOCK_CLOEXEC);
+            if (shed >= 0) {
+              ::close(shed);
+              counters.fd_sheds.fetch_add(1);
+            }
+            reserve.Reset(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+          }
+          break;
+        }
+        // Sockets without a verified hello are bounded: past the cap the
+        // oldest goes, so idle sockets cannot lock the job's processes out.
+        std::size_t unauthenticated = 0, oldest = conns.size(), free_slot = conns.size();
+        for (std::size_t k = 0; k < conns.size(); ++k) {
+          if (conns[k].fd.get() < 0) {
+            if (free_slot == conns.size()) free_slot = k;
+            continue;
+          }
+          if (conns[k].hello) continue;
+          ++unauthenticated;
+          if (oldest == conns.size() || conns[k].accept_seq < conns[oldest].accept_seq) oldest = k;
+        }
+        if (unauthenticated >= kMaxRendezvousUnauthenticated) {
+          RDMAPS_LOG_EVERY_T(WARNING, 1.0)
+              << "rendezvous: " << unauthenticated
+              << " sockets have not sent a hello; dropping the oldest, from " << conns[oldest].peer;
+          conns[oldest].fd.Reset();
+          counters.dropped_oldest.fetch_add(1);
+          if (free_slot == conns.size() || oldest < free_slot) free_slot = oldest;
+        }
         Joiner j;
         j.fd = Fd(c);
+        j.accepted_at = Clock::now();
+        j.accept_seq = ++accept_seq;
         char host[NI_MAXHOST] = "?", serv[NI_MAXSERV] = "?";
         getnameinfo(reinterpret_cast<sockaddr*>(&ss), len, host, sizeof(host), serv, sizeof(serv),
                     NI_NUMERICHOST | NI_NUMERICSERV);
@@ -427,13 +482,31 @@ Result<RendezvousResult> RunRoot(const ClusterLayout& layout, std::string_view s
         // that process its rendezvous.
         const std::string challenge = EncodeChallenge(j.root_nonce);
         (void)send(j.fd.get(), challenge.data(), challenge.size(), MSG_NOSIGNAL);
-        conns.push_back(std::move(j));
+        if (free_slot < conns.size()) {
+          conns[free_slot] = std::move(j);
+        } else {
+          conns.push_back(std::move(j));
+        }
+      }
+    }
+    // Each socket has kRendezvousHelloTimeout to send its hello.
+    const TimePoint now = Clock::now();
+    for (auto& j : conns) {
+      if (j.fd.get() >= 0 && !j.hello && now - j.accepted_at > kRendezvousHelloTimeout) {
+        RDMAPS_LOG_EVERY_T(WARNING, 1.0)
+            << "rendezvous: " << j.peer << " sent no hello within "
+            << std::chrono::duration_cast<std::chrono::seconds>(kRendezvousHelloTimeout).count()
+            << " s; dropped";
+        j.fd.Reset();
+        counters.hello_timeouts.fetch_add(1);
       }
     }
     for (std::size_t i = 1; i < pfds.size() && failure.ok(); ++i) {
       if (!(pfds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
       std::size_t ci = i - 1;
       Joiner& j = conns[ci];
+      // Dropped, or its slot reused, since the poll.
+      if (j.fd.get() < 0 || j.fd.get() != pfds[i].fd) continue;
       char buf[4096];
       ssize_t n = recv(j.fd.get(), buf, sizeof(buf), 0);
       if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;

@@ -39,6 +39,7 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <span>
@@ -57,6 +58,22 @@ inline constexpr std::uint32_t kRendezvousAnswerMagic = 0x52445a41;     // "RDZA
 inline constexpr std::uint32_t kRendezvousChallengeMagic = 0x52445a43;  // "RDZC"
 inline constexpr std::uint16_t kRendezvousVersion = 2;                  // 2: challenge-response
 inline constexpr std::size_t kMaxRendezvousAddress = 256;
+
+// The root's bounds against hostile sockets, as the tcp transport's: at
+// most this many sockets without a verified hello at once (past that the
+// oldest is dropped), each given kRendezvousHelloTimeout to send it; out of
+// descriptors (EMFILE/ENFILE), an arriving connection is accepted into a
+// reserved descriptor and closed, with a warning a second at most.
+inline constexpr std::size_t kMaxRendezvousUnauthenticated = 1024;
+inline constexpr std::chrono::seconds kRendezvousHelloTimeout{10};
+// What the bounds did, process-wide (for tests).
+struct RendezvousRootCounters {
+  std::atomic<std::uint64_t> dropped_oldest{0};
+  std::atomic<std::uint64_t> hello_timeouts{0};
+  std::atomic<std::uint64_t> accept_errors{0};
+  std::atomic<std::uint64_t> fd_sheds{0};
+};
+RendezvousRootCounters& TEST_RendezvousRootCounters();
 
 struct HelloHeader {
   std::uint32_t magic;

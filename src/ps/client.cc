@@ -1047,10 +1047,25 @@ Status ClientImpl::Barrier() {
     }
     if (SteadyClock::now() >= deadline) {
       stats_.AddBlocked(SteadyClock::now() - start);
+      // Who has not arrived is not recorded; the workers behind this one's
+      // clock on server 0 (just read) are the likely ones (a stopped or
+      // hung process keeps its connections open).
+      std::string behind;
+      const auto& clocks = links_[0].clocks;
+      for (std::uint32_t w = 0; w < clocks.size(); ++w) {
+        if (w != options_.worker_id && clocks[w].clock < clock_) {
+          behind +=
+              " worker " + std::to_string(w) + " (clock " + std::to_string(clocks[w].clock) + ")";
+        }
+      }
       return TimedOutError("Barrier: worker " + std::to_string(options_.worker_id) + " waited " +
                            "wait_timeout; only " + std::to_string(*result - (target - W)) + " of " +
-                           std::to_string(W) +
-                           " workers arrived. Are the others alive and calling Barrier()?");
+                           std::to_string(W) + " workers arrived" +
+                           (behind.empty()
+                                ? std::string()
+                                : "; behind this worker's clock " + std::to_string(clock_) +
+                                      " on " + internal::ServerName(links_[0]) + ":" + behind) +
+                           ". Are the others alive and calling Barrier()?");
     }
     backoff.Pause();
   }

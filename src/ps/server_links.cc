@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <map>
 #include <thread>
 
 namespace rdmaps::internal {
@@ -240,6 +241,42 @@ Status ServerLinks::CheckNoneDied(const std::vector<std::uint32_t>& servers, std
   return Status::OK();
 }
 
+Status ServerLinks::WaitTimedOut(std::uint64_t required, const std::vector<std::uint32_t>& pending,
+                                 std::uint64_t clock, const std::string& why) const {
+  // The workers behind, over every pending server (a worker stopped inside
+  // Clock() is behind on some servers only): a lagging worker is the cause
+  // whenever there is one, never the server that merely had not applied
+  // this worker's last push when the deadline came.
+  std::map<std::uint32_t, std::pair<std::uint64_t, std::uint32_t>> behind;  // w -> clock, server
+  for (std::uint32_t i : pending) {
+    const ServerLink& s = servers_[i];
+    for (std::uint32_t w = 0; w < s.clocks.size(); ++w) {
+      const std::uint64_t c = s.clocks[w].clock;
+      if (c >= required) continue;
+      auto [it, fresh] = behind.try_emplace(w, c, i);
+      if (!fresh && c < it->second.first) it->second = {c, i};
+    }
+  }
+  if (behind.empty()) {
+    const ServerLink& s = servers_[pending[0]];
+    return TimedOutError(ServerName(s) + " has applied push " + std::to_string(s.applied_seq) +
+                         " of this worker's " + std::to_string(s.pushed_seq) +
+                         " within wait_timeout while every worker's clock is >= " +
+                         std::to_string(required) + ": the server is overloaded or stuck");
+  }
+  std::string lagging;
+  for (const auto& [w, at] : behind) {
+    lagging += " worker " + std::to_string(w) + " (clock " + std::to_string(at.first) + ") on " +
+               ServerName(servers_[at.second]) + ";";
+  }
+  lagging.pop_back();
+  return TimedOutError(
+      "worker " + std::to_string(worker_id_) + " at clock " + std::to_string(clock) + " " + why +
+      " needs every worker at clock >= " + std::to_string(required) + "; lagging:" + lagging +
+      ". Are those workers alive and calling Clock() (a stopped or hung process "
+      "keeps its connections open)?");
+}
+
 Status ServerLinks::WaitForClocks(std::uint64_t required, const std::vector<std::uint32_t>& servers,
                                   std::uint64_t clock, const std::function<std::string()>& why,
                                   Deadline deadline) {
@@ -273,24 +310,7 @@ Status ServerLinks::WaitForClocks(std::uint64_t required, const std::vector<std:
     }
     if (SteadyClock::now() >= deadline) {
       stats_->AddBlocked(SteadyClock::now() - start);
-      const ServerLink& s = servers_[p[0]];
-      std::string lagging;
-      for (std::uint32_t w = 0; w < s.clocks.size(); ++w) {
-        if (s.clocks[w].clock < required) {
-          lagging +=
-              " worker " + std::to_string(w) + " (clock " + std::to_string(s.clocks[w].clock) + ")";
-        }
-      }
-      if (lagging.empty()) {
-        return TimedOutError(ServerName(s) + " has applied push " + std::to_string(s.applied_seq) +
-                             " of this worker's " + std::to_string(s.pushed_seq) +
-                             " within wait_timeout: the server is overloaded or stuck");
-      }
-      return TimedOutError("worker " + std::to_string(worker_id_) + " at clock " +
-                           std::to_string(clock) + " " + why() +
-                           " needs every worker at clock >= " + std::to_string(required) + " on " +
-                           ServerName(s) + "; lagging:" + lagging +
-                           ". Are those workers alive and calling Clock()?");
+      return WaitTimedOut(required, p, clock, why());
     }
     // Waiting only for this worker's own pushes to be applied: poll often.
     bool clocks_pending = false;

@@ -191,6 +191,10 @@ class ServerLinks {
   Status WaitForClocks(std::uint64_t required, const std::vector<std::uint32_t>& servers,
                        std::uint64_t clock, const std::function<std::string()>& why,
                        transport::Deadline deadline);
+  // WaitForClocks' TimedOut: names the workers behind `required` on the
+  // pending servers, or else the first pending server as the one stuck.
+  Status WaitTimedOut(std::uint64_t required, const std::vector<std::uint32_t>& pending,
+                      std::uint64_t clock, const std::string& why) const;
 
  private:
   const std::uint32_t worker_id_;

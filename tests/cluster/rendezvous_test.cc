@@ -4,11 +4,15 @@
 #include "src/cluster/rendezvous.h"
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <endian.h>
+#include <fcntl.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <array>
@@ -357,6 +361,148 @@ TEST_F(RendezvousTest, ReplayedHelloIsRefusedAndTheRealOneAccepted) {
   EXPECT_TRUE(ok.ok()) << ok.status();
   EXPECT_EQ(first.AnswerCode(), 0) << "the right hello was not accepted";
   root.join();
+}
+
+// More silent sockets than the root's cap: exactly the oldest ones past it
+// are dropped (counted; they see the end of the stream), and the job's real
+// process still gets in. Both ends of every socket live in this process.
+TEST_F(RendezvousTest, SilentSocketsAreBoundedAndTheJobStillMeets) {
+  constexpr std::size_t kExtra = 16;
+  constexpr std::size_t kSockets = internal::kMaxRendezvousUnauthenticated + kExtra;
+  rlimit rl{};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &rl), 0);
+  constexpr rlim_t kNeed = 2 * kSockets + 512;
+  if (rl.rlim_cur < kNeed) {
+    if (rl.rlim_max != RLIM_INFINITY && rl.rlim_max < kNeed) {
+      GTEST_SKIP() << "RLIMIT_NOFILE hard limit " << rl.rlim_max << " < " << kNeed;
+    }
+    rl.rlim_cur = kNeed;
+    ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &rl), 0);
+  }
+  auto& counters = internal::TEST_RendezvousRootCounters();
+  const std::uint64_t dropped_before = counters.dropped_oldest.load();
+  std::thread root([&] {
+    ClusterLayout l = Ranked(0, 2, 1);
+    l.job_token = "right";
+    auto r = CompleteCluster(l, ServerAddress(0), Opts(60s));
+    EXPECT_TRUE(r.ok()) << r.status();
+  });
+  // Each Connect returns once the root has accepted it and sent its
+  // challenge, so the root has seen them all in this order.
+  std::vector<RawJoiner> silent(kSockets);
+  for (std::size_t i = 0; i < kSockets; ++i) ASSERT_TRUE(silent[i].Connect(path_)) << i;
+  // A hello-less socket is dropped only when a newer one arrives past the
+  // cap; one more connection makes sure the root's count is final.
+  RawJoiner probe;
+  ASSERT_TRUE(probe.Connect(path_));
+  EXPECT_EQ(counters.dropped_oldest.load() - dropped_before, kExtra + 1);
+  for (std::size_t i = 0; i <= kExtra; ++i) {
+    char c;
+    EXPECT_EQ(::recv(silent[i].fd.get(), &c, 1, 0), 0) << "silent socket " << i << " not dropped";
+  }
+  ClusterLayout member = Ranked(1, 2, 1);
+  member.job_token = "right";
+  auto ok = CompleteCluster(member, "", Opts(20s));
+  EXPECT_TRUE(ok.ok()) << ok.status();
+  root.join();
+}
+
+// Highest open descriptor + 1.
+int OpenFdCeiling() {
+  int top = 0;
+  DIR* d = ::opendir("/proc/self/fd");
+  if (d == nullptr) return 1024;
+  while (dirent* e = ::readdir(d)) {
+    if (e->d_name[0] == '.') continue;
+    top = std::max(top, std::atoi(e->d_name) + 1);
+  }
+  ::closedir(d);
+  return top;
+}
+
+TEST_F(RendezvousTest, RootAtTheDescriptorLimitShedsConnectionsWithoutSpinning) {
+#ifdef RDMAPS_TEST_UBSAN
+  // UBSan's vptr check reads the process's memory map, which it cannot open
+  // at the descriptor limit (see tests/transport_tcp/tcp_auth_test.cc).
+  GTEST_SKIP() << "UBSan cannot check virtual calls at the descriptor limit";
+#endif
+  // In a child whose RLIMIT_NOFILE leaves no descriptor free once its root
+  // listens: every arriving connection must be shed (closed, no challenge),
+  // with one accept4 failure per shed, not a busy loop.
+  int to_parent[2], to_child[2];
+  ASSERT_EQ(::pipe2(to_parent, O_CLOEXEC), 0);
+  ASSERT_EQ(::pipe2(to_child, O_CLOEXEC), 0);
+  pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    std::thread root([&] {
+      ClusterLayout l = Ranked(0, 2, 1);
+      l.job_token = "right";
+      (void)CompleteCluster(l, ServerAddress(0), Opts(60s));
+    });
+    root.detach();
+    std::string addr;
+    for (int i = 0; i < 1000 && addr.empty(); ++i) {
+      std::ifstream(path_) >> addr;
+      if (addr.empty()) std::this_thread::sleep_for(10ms);  // the root's file is not there yet
+    }
+    if (addr.empty()) ::_exit(3);
+    rlimit rl{};
+    ::getrlimit(RLIMIT_NOFILE, &rl);
+    rl.rlim_cur = static_cast<rlim_t>(OpenFdCeiling());
+    if (::setrlimit(RLIMIT_NOFILE, &rl) != 0) ::_exit(4);
+    std::vector<Fd> filler;
+    for (;;) {
+      Fd f(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+      if (!f.valid()) break;
+      filler.push_back(std::move(f));
+    }
+    char c;
+    if (::write(to_parent[1], "r", 1) != 1) ::_exit(5);
+    if (::read(to_child[0], &c, 1) != 1) ::_exit(6);
+    auto& counters = internal::TEST_RendezvousRootCounters();
+    std::string report = std::to_string(counters.accept_errors.load()) + " " +
+                         std::to_string(counters.fd_sheds.load()) + "\n";
+    if (::write(to_parent[1], report.data(), report.size()) <= 0) ::_exit(7);
+    ::_exit(0);
+  }
+  ::close(to_parent[1]);
+  ::close(to_child[0]);
+  char ready = 0;
+  ASSERT_EQ(::read(to_parent[0], &ready, 1), 1) << "the child failed to start";
+  std::string addr;
+  std::ifstream(path_) >> addr;
+  auto hp = ParseHostPort(addr, "root");
+  ASSERT_TRUE(hp.ok()) << hp.status();
+  constexpr int kConns = 40;
+  int shed = 0;
+  for (int i = 0; i < kConns; ++i) {
+    Fd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    sockaddr_in sa{};
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons(static_cast<std::uint16_t>(hp->port));
+    inet_pton(AF_INET, hp->host.c_str(), &sa.sin_addr);
+    timeval tv{10, 0};
+    ::setsockopt(fd.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    ASSERT_EQ(::connect(fd.get(), reinterpret_cast<sockaddr*>(&sa), sizeof(sa)), 0);
+    char c;
+    // Closed without a challenge: shed. A timeout (-1) means it waited.
+    shed += ::recv(fd.get(), &c, 1, 0) == 0;
+  }
+  ASSERT_EQ(::write(to_child[1], "x", 1), 1);
+  std::string line;
+  char c;
+  while (::read(to_parent[0], &c, 1) == 1 && c != '\n') line += c;
+  unsigned long errors = 0, sheds = 0;
+  ASSERT_EQ(std::sscanf(line.c_str(), "%lu %lu", &errors, &sheds), 2) << line;
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  EXPECT_EQ(shed, kConns);
+  EXPECT_EQ(sheds, static_cast<unsigned long>(kConns));
+  EXPECT_LE(errors, sheds + 2) << "accept4 failed " << errors << " times for " << sheds << " sheds";
+  ::close(to_parent[0]);
+  ::close(to_child[1]);
 }
 
 TEST(RendezvousWireTest, ParsersRefuseWhatIsNotAMessage) {

@@ -36,6 +36,21 @@ TEST(SlurmNodeListTest, PlainNamesAndPaddingAcrossWidths) {
   EXPECT_THAT(*internal::ExpandSlurmNodeList("n[9-10]"), ElementsAre("n9", "n10"));
 }
 
+// A product past the limit is refused before any name is built (the fuzzer
+// found one of many groups that took seconds to reach the limit name by
+// name); one exactly at the limit still expands.
+TEST(SlurmNodeListTest, AProductPastTheLimitIsRefusedUpFront) {
+  auto r = internal::ExpandSlurmNodeList(
+      "node[02-20](gp)node[02-20](gp)node[02-20](gp)node[02-20](gp)node[02-20](gp)node[02-20]");
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(r.status().message(), HasSubstr("expands to more than 65536 nodes"));
+  auto many = internal::ExpandSlurmNodeList("a[0-255]b[0-255]");
+  ASSERT_TRUE(many.ok()) << many.status();
+  EXPECT_EQ(many->size(), internal::kMaxSlurmNodes);
+  EXPECT_FALSE(internal::ExpandSlurmNodeList("a[0-255]b[0-255],c").ok());
+}
+
 TEST(SlurmNodeListTest, SeveralBracketGroupsExpandAsAProduct) {
   EXPECT_THAT(*internal::ExpandSlurmNodeList("r[1-2]n[1,3]"),
               ElementsAre("r1n1", "r1n3", "r2n1", "r2n3"));

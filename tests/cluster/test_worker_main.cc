@@ -27,7 +27,8 @@ DEFINE_int32(iterations, 5, "BSP iterations");
 DEFINE_uint64(rows, 10, "rows of table \"sum\"");
 DEFINE_uint32(dim, 4, "floats per row");
 DEFINE_int32(die_at, -1, "SIGKILL this process after this iteration (-1: never)");
-DEFINE_int32(die_worker, 0, "which worker --die_at applies to");
+DEFINE_int32(die_worker, 0, "which worker --die_at and --stop_at apply to");
+DEFINE_int32(stop_at, -1, "SIGSTOP this process after this iteration (-1: never): a hung peer");
 DEFINE_int32(timeout_ms, 20000, "start-up, connect and wait deadlines");
 DEFINE_int32(num_servers, 0, "rank-based launchers: the first N ranks serve");
 DEFINE_string(rendezvous, "", "rank-based launchers: HOST:PORT or file:PATH");
@@ -103,6 +104,11 @@ int main(int argc, char** argv) {
       std::printf("dying now (--die_at)\n");
       std::fflush(stdout);
       raise(SIGKILL);
+    }
+    if (it == FLAGS_stop_at && layout->index == FLAGS_die_worker) {
+      std::printf("stopping now (--stop_at)\n");
+      std::fflush(stdout);
+      raise(SIGSTOP);
     }
   }
   const float want = static_cast<float>(layout->num_workers * FLAGS_iterations);

@@ -391,5 +391,42 @@ TEST(FakeTransport, AcceptIsInterruptible) {
             StatusCode::kFailedPrecondition);
 }
 
+// A hello recorded off the "wire" and replayed: the acceptor that saw it
+// refuses it by its replay cache; a restarted acceptor (a new endpoint on
+// the same name, an empty cache) refuses it because the replayer cannot
+// prove the secret over the acceptor's fresh nonce. The real connector's
+// own hello still gets in.
+TEST(FakeHandshakeTest, ReplayedHelloIsRefusedAlsoByARestartedEndpoint) {
+  auto server = MakeFake(1);
+  auto client = MakeFake(2);
+  ASSERT_TRUE(server->Listen("replayed:7").ok());
+  auto hello = std::make_shared<fake::Hello>();
+  ASSERT_TRUE(fake::RecordNextHello(*client, hello).ok());
+  ConnectOptions co;
+  co.user_data = {4, 2};
+  auto c = client->Connect("replayed:7", co, DeadlineAfter(seconds(5)));
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(hello->peer_id, 2u);
+  EXPECT_EQ(hello->user_data, co.user_data);
+  ASSERT_TRUE(server->Accept(DeadlineAfter(seconds(5))).ok());
+
+  Status same = fake::ReplayHello("replayed:7", *hello);
+  EXPECT_EQ(same.code(), StatusCode::kPermissionDenied) << same;
+  EXPECT_THAT(same.message(), ::testing::HasSubstr("replayed"));
+
+  c->reset();
+  server.reset();  // the restart: nothing of the old endpoint survives
+  server = MakeFake(1);
+  ASSERT_TRUE(server->Listen("replayed:7").ok());
+  Status restarted = fake::ReplayHello("replayed:7", *hello);
+  EXPECT_EQ(restarted.code(), StatusCode::kPermissionDenied) << restarted;
+  EXPECT_THAT(restarted.message(), ::testing::HasSubstr("proof of the job secret over its nonce"));
+  EXPECT_EQ(server->Accept(DeadlineAfter(milliseconds(50))).status().code(), StatusCode::kTimedOut);
+
+  auto again = client->Connect("replayed:7", co, DeadlineAfter(seconds(5)));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE(server->Accept(DeadlineAfter(seconds(5))).ok());
+}
+
 }  // namespace
 }  // namespace rdmaps::transport

@@ -33,6 +33,8 @@
 #include <condition_variable>
 #include <cstdio>
 #include <deque>
+#include <functional>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -97,7 +99,82 @@ struct Core {
   std::vector<std::weak_ptr<Link>> links RDMAPS_GUARDED_BY(mu);
   std::shared_ptr<FaultState> faults RDMAPS_GUARDED_BY(mu);  // Null: none.
   std::uint16_t protocol_version RDMAPS_GUARDED_BY(mu) = kProtocolVersion;
+  // The nonces of the last kMaxSeenHellos hellos, to refuse a replayed one
+  // (as the verbs acceptor does; a restarted endpoint starts empty).
+  std::set<Nonce> seen_hellos RDMAPS_GUARDED_BY(mu);
+  std::deque<Nonce> seen_order RDMAPS_GUARDED_BY(mu);
+  // RecordNextHello: where the next Connect's hello goes.
+  std::shared_ptr<Hello> record_hello RDMAPS_GUARDED_BY(mu);
 };
+constexpr std::size_t kMaxSeenHellos = 1 << 16;
+
+Mac HelloMac(const SecretKey& key, const Hello& h) {
+  HandshakeTranscript t;
+  t.protocol = "fake";
+  t.version = kProtocolVersion;
+  t.direction = MacDirection::kConnector;
+  t.connector_nonce = h.nonce;
+  t.connector_id = h.peer_id;
+  t.bound = h.user_data;
+  return HandshakeMac(key, t);
+}
+
+// The three steps of the handshake as the verbs backend runs them (its
+// REQ, REP and proof; transport/verbs/verbs_wire.h), checked with each
+// side's own key. The acceptor first checks the hello: its MAC, then that
+// its nonce is new. Then it answers with a fresh nonce and its MAC over both
+// nonces, which the connector checks; then the connector must prove the
+// secret over the acceptor's nonce (`prove`), which is what a replayed hello
+// cannot do. OK: the acceptor accepts.
+Status FakeHandshake(Core& acceptor, const std::string& address, const Hello& hello,
+                     const std::function<Status(const Nonce& acceptor_nonce,
+                                                const Mac& acceptor_mac)>& check_acceptor,
+                     const std::function<Mac(const Nonce& acceptor_nonce)>& prove) {
+  const SecretKey key = SecretKey::FromSecret(acceptor.options.job_token);
+  if (!ConstantTimeEqual(HelloMac(key, hello), hello.mac)) {
+    return PermissionDeniedError("job secret mismatch: peer " +
+                                 std::to_string(acceptor.options.peer_id) + " on '" + address +
+                                 "' refused our hello (our MAC did not verify there); " +
+                                 std::string(kJobSecretFix));
+  }
+  {
+    MutexLock lk(acceptor.mu);
+    if (!acceptor.seen_hellos.insert(hello.nonce).second) {
+      RDMAPS_LOG(WARNING) << "fake transport: '" << address
+                          << "' refused a replayed hello claiming peer " << hello.peer_id;
+      return PermissionDeniedError("peer on '" + address +
+                                   "' refused the hello as a replayed one; connect again");
+    }
+    acceptor.seen_order.push_back(hello.nonce);
+    if (acceptor.seen_order.size() > kMaxSeenHellos) {
+      acceptor.seen_hellos.erase(acceptor.seen_order.front());
+      acceptor.seen_order.pop_front();
+    }
+  }
+  HandshakeTranscript t;
+  t.protocol = "fake";
+  t.version = kProtocolVersion;
+  t.connector_nonce = hello.nonce;
+  t.acceptor_nonce = RandomNonce();
+  t.connector_id = hello.peer_id;
+  t.acceptor_id = acceptor.options.peer_id;
+  t.bound = hello.user_data;
+  t.direction = MacDirection::kAcceptor;
+  RDMAPS_RETURN_IF_ERROR(check_acceptor(t.acceptor_nonce, HandshakeMac(key, t)));
+  t.protocol = "fake-proof";
+  t.direction = MacDirection::kConnector;
+  if (!ConstantTimeEqual(HandshakeMac(key, t), prove(t.acceptor_nonce))) {
+    RDMAPS_LOG(WARNING) << "fake transport: '" << address << "' refused peer " << hello.peer_id
+                        << ": its proof of the job secret over our nonce does not verify (a "
+                           "hello replayed from a capture?)";
+    return PermissionDeniedError(
+        "peer on '" + address +
+        "' refused the connection: the proof of the job secret over its nonce does not "
+        "verify; " +
+        std::string(kJobSecretFix));
+  }
+  return Status::OK();
+}
 
 struct PendingOp {
   Op op;
@@ -767,37 +844,53 @@ class FakeEndpoint final : public Endpoint {
                               "' in this process; call Listen on the server endpoint first "
                               "(fake endpoints reach only endpoints of the same process)");
     }
-    // The challenge-response of the real backends, with the same MACs: each
-    // side checks the other's MAC with its own key (src/base/secret.h).
+    // The challenge-response of the verbs backend (FakeHandshake), each
+    // side with its own key (src/base/secret.h).
     {
       const SecretKey mine_key = SecretKey::FromSecret(this->options().job_token);
-      const SecretKey their_key = SecretKey::FromSecret(target->options.job_token);
+      Hello hello;
+      hello.peer_id = this->options().peer_id;
+      hello.nonce = RandomNonce();
+      hello.user_data = options.user_data;
+      hello.mac = HelloMac(mine_key, hello);
+      {
+        MutexLock lk(core_->mu);
+        if (core_->record_hello) {
+          *core_->record_hello = hello;
+          core_->record_hello.reset();
+        }
+      }
       HandshakeTranscript t;
       t.protocol = "fake";
       t.version = kProtocolVersion;
-      t.connector_nonce = RandomNonce();
-      t.acceptor_nonce = RandomNonce();
-      t.connector_id = this->options().peer_id;
+      t.connector_nonce = hello.nonce;
+      t.connector_id = hello.peer_id;
       t.acceptor_id = target->options.peer_id;
-      t.bound = options.user_data;
-      t.direction = MacDirection::kAcceptor;
-      const Mac from_acceptor = HandshakeMac(their_key, t);
-      if (!ConstantTimeEqual(HandshakeMac(mine_key, t), from_acceptor)) {
-        RDMAPS_LOG(WARNING) << "fake transport: peer " << this->options().peer_id
-                            << " refused endpoint " << target->options.peer_id << " on '" << address
-                            << "': our proof of the job secret did not verify; " << kJobSecretFix;
-        return PermissionDeniedError(
-            "job secret mismatch: peer " + std::to_string(target->options.peer_id) + " on '" +
-            std::string(address) +
-            "' did not prove knowledge of this job's secret (MAC "
-            "mismatch; this process is peer " +
-            std::to_string(this->options().peer_id) + "); " + kJobSecretFix);
-      }
-      t.direction = MacDirection::kConnector;
-      if (!ConstantTimeEqual(HandshakeMac(their_key, t), HandshakeMac(mine_key, t))) {
-        return PermissionDeniedError("job secret mismatch: refused by '" + std::string(address) +
-                                     "'; " + kJobSecretFix);
-      }
+      t.bound = hello.user_data;
+      const std::string addr(address);
+      RDMAPS_RETURN_IF_ERROR(FakeHandshake(
+          *target, addr, hello,
+          [&](const Nonce& acceptor_nonce, const Mac& acceptor_mac) -> Status {
+            t.acceptor_nonce = acceptor_nonce;
+            t.direction = MacDirection::kAcceptor;
+            if (ConstantTimeEqual(HandshakeMac(mine_key, t), acceptor_mac)) return Status::OK();
+            RDMAPS_LOG(WARNING) << "fake transport: peer " << this->options().peer_id
+                                << " refused endpoint " << target->options.peer_id << " on '"
+                                << address << "': its proof of the job secret did not verify; "
+                                << kJobSecretFix;
+            return PermissionDeniedError("job secret mismatch: peer " +
+                                         std::to_string(target->options.peer_id) + " on '" + addr +
+                                         "' did not prove knowledge of this job's secret (MAC "
+                                         "mismatch; this process is peer " +
+                                         std::to_string(this->options().peer_id) + "); " +
+                                         kJobSecretFix);
+          },
+          [&](const Nonce& acceptor_nonce) {
+            t.protocol = "fake-proof";
+            t.acceptor_nonce = acceptor_nonce;
+            t.direction = MacDirection::kConnector;
+            return HandshakeMac(mine_key, t);
+          }));
     }
     std::uint16_t mine, theirs;
     std::string my_name;
@@ -961,6 +1054,37 @@ Status ReleaseHeldOps(Endpoint& endpoint, std::size_t n) {
     } while (!state->released.compare_exchange_weak(cur, next));
   }
   return Status::OK();
+}
+
+Status RecordNextHello(Endpoint& endpoint, std::shared_ptr<Hello> out) {
+  FakeEndpoint* fake = AsFake(endpoint);
+  if (fake == nullptr) return NotFake(endpoint);
+  MutexLock lk(fake->core()->mu);
+  fake->core()->record_hello = std::move(out);
+  return Status::OK();
+}
+
+Status ReplayHello(std::string_view address, const Hello& hello) {
+  std::shared_ptr<Core> target;
+  {
+    Registry& reg = GetRegistry();
+    MutexLock rl(reg.mu);
+    auto it = reg.names.find(std::string(address));
+    if (it != reg.names.end()) target = it->second.lock();
+  }
+  if (!target || !target->alive.load()) {
+    return UnavailableError("nobody listens on fake address '" + std::string(address) + "'");
+  }
+  // The replayer cannot check the acceptor's MAC nor make the proof: it has
+  // no secret. Its best guess at a proof is random.
+  RDMAPS_RETURN_IF_ERROR(FakeHandshake(
+      *target, std::string(address), hello, [](const Nonce&, const Mac&) { return Status::OK(); },
+      [](const Nonce&) {
+        Mac guess;
+        RandomBytes(guess);
+        return guess;
+      }));
+  return Status::OK();  // the replayer would be in: what the proof prevents
 }
 
 Status DropConnection(Endpoint& endpoint, std::uint32_t peer_id) {

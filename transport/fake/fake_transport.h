@@ -42,7 +42,10 @@
 #include <functional>
 #include <limits>
 #include <memory>
+#include <string_view>
+#include <vector>
 
+#include "src/base/secret.h"
 #include "transport/transport.h"
 
 namespace rdmaps::transport::fake {
@@ -121,6 +124,26 @@ Status SetFaults(Endpoint& endpoint, const Faults& faults);
 // in posting order per endpoint). InvalidArgument if not a fake endpoint.
 inline constexpr std::size_t kAllOps = std::numeric_limits<std::size_t>::max();
 Status ReleaseHeldOps(Endpoint& endpoint, std::size_t n = kAllOps);
+
+// The handshake's first message as a capture of the "wire" holds it: the
+// connector's id, nonce, user data and MAC (over its own nonce only; the
+// acceptor has not spoken yet). The fake runs the verbs handshake: the
+// acceptor checks the hello's MAC and that its nonce is new (a cache a
+// restarted endpoint does not have), answers with a fresh nonce, and wants
+// the connector's proof of the secret over that nonce.
+struct Hello {
+  std::uint32_t peer_id = 0;
+  Nonce nonce{};
+  Mac mac{};
+  std::vector<std::uint8_t> user_data;
+};
+// The next Connect of `endpoint` copies its hello into *out.
+Status RecordNextHello(Endpoint& endpoint, std::shared_ptr<Hello> out);
+// Sends `hello` to the endpoint listening on `address` as someone without
+// the secret would: it passes the MAC check, then meets the replay cache
+// and the proof over the acceptor's nonce, which it can only guess. The
+// acceptor's verdict: PermissionDenied, or OK had it accepted.
+Status ReplayHello(std::string_view address, const Hello& hello);
 
 // Breaks every live connection between `endpoint` and the peer with
 // `peer_id`, as a cable pull would: both ends see it -- their outstanding ops

@@ -93,19 +93,44 @@ Status VerbsConnection::MoveQp(ibv_qp_state state, const std::string& where,
   return Status::OK();
 }
 
-Status VerbsConnection::ConnectQp(int responder_resources, int initiator_depth) {
+Status VerbsConnection::ConnectQp(int responder_resources, int initiator_depth,
+                                  bool hold_remote_access) {
   const std::string where = "for " + peer_.address;
+  // Held access: rdma_cm's flags are kept for GrantRemoteAccess and the QP
+  // gets none (a peer's READ/WRITE/atomic is refused by the NIC; SENDs, the
+  // handshake's proof, need no access right).
+  auto hold = [&](ibv_qp_attr& qa, int& mask) {
+    if (hold_remote_access && (mask & IBV_QP_ACCESS_FLAGS)) {
+      granted_access_ |= static_cast<int>(qa.qp_access_flags);
+      qa.qp_access_flags = 0;
+    }
+  };
   // INIT again first, as librdmacm does: on the connector the QP reached INIT
   // before the CM exchange, when rdma_cm knew no access flags yet (remote
   // READ/atomic rights come from the negotiated responder resources).
-  RDMAPS_RETURN_IF_ERROR(MoveQp(IBV_QPS_INIT, where));
+  RDMAPS_RETURN_IF_ERROR(MoveQp(IBV_QPS_INIT, where, [&](ibv_qp_attr& qa, int& mask) {
+    hold(qa, mask);
+    return Status::OK();
+  }));
   RDMAPS_RETURN_IF_ERROR(MoveQp(IBV_QPS_RTR, where, [&](ibv_qp_attr& qa, int& mask) {
+    hold(qa, mask);
     return AdjustRtr(qa, mask, responder_resources);
   }));
-  return MoveQp(IBV_QPS_RTS, where, [&](ibv_qp_attr& qa, int&) {
+  return MoveQp(IBV_QPS_RTS, where, [&](ibv_qp_attr& qa, int& mask) {
+    hold(qa, mask);
     if (initiator_depth >= 0) qa.max_rd_atomic = static_cast<std::uint8_t>(initiator_depth);
     return Status::OK();
   });
+}
+
+Status VerbsConnection::GrantRemoteAccess() {
+  ibv_qp_attr qa{};
+  qa.qp_state = IBV_QPS_RTS;
+  qa.qp_access_flags = static_cast<unsigned>(granted_access_);
+  if (int rc = ibv_modify_qp(qp_.get(), &qa, IBV_QP_STATE | IBV_QP_ACCESS_FLAGS); rc != 0) {
+    return ErrnoError("ibv_modify_qp(RTS, access flags) for " + peer_.address, rc);
+  }
+  return Status::OK();
 }
 
 Status VerbsConnection::AdjustRtr(ibv_qp_attr& qa, int& mask, int responder_resources) const {
@@ -355,13 +380,68 @@ Result<std::unique_ptr<Connection>> VerbsEndpoint::DoConnect(std::string_view ad
   }
   // The REP arrived: our QP to RTR/RTS, then the RTU (rdma_establish).
   RDMAPS_RETURN_IF_ERROR(conn->ConnectQp(-1, -1));
+  const std::uint32_t qpn = conn->qp_num();
+  {
+    MutexLock lock(shared_->mu);
+    shared_->handshake_rx[qpn].clear();  // before the acceptor can answer
+  }
+  struct Unlist {
+    Shared* s;
+    std::uint32_t qpn;
+    ~Unlist() {
+      MutexLock lock(s->mu);
+      s->handshake_rx.erase(qpn);
+    }
+  } unlist{shared_.get(), qpn};
   if (rdma_establish(idp) != 0) return ErrnoError("rdma_establish(" + where + ")", errno);
+  // The proof over the acceptor's nonce (verbs_wire.h), then its answer.
+  const ProofWords proof = ConnectorProof(key, version_.load(), nonce, rep->nonce,
+                                          options().peer_id, rep->peer_id, copts.user_data);
+  RDMAPS_RETURN_IF_ERROR(conn->PostHandshakeSends(proof));
+  RDMAPS_RETURN_IF_ERROR(AwaitProofAccepted(ch.get(), qpn, where, deadline));
   conn->set_peer_id(rep->peer_id);
   conn->Register();  // before the migrate: publishes the id under mu (see ProgressLoop)
   if (rdma_migrate_id(idp, shared_->channel.get()) != 0) {
     return ErrnoError("rdma_migrate_id", errno);
   }
   return std::unique_ptr<Connection>(std::move(conn));
+}
+
+Status VerbsEndpoint::AwaitProofAccepted(rdma_event_channel* ch, std::uint32_t qpn,
+                                         const std::string& where, Deadline deadline) {
+  // The answer arrives on the SRQ (the progress thread files it); a refusal
+  // is a disconnect on our private channel, looked at between waits.
+  constexpr auto kSlice = std::chrono::milliseconds(20);
+  while (true) {
+    {
+      MutexLock lock(shared_->mu);
+      const auto until = std::min<Deadline>(deadline, SteadyClock::now() + kSlice);
+      if (shared_->handshake_rx[qpn].empty()) {
+        shared_->handshake_cv.wait_until(lock.native(), until);
+      }
+      const std::vector<std::uint32_t>& got = shared_->handshake_rx[qpn];
+      if (!got.empty()) {
+        if (got.front() == kProofAccepted) return Status::OK();
+        return InvalidArgumentError("peer " + where +
+                                    " answered our proof of the job secret with an unknown "
+                                    "message; is it the same rdmaps version?");
+      }
+    }
+    CmEvent ev;
+    if (GetCmEvent(ch, &ev) &&
+        (ev.type == RDMA_CM_EVENT_DISCONNECTED || ev.type == RDMA_CM_EVENT_CONNECT_ERROR)) {
+      return PermissionDeniedError(
+          "peer " + where +
+          " closed the connection instead of accepting our proof of the job secret over its "
+          "nonce (its log says why); " +
+          std::string(kJobSecretFix));
+    }
+    if (SteadyClock::now() >= deadline) {
+      return TimedOutError("peer " + where +
+                           " did not confirm our proof of the job secret by the connect "
+                           "deadline; is it stuck, or an older rdmaps version?");
+    }
+  }
 }
 
 // --- VerbsEndpoint: the progress thread's rdma_cm events ------------------
@@ -458,16 +538,77 @@ void VerbsEndpoint::HandleConnectRequest(CmEvent& ev) {
   param.srq = 1;
   // Our QP goes to RTR and RTS before the REP, as rdma_accept would do
   // with a QP of its own.
-  if (Status s = conn->ConnectQp(param.responder_resources, param.initiator_depth); !s.ok()) {
+  if (Status s = conn->ConnectQp(param.responder_resources, param.initiator_depth,
+                                 /*hold_remote_access=*/true);
+      !s.ok()) {
     RDMAPS_LOG(WARNING) << "verbs: cannot accept peer " << req.peer_id << ": " << s;
     Reject(idp, kRejectNoResources);
     return;
   }
+  PendingAccept pending;
+  pending.proof = ConnectorProof(key, req.version, req.nonce, acceptor_nonce, req.peer_id,
+                                 options().peer_id, req.user_data);
+  {
+    MutexLock lock(shared_->mu);
+    shared_->handshake_rx[conn->qp_num()].clear();  // the proof may precede ESTABLISHED
+  }
   if (rdma_accept(idp, &param) != 0) {
     RDMAPS_LOG(WARNING) << "verbs: rdma_accept failed: " << std::strerror(errno);
+    MutexLock lock(shared_->mu);
+    shared_->handshake_rx.erase(conn->qp_num());
     return;
   }
-  pending_accept_[idp] = std::move(conn);
+  pending.conn = std::move(conn);
+  pending_accept_[idp] = std::move(pending);
+}
+
+void VerbsEndpoint::CheckProofs() {
+  const auto now = SteadyClock::now();
+  for (auto it = awaiting_proof_.begin(); it != awaiting_proof_.end();) {
+    PendingAccept& p = it->second;
+    const std::uint32_t qpn = p.conn->qp_num();
+    std::string refused;
+    {
+      MutexLock lock(shared_->mu);
+      const std::vector<std::uint32_t>& got = shared_->handshake_rx[qpn];
+      if (got.size() >= kProofWords) {
+        ProofWords words;
+        std::copy_n(got.begin(), kProofWords, words.begin());
+        if (!ProofEqual(words, p.proof)) {
+          refused =
+              "its proof of the job secret over our nonce does not verify (a connect "
+              "request replayed from a capture?)";
+        }
+      } else if (now >= p.deadline) {
+        refused = "it sent no proof of the job secret over our nonce within " +
+                  std::to_string(ProofTimeout().count()) +
+                  " ms (a connect request replayed from a capture, or an older rdmaps?)";
+      } else {
+        ++it;
+        continue;
+      }
+      shared_->handshake_rx.erase(qpn);
+    }
+    std::unique_ptr<VerbsConnection> conn = std::move(p.conn);
+    it = awaiting_proof_.erase(it);
+    const std::string who =
+        "peer " + std::to_string(conn->peer().peer_id) + " from " + conn->peer().address;
+    Status s = refused.empty() ? conn->GrantRemoteAccess() : Status::OK();
+    if (s.ok() && refused.empty()) {
+      const std::uint32_t ok = kProofAccepted;
+      s = conn->PostHandshakeSends(std::span(&ok, 1));
+    }
+    if (!refused.empty() || !s.ok()) {
+      RDMAPS_LOG_EVERY_T(WARNING, 0.2)
+          << "verbs: refused " << who << ": " << (refused.empty() ? s.ToString() : refused);
+      rdma_disconnect(conn->id());
+      continue;  // conn's destructor destroys the QP and the id
+    }
+    conn->Register();
+    MutexLock lock(shared_->mu);
+    shared_->accepted.push_back(std::move(conn));
+    shared_->accept_cv.notify_all();
+  }
 }
 
 void VerbsEndpoint::HandleCmEvent(CmEvent& ev) {
@@ -476,21 +617,30 @@ void VerbsEndpoint::HandleCmEvent(CmEvent& ev) {
       HandleConnectRequest(ev);
       return;
     case RDMA_CM_EVENT_ESTABLISHED: {
+      // Handed up only once the connector's proof verifies (CheckProofs).
       auto it = pending_accept_.find(ev.id);
       if (it == pending_accept_.end()) return;
-      std::unique_ptr<VerbsConnection> conn = std::move(it->second);
+      PendingAccept p = std::move(it->second);
       pending_accept_.erase(it);
-      conn->Register();
-      MutexLock lock(shared_->mu);
-      shared_->accepted.push_back(std::move(conn));
-      shared_->accept_cv.notify_all();
+      p.deadline = SteadyClock::now() + ProofTimeout();
+      awaiting_proof_[ev.id] = std::move(p);
+      CheckProofs();
       return;
     }
     case RDMA_CM_EVENT_REJECTED:
     case RDMA_CM_EVENT_CONNECT_ERROR:
     case RDMA_CM_EVENT_UNREACHABLE:
     case RDMA_CM_EVENT_DISCONNECTED: {
-      if (pending_accept_.erase(ev.id) > 0) return;  // never established
+      for (auto* m : {&pending_accept_, &awaiting_proof_}) {
+        auto it = m->find(ev.id);
+        if (it == m->end()) continue;
+        {
+          MutexLock lock(shared_->mu);
+          shared_->handshake_rx.erase(it->second.conn->qp_num());
+        }
+        m->erase(it);  // never handed up
+        return;
+      }
       DrainRecvCq();  // the peer's immediates precede its kDisconnected
       MutexLock lock(shared_->mu);
       auto it = shared_->by_id.find(ev.id);

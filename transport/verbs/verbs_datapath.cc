@@ -244,6 +244,9 @@ Status VerbsConnection::Post(std::span<const Op> ops) {
 }
 
 void VerbsConnection::OnWc(const ibv_wc& wc) {
+  // The handshake's sends are not the data path's ops; had one failed, the
+  // QP is in error and the data path's own ops say so.
+  if (wc.wr_id == kHandshakeWrId) return;
   const std::uint64_t seq = wc.wr_id;
   if (wc.status == IBV_WC_SUCCESS && !errored_) {
     while (!pending_.empty() && pending_.front().seq <= seq) {
@@ -288,6 +291,23 @@ void VerbsConnection::OnWc(const ibv_wc& wc) {
                                      health().ToString() + ")")});
     pending_.pop_front();
   }
+}
+
+Status VerbsConnection::PostHandshakeSends(std::span<const std::uint32_t> imms) {
+  std::vector<ibv_send_wr> wrs(imms.size());
+  for (std::size_t i = 0; i < imms.size(); ++i) {
+    ibv_send_wr& wr = wrs[i];
+    wr.wr_id = kHandshakeWrId;
+    wr.next = i + 1 < imms.size() ? &wrs[i + 1] : nullptr;
+    wr.opcode = IBV_WR_SEND_WITH_IMM;
+    wr.imm_data = htobe32(imms[i]);
+    wr.send_flags = i + 1 == imms.size() ? IBV_SEND_SIGNALED : 0;
+  }
+  ibv_send_wr* bad = nullptr;
+  if (int rc = ibv_post_send(qp_.get(), wrs.data(), &bad); rc != 0) {
+    return ErrnoError("ibv_post_send (handshake) to " + peer_.address, rc);
+  }
+  return Status::OK();
 }
 
 std::size_t VerbsConnection::DrainCq() {

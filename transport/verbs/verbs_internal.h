@@ -141,6 +141,12 @@ struct Shared {
   std::map<rdma_cm_id*, VerbsConnection*> by_id RDMAPS_GUARDED_BY(mu);    // established
   std::deque<Notification> notifications RDMAPS_GUARDED_BY(mu);
   std::deque<std::unique_ptr<VerbsConnection>> accepted RDMAPS_GUARDED_BY(mu);
+  // The handshake's zero-length SEND_WITH_IMMs (verbs_wire.h): the
+  // immediates received on each QP listed here, in order, by DrainRecvCq
+  // (the acceptor's proof words, the connector's kProofAccepted); a QP not
+  // listed gets its SENDs dropped. handshake_cv wakes a connector waiting.
+  std::map<std::uint32_t, std::vector<std::uint32_t>> handshake_rx RDMAPS_GUARDED_BY(mu);
+  std::condition_variable handshake_cv;
   // Set by Interrupt, cleared by the waiter it wakes.
   bool interrupted RDMAPS_GUARDED_BY(mu) = false;
   bool stopping RDMAPS_GUARDED_BY(mu) = false;
@@ -211,8 +217,20 @@ class VerbsConnection final : public Connection {
   // Moves the QP to RTR and RTS with the attributes rdma_cm computed for the
   // id (after CONNECT_RESPONSE on the connector, before rdma_accept on the
   // acceptor), overriding the source GID index when options.gid_index >= 0
-  // and the READ/atomic depths when given (>= 0).
-  Status ConnectQp(int responder_resources, int initiator_depth);
+  // and the READ/atomic depths when given (>= 0). hold_remote_access (the
+  // acceptor, until the connector's proof verifies): the QP grants no
+  // remote READ/WRITE/atomic access until GrantRemoteAccess.
+  Status ConnectQp(int responder_resources, int initiator_depth, bool hold_remote_access = false);
+  // RTS -> RTS with the access flags rdma_cm computed (see ConnectQp).
+  Status GrantRemoteAccess();
+  // Posts one zero-length SEND_WITH_IMM per immediate, the last signaled
+  // with kHandshakeWrId (which the data path ignores). Before the
+  // connection is handed to its owner, or by the progress thread before
+  // Accept returns it.
+  Status PostHandshakeSends(std::span<const std::uint32_t> imms);
+  static constexpr std::uint64_t kHandshakeWrId = ~std::uint64_t{0};
+  // Send WRs beyond max_outstanding reserved for the handshake sends.
+  static constexpr std::size_t kHandshakeWrs = kProofWords;
 
   // Registers in Shared's maps once established (takes Shared::mu).
   void Register();
@@ -278,6 +296,7 @@ class VerbsConnection final : public Connection {
   std::size_t max_outstanding_ = 0;
   std::size_t max_segments_ = 1;  // SGEs per READ: the QP's and the device's limit
   std::uint32_t signal_every_ = 1;
+  int granted_access_ = 0;  // held back by ConnectQp(hold_remote_access)
 
   // Health: written by the progress thread and the owner.
   mutable Mutex health_mu_;
@@ -324,6 +343,17 @@ class VerbsEndpoint final : public Endpoint {
   void HandleCmEvent(CmEvent& ev);
   void HandleConnectRequest(CmEvent& ev);
   void Reject(rdma_cm_id* id, RejectReason reason);
+  // The connector's wait for kProofAccepted (verbs_wire.h); `ch` is
+  // Connect's private channel, where a refusal shows as a disconnect.
+  Status AwaitProofAccepted(rdma_event_channel* ch, std::uint32_t qpn, const std::string& where,
+                            Deadline deadline);
+  // How long an acceptor waits for the proof: min(op_timeout, 10 s).
+  std::chrono::milliseconds ProofTimeout() const {
+    return std::min<std::chrono::milliseconds>(options().op_timeout, std::chrono::seconds(10));
+  }
+  // Hands up the established connections whose proof verified and
+  // disconnects those whose proof is wrong or late (verbs_wire.h).
+  void CheckProofs();
 
   // verbs_transport.cc.
   Status PostReceives(int n);
@@ -341,8 +371,15 @@ class VerbsEndpoint final : public Endpoint {
 
   std::atomic<std::uint16_t> version_{kProtocolVersion};  // a test hook may change it
 
-  // Progress thread only: accepted ids waiting for ESTABLISHED.
-  std::map<rdma_cm_id*, std::unique_ptr<VerbsConnection>> pending_accept_;
+  // Progress thread only: accepted ids waiting for ESTABLISHED, then for the
+  // connector's proof over our nonce (verbs_wire.h).
+  struct PendingAccept {
+    std::unique_ptr<VerbsConnection> conn;
+    ProofWords proof{};   // what the connector must send
+    Deadline deadline{};  // for the proof, from ESTABLISHED
+  };
+  std::map<rdma_cm_id*, PendingAccept> pending_accept_;
+  std::map<rdma_cm_id*, PendingAccept> awaiting_proof_;
   // Progress thread only: the connect-request nonces of the last
   // kMaxSeenNonces requests, to refuse a replayed one.
   static constexpr std::size_t kMaxSeenNonces = 1 << 16;

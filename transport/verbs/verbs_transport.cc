@@ -55,14 +55,20 @@ VerbsConnection::~VerbsConnection() {
 Status VerbsConnection::Init(CmIdPtr id) {
   id_ = std::move(id);
   const ibv_device_attr& a = shared_->dev_attr;
-  std::size_t depth = std::min<std::size_t>({shared_->options.max_outstanding,
-                                             static_cast<std::size_t>(a.max_qp_wr),
-                                             static_cast<std::size_t>(a.max_cqe) - 1});
+  // Room for the handshake's sends (kHandshakeWrs WRs, one CQE) beside the
+  // data path's depth.
+  std::size_t depth = std::min<std::size_t>(
+      {shared_->options.max_outstanding,
+       static_cast<std::size_t>(std::max(a.max_qp_wr, 1 + static_cast<int>(kHandshakeWrs))) -
+           kHandshakeWrs,
+       static_cast<std::size_t>(std::max(a.max_cqe, 3)) - 2});
   depth = std::max<std::size_t>(depth, 1);
   channel_.reset(ibv_create_comp_channel(shared_->ctx));
   if (!channel_) return ErrnoError("ibv_create_comp_channel on " + shared_->dev_name, errno);
   RDMAPS_RETURN_IF_ERROR(SetNonBlocking(channel_->fd, "completion channel"));
-  cq_.reset(ibv_create_cq(shared_->ctx, static_cast<int>(depth) + 1, nullptr, channel_.get(), 0));
+  // +2: the handshake's one signaled send (PostHandshakeSends) besides the
+  // data path's depth.
+  cq_.reset(ibv_create_cq(shared_->ctx, static_cast<int>(depth) + 2, nullptr, channel_.get(), 0));
   if (!cq_) {
     return ErrnoError("ibv_create_cq(" + std::to_string(depth + 1) + ") on " + shared_->dev_name +
                           " (lower max_outstanding?)",
@@ -82,7 +88,7 @@ Status VerbsConnection::Init(CmIdPtr id) {
     attr.srq = shared_->srq.get();
     attr.qp_type = IBV_QPT_RC;
     attr.sq_sig_all = 0;
-    attr.cap.max_send_wr = static_cast<std::uint32_t>(depth);
+    attr.cap.max_send_wr = static_cast<std::uint32_t>(depth + kHandshakeWrs);
     attr.cap.max_send_sge = send_sges;
     attr.cap.max_recv_wr = 1;
     attr.cap.max_recv_sge = 1;
@@ -352,6 +358,7 @@ void VerbsEndpoint::ProgressLoop() {
       while (GetCmEvent(shared_->channel.get(), &ev)) HandleCmEvent(ev);
     }
     if (fds[3].revents) HandleAsyncEvent();
+    CheckProofs();
   }
 }
 
@@ -384,6 +391,16 @@ void VerbsEndpoint::DrainRecvCq() {
         // wrong: the initiator sees the error) or the QP was flushed.
         RDMAPS_LOG(VERBOSE) << "verbs: notification receive failed: "
                             << ibv_wc_status_str(wc.status);
+        ++consumed;
+        continue;
+      }
+      if (wc.opcode == IBV_WC_RECV && (wc.wc_flags & IBV_WC_WITH_IMM)) {
+        // A handshake SEND (verbs_wire.h); dropped from QPs not in one.
+        auto hs = shared_->handshake_rx.find(wc.qp_num);
+        if (hs != shared_->handshake_rx.end() && hs->second.size() < kProofWords) {
+          hs->second.push_back(be32toh(wc.imm_data));
+          shared_->handshake_cv.notify_all();
+        }
         ++consumed;
         continue;
       }

@@ -89,4 +89,33 @@ Mac AcceptMac(const SecretKey& key, std::uint16_t version,
   return HandshakeMac(key, t);
 }
 
+ProofWords ConnectorProof(const SecretKey& key, std::uint16_t version,
+                          const std::array<std::uint8_t, 8>& connector_nonce,
+                          const Nonce& acceptor_nonce, std::uint32_t connector_id,
+                          std::uint32_t acceptor_id, std::span<const std::uint8_t> user_data) {
+  HandshakeTranscript t;
+  t.protocol = "verbs-proof";
+  t.version = version;
+  t.direction = MacDirection::kConnector;
+  t.connector_nonce = Widen(connector_nonce);
+  t.acceptor_nonce = acceptor_nonce;
+  t.connector_id = connector_id;
+  t.acceptor_id = acceptor_id;
+  t.bound = user_data;
+  const Mac full = HandshakeMac(key, t);
+  ProofWords out;
+  for (std::size_t i = 0; i < kProofWords; ++i) {
+    std::uint32_t w;
+    std::memcpy(&w, full.data() + 4 * i, sizeof w);
+    out[i] = be32toh(w);
+  }
+  return out;
+}
+
+bool ProofEqual(const ProofWords& a, const ProofWords& b) {
+  std::uint32_t diff = 0;
+  for (std::size_t i = 0; i < kProofWords; ++i) diff |= a[i] ^ b[i];
+  return diff == 0;
+}
+
 }  // namespace rdmaps::transport::verbs::internal

@@ -15,8 +15,20 @@
 // nonce, connector id, 0, user data): a REQ has no room for more, and the
 // acceptor has not spoken yet; 96 bits as in HMAC-SHA256-96. mac_a =
 // HandshakeMac(kAcceptor, nonce_c, nonce_a, connector id, acceptor id, user
-// data). The secret never travels; docs/security.md says what a replay of a
-// captured REQ to a restarted acceptor can and cannot do.
+// data). The secret never travels.
+//
+// mac_c cannot cover the acceptor's nonce, so a REQ captured on the fabric
+// and replayed to a restarted acceptor (whose replay cache is empty) would
+// pass it. Hence the proof: once ESTABLISHED, the connector sends
+// kProofWords zero-length SEND_WITH_IMMs whose immediates are the 96 bits of
+// ProofWords(nonce_c, nonce_a, ids, user data) - a MAC over the acceptor's
+// fresh nonce, which a replayer cannot make. Until they verify, the
+// acceptor's QP grants no remote READ/WRITE/atomic access and Accept does
+// not return the connection; then the acceptor grants the access and answers
+// with one zero-length SEND_WITH_IMM of kProofAccepted, which the connector
+// waits for before Connect returns (so its first op finds the access open).
+// A wrong proof, or none within min(op_timeout, 10 s): the acceptor
+// disconnects, and the connector's Connect fails with PermissionDenied.
 // A REJ without our magic means nobody listens on that port: Unavailable.
 #pragma once
 
@@ -109,5 +121,18 @@ Mac AcceptMac(const SecretKey& key, std::uint16_t version,
               const std::array<std::uint8_t, 8>& connector_nonce, const Nonce& acceptor_nonce,
               std::uint32_t connector_id, std::uint32_t acceptor_id,
               std::span<const std::uint8_t> user_data);
+
+// The connector's proof over the acceptor's nonce: the first 96 bits of
+// HandshakeMac("verbs-proof", kConnector, both nonces, both ids, user data),
+// as the host-order immediates of kProofWords SEND_WITH_IMMs.
+inline constexpr std::size_t kProofWords = 3;
+inline constexpr std::uint32_t kProofAccepted = 0x5250504b;  // "RPPK"
+using ProofWords = std::array<std::uint32_t, kProofWords>;
+ProofWords ConnectorProof(const SecretKey& key, std::uint16_t version,
+                          const std::array<std::uint8_t, 8>& connector_nonce,
+                          const Nonce& acceptor_nonce, std::uint32_t connector_id,
+                          std::uint32_t acceptor_id, std::span<const std::uint8_t> user_data);
+// Constant time.
+bool ProofEqual(const ProofWords& a, const ProofWords& b);
 
 }  // namespace rdmaps::transport::verbs::internal
