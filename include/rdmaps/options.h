@@ -83,6 +83,9 @@ struct ServerOptions {
   // A checkpoint at every clock that is a multiple of this (0: only those
   // workers ask for with Client::Checkpoint). The same on every server.
   std::uint64_t checkpoint_every = 0;
+  // A checkpoint of the whole job about every this long (0: none), timed by
+  // server 0 (the others ignore it): a trigger like RequestCheckpoint().
+  std::chrono::milliseconds checkpoint_interval{0};
   // Keep the newest this many complete checkpoints (0: keep all).
   std::uint32_t checkpoint_keep = 3;
   // A cut still waiting for a worker after this long is abandoned (a worker

@@ -228,6 +228,10 @@ class ClientImpl final : public Client {
                       Deadline deadline) RDMAPS_REQUIRES(mu_);
   // Flush() under mu_, bounded by `deadline`.
   Status FlushLocked(Deadline deadline) RDMAPS_REQUIRES(mu_);
+  // After a Clock(): sends kCut(c) to every server for each cut c a server
+  // published (ControlCheckpoint::cut_plus1) that this worker has not passed
+  // and not relayed yet (docs/ps.md, "Checkpoints": triggers).
+  Status RelayCuts(Deadline deadline) RDMAPS_REQUIRES(mu_);
 
   // A scattered pull by spans (scatter_plan.h): the spans into scratch_,
   // then the gather into `out`.
@@ -272,6 +276,8 @@ class ClientImpl final : public Client {
   std::uint64_t clock_ RDMAPS_GUARDED_BY(mu_) = 0;
   // A push since the last Clock() (Checkpoint() must come before any).
   bool pushed_this_clock_ RDMAPS_GUARDED_BY(mu_) = false;
+  // Cuts relayed (RelayCuts) at or after clock_.
+  std::vector<std::uint64_t> relayed_cuts_ RDMAPS_GUARDED_BY(mu_);
   bool closed_ RDMAPS_GUARDED_BY(mu_) = false;
   // Init() succeeded. A client whose Connect failed part-way (a server not
   // up, a refused handshake, tables that do not match) has links without
@@ -670,9 +676,13 @@ Result<std::uint64_t> ClientImpl::Clock() {
   MutexLock lock(mu_);
   RDMAPS_RETURN_IF_ERROR(Usable());
   const Deadline deadline = CallDeadline();
-  RDMAPS_RETURN_IF_ERROR(push_.SendControlSlot(SlotKind::kClock, clock_ + 1, deadline));
+  // Each server's control block is read behind the marker: a cut a server
+  // published before this call began is relayed before the next marker.
+  RDMAPS_RETURN_IF_ERROR(
+      push_.SendControlSlot(SlotKind::kClock, clock_ + 1, deadline, /*read_control=*/true));
   ++clock_;
   pushed_this_clock_ = false;
+  RDMAPS_RETURN_IF_ERROR(RelayCuts(deadline));
   const std::uint64_t now = clock_;
   stats_.Update([now](ClientStats& st) { st.clock = now; });
   // Do not run more than `bound` clocks ahead of the slowest worker.
@@ -687,6 +697,26 @@ Result<std::uint64_t> ClientImpl::Clock() {
         deadline));
   }
   return clock_;
+}
+
+Status ClientImpl::RelayCuts(Deadline deadline) {
+  std::vector<std::uint32_t> torn;
+  for (const ServerLink& s : links_.servers()) {
+    if (s.ctrl_torn) torn.push_back(s.index);
+  }
+  if (!torn.empty()) RDMAPS_RETURN_IF_ERROR(links_.ReadControl(torn, deadline));
+  std::erase_if(relayed_cuts_, [&](std::uint64_t c) { return c < clock_; });
+  for (const ServerLink& s : links_.servers()) {
+    if (s.ckpt.cut_plus1 == 0) continue;
+    const std::uint64_t c = s.ckpt.cut_plus1 - 1;
+    if (c < clock_ ||
+        std::find(relayed_cuts_.begin(), relayed_cuts_.end(), c) != relayed_cuts_.end()) {
+      continue;  // passed (so taken already), or relayed
+    }
+    RDMAPS_RETURN_IF_ERROR(push_.SendControlSlot(SlotKind::kCut, c, deadline));
+    relayed_cuts_.push_back(c);
+  }
+  return Status::OK();
 }
 
 Status ClientImpl::FlushLocked(Deadline deadline) {

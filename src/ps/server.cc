@@ -108,6 +108,8 @@ class ServerImpl final : public Server {
     return stats_;
   }
   Status ReadLocal(std::uint32_t table, RowRange range, std::vector<float>* out) const override;
+  void RequestCheckpoint() override { ++trigger_requests_; }
+  Result<std::uint64_t> CheckpointNow(Deadline deadline) override;
 
   transport::Endpoint* TEST_endpoint() const { return endpoint_.get(); }
   Status TEST_SetRow(std::uint32_t table, std::uint64_t row, float value);
@@ -128,6 +130,12 @@ class ServerImpl final : public Server {
   // Captures the shards once the cut is complete (or abandons it after
   // checkpoint_timeout), then lets the held slots through. Apply thread only.
   void AdvanceCut() RDMAPS_REQUIRES(apply_mu_);
+  // Serves RequestCheckpoint() and the checkpoint_interval timer: a cut
+  // (CheckpointCut::Trigger), published for the workers to relay. Apply
+  // thread only.
+  void ServeTriggers() RDMAPS_REQUIRES(apply_mu_);
+  // Wakes CheckpointNow() after a checkpoint word changed.
+  void NotifyCheckpoint() RDMAPS_EXCLUDES(mu_);
   std::vector<internal::ShardView> Views();
   // Loads options_.restore into the shards (Init, before serving).
   Status Restore();
@@ -172,10 +180,14 @@ class ServerImpl final : public Server {
   // Set by the writer thread, published in the control block.
   std::atomic<std::uint64_t> durable_plus1_{0};
   std::atomic<std::uint64_t> failed_plus1_{0};
-  std::uint64_t published_ckpt_ = 0;  // apply thread: durable + failed last published
-  std::uint64_t restored_plus1_ = 0;  // constant after Init
-  std::uint64_t incarnation_ = 0;     // constant after Init
-  std::string lineage_;               // constant after Init (CheckpointLineage)
+  std::uint64_t published_ckpt_ = 0;                // apply thread: durable + failed last published
+  std::atomic<std::uint64_t> trigger_requests_{0};  // RequestCheckpoint()s so far
+  std::uint64_t triggers_seen_ = 0;                 // apply thread
+  std::uint64_t own_cut_plus1_ = 0;                 // apply thread: ControlCheckpoint::cut_plus1
+  std::chrono::steady_clock::time_point next_timed_{};  // apply thread: checkpoint_interval
+  std::uint64_t restored_plus1_ = 0;                    // constant after Init
+  std::uint64_t incarnation_ = 0;                       // constant after Init
+  std::string lineage_;                                 // constant after Init (CheckpointLineage)
 
   // Accept thread only.
   std::vector<std::unique_ptr<transport::Connection>> connections_;
@@ -192,6 +204,10 @@ class ServerImpl final : public Server {
   // another worker) is never taken for that worker's.
   std::unique_ptr<std::atomic<std::uint64_t>[]> bound_;
   bool stopped_ RDMAPS_GUARDED_BY(mu_) = false;
+  // The triggers ServeTriggers has served, and the clock of the cut that
+  // serves them (CheckpointNow waits for it).
+  std::uint64_t triggers_served_ RDMAPS_GUARDED_BY(mu_) = 0;
+  std::uint64_t trigger_clock_ RDMAPS_GUARDED_BY(mu_) = 0;
 
   std::atomic<bool> stop_{false};
   std::atomic<bool> test_paused_{false};  // TEST_PauseApply
@@ -276,6 +292,7 @@ Status ServerImpl::Init() {
           while (cur < clock + 1 && !word.compare_exchange_weak(cur, clock + 1)) {
           }
           // The apply thread publishes it within its 200 ms idle wake-up.
+          NotifyCheckpoint();
         });
   }
   {
@@ -516,6 +533,24 @@ bool ServerImpl::ApplySlot(std::uint32_t w, const SlotHeader& h, const std::byte
     }
     return true;
   }
+  if (kind == SlotKind::kCut) {
+    // Relayed by the worker from a server that chose it (ServeTriggers)
+    // before the worker passed it: no worker can be past it here.
+    if (options_.checkpoint_dir.empty()) return true;  // nothing to write: no hold
+    std::vector<std::uint64_t> clocks(workers_.size());
+    for (std::size_t i = 0; i < workers_.size(); ++i) {
+      clocks[i] = workers_[i].done ? internal::kClockDone : workers_[i].clock;
+    }
+    if (!cut_->Add(h.clock, clocks)) {
+      RDMAPS_LOG(ERROR) << "ps server " << options_.server_index << ": worker " << w
+                        << " relayed a cut at clock " << h.clock
+                        << " that a worker has passed here already; not taken";
+      std::uint64_t cur = failed_plus1_.load();
+      while (cur < h.clock + 1 && !failed_plus1_.compare_exchange_weak(cur, h.clock + 1)) {
+      }
+    }
+    return true;
+  }
   if (kind != SlotKind::kRange && kind != SlotKind::kRows) return false;
   auto it = table_index_.find(h.table);
   if (it == table_index_.end()) return false;
@@ -605,6 +640,7 @@ void ServerImpl::PublishControl() {
   ck.failed_plus1 = failed_plus1_.load();
   ck.restored_plus1 = restored_plus1_;
   ck.incarnation = incarnation_;
+  ck.cut_plus1 = own_cut_plus1_;
   published_ckpt_ = ck.durable_plus1 + ck.failed_plus1;
   std::memcpy(payload + internal::ControlCheckpointOffset(W), &ck, sizeof(ck));
   internal::SealBlock(control_.get(), ++control_version_, internal::ControlPayloadBytes(W));
@@ -621,6 +657,7 @@ void ServerImpl::ApplyLoop() {
     if (*r == 0) {
       // Idle: an abandoned cut or a checkpoint made durable still gets out.
       MutexLock apply_lock(apply_mu_);
+      ServeTriggers();
       AdvanceCut();
       if (durable_plus1_.load() + failed_plus1_.load() != published_ckpt_) PublishControl();
       continue;
@@ -685,6 +722,7 @@ void ServerImpl::ApplyLoop() {
           since_publish = 0;
         }
       }
+      ServeTriggers();
       AdvanceCut();
       PublishControl();
     }
@@ -772,6 +810,7 @@ void ServerImpl::AdvanceCut() {
       std::uint64_t cur = failed_plus1_.load();
       while (cur < clock + 1 && !failed_plus1_.compare_exchange_weak(cur, clock + 1)) {
       }
+      NotifyCheckpoint();
     } else {
       return;
     }
@@ -785,6 +824,94 @@ void ServerImpl::AdvanceCut() {
         HandleSlot(w, imm);
       }
     }
+  }
+}
+
+void ServerImpl::NotifyCheckpoint() {
+  { MutexLock lock(mu_); }  // a waiter between its check and its wait sees the change
+  cv_.notify_all();
+}
+
+void ServerImpl::ServeTriggers() {
+  const auto now = std::chrono::steady_clock::now();
+  bool timed = false;
+  if (options_.checkpoint_interval.count() > 0 && options_.server_index == 0 &&
+      !options_.checkpoint_dir.empty()) {
+    if (next_timed_ == std::chrono::steady_clock::time_point{}) {
+      next_timed_ = now + options_.checkpoint_interval;
+    } else if (now >= next_timed_) {
+      next_timed_ = now + options_.checkpoint_interval;
+      MutexLock lock(mu_);
+      // Nothing to save before a worker came.
+      timed = std::find(seen_.begin(), seen_.end(), true) != seen_.end();
+    }
+  }
+  const std::uint64_t asked = trigger_requests_.load();
+  if (!timed && asked == triggers_seen_) return;
+  triggers_seen_ = asked;
+  if (options_.checkpoint_dir.empty()) {
+    RDMAPS_LOG(WARNING) << "ps server " << options_.server_index
+                        << ": a checkpoint was asked for, but this server has no "
+                           "--checkpoint_dir; ignored";
+    return;
+  }
+  std::vector<bool> done(workers_.size());
+  for (std::size_t w = 0; w < workers_.size(); ++w) done[w] = workers_[w].done;
+  bool created = false;
+  const std::uint64_t clock = cut_->Trigger(options_.push_slots, done, &created);
+  if (created) {
+    own_cut_plus1_ = clock + 1;
+    PublishControl();
+  }
+  RDMAPS_LOG(INFO) << "ps server " << options_.server_index << ": checkpoint "
+                   << (timed ? "timer" : "requested") << ": the job's cut at clock " << clock
+                   << (created ? " (new; the workers relay it)" : " (pending already)");
+  {
+    MutexLock lock(mu_);
+    triggers_served_ = asked;
+    trigger_clock_ = clock;
+  }
+  cv_.notify_all();
+}
+
+Result<std::uint64_t> ServerImpl::CheckpointNow(Deadline deadline) {
+  const std::string me = "ps server " + std::to_string(options_.server_index);
+  if (options_.checkpoint_dir.empty()) {
+    return FailedPreconditionError(me + " has no checkpoint_dir: give it --checkpoint_dir");
+  }
+  {
+    MutexLock lock(mu_);
+    if (std::find(seen_.begin(), seen_.end(), true) == seen_.end()) {
+      return FailedPreconditionError(me +
+                                     ": no worker has connected since it started, so its state "
+                                     "is its initial (or restored) one: nothing to checkpoint");
+    }
+  }
+  const std::uint64_t ticket = ++trigger_requests_;
+  MutexLock lock(mu_);
+  while (true) {
+    if (stopped_) return CancelledError(me + " stopped before its checkpoint was durable");
+    const bool served = triggers_served_ >= ticket;
+    const std::uint64_t clock = trigger_clock_;
+    if (served && durable_plus1_.load() >= clock + 1) return clock;
+    if (served && failed_plus1_.load() >= clock + 1) {
+      return UnavailableError(me + ": the checkpoint at clock " + std::to_string(clock) +
+                              " failed or was abandoned (see its log: a disk error, or a worker "
+                              "that died before reaching it)");
+    }
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= deadline) {
+      if (!served) return TimedOutError(me + ": the checkpoint request was not served in time");
+      std::vector<std::uint32_t> behind;
+      for (std::uint32_t w = 0; w < options_.num_workers; ++w) {
+        if (stats_.worker_clocks[w] < clock) behind.push_back(w);
+      }
+      return TimedOutError(me + ": the checkpoint at clock " + std::to_string(clock) +
+                           " is not durable by the deadline; workers not there yet: [" +
+                           WorkerList(behind) + "]");
+    }
+    // Slices: the writer thread's notification needs no lock order with us.
+    cv_.wait_until(lock.native(), std::min(deadline, now + std::chrono::milliseconds(200)));
   }
 }
 

@@ -84,9 +84,14 @@
 // areas add go after it): the newest clock whose checkpoint part this server
 // has made durable and the newest whose part failed (each stored as clock + 1,
 // 0 = none), the clock it restored from (+ 1, 0 = started fresh) and a random
-// incarnation id drawn at start (a restarted server has a new one).
+// incarnation id drawn at start (a restarted server has a new one), then
+// the clock of a cut it asks the workers to relay (+ 1, 0 = none).
 // A kCheckpoint slot (no rows, clock = the worker's clock) asks for a
 // checkpoint at that clock (src/ps/checkpoint.h, docs/ps.md "Checkpoints").
+// A kCut slot (no rows, clock = c) arms a cut at c that a server chose
+// (ControlCheckpoint::cut_plus1): each worker reads that word with every
+// Clock() and relays it to every server before it passes c, so every server
+// holds the cut before any worker passes it there.
 //
 // == Barrier ==
 // Server 0's atomics region holds a u64 counter touched only by transport
@@ -112,7 +117,7 @@ static_assert(std::endian::native == std::endian::little,
 inline constexpr std::uint32_t kHelloMagic = 0x50414d52;      // "RMAP"
 inline constexpr std::uint32_t kBootstrapMagic = 0x544f4f42;  // "BOOT"
 inline constexpr std::uint32_t kDirectoryMagic = 0x52494452;  // "RDIR"
-inline constexpr std::uint32_t kLayoutVersion = 6;
+inline constexpr std::uint32_t kLayoutVersion = 7;
 inline constexpr std::uint32_t kBootstrapImm = 0x80000000u;
 inline constexpr std::size_t kBootstrapSlotBytes = 64;
 inline constexpr std::size_t kCacheLine = 64;
@@ -401,8 +406,12 @@ struct ControlCheckpoint {
   std::uint64_t failed_plus1;    // newest clock whose part failed here, + 1 (0: none)
   std::uint64_t restored_plus1;  // clock restored from, + 1 (0: started fresh)
   std::uint64_t incarnation;     // random per server start
+  // A cut this server asks every worker to relay (an operator's, timed or
+  // final trigger), + 1 (0: none): a worker that reads it at Clock() and
+  // has not passed it sends kCut(clock) to every server.
+  std::uint64_t cut_plus1;
 };
-static_assert(std::is_trivially_copyable_v<ControlCheckpoint> && sizeof(ControlCheckpoint) == 32);
+static_assert(std::is_trivially_copyable_v<ControlCheckpoint> && sizeof(ControlCheckpoint) == 40);
 
 inline std::size_t ControlCheckpointOffset(std::uint32_t num_workers) {
   return sizeof(ControlHead) + num_workers * sizeof(ControlWorker);
@@ -424,6 +433,7 @@ enum class SlotKind : std::uint32_t {
   kClock = 3,
   kBye = 4,
   kCheckpoint = 5,
+  kCut = 6,  // clock = a cut's clock, relayed from a server's ControlCheckpoint::cut_plus1
 };
 
 struct SlotHeader {
