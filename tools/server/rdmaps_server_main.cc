@@ -451,11 +451,28 @@ int RealMain(SignalThread& signals) {
   so.push_slot_bytes = FLAGS_push_slot_bytes;
   so.apply_threads = FLAGS_apply_threads;
   if (!FLAGS_listen.empty()) so.listen_address = FLAGS_listen;
-  so.checkpoint_dir = FLAGS_checkpoint_dir;
-  so.checkpoint_every = FLAGS_checkpoint_every;
-  so.checkpoint_interval = std::chrono::seconds(std::max(0, FLAGS_checkpoint_every_s));
-  so.checkpoint_keep = FLAGS_checkpoint_keep;
-  so.checkpoint_timeout = std::chrono::seconds(std::max(1, FLAGS_checkpoint_timeout_s));
+  // Checkpoint settings: the tables file's "checkpoint" object, then the
+  // flags given on the command line over it.
+  if (!FLAGS_tables.empty()) {
+    auto ck = rdmaps::ReadCheckpointSettingsFile(FLAGS_tables);
+    if (!ck.ok()) {
+      LOG(ERROR) << ck.status();
+      return kExitConfig;
+    }
+    ck->ApplyTo(&so);
+  }
+  auto given = [](const char* flag) {
+    return !gflags::GetCommandLineFlagInfoOrDie(flag).is_default;
+  };
+  if (given("checkpoint_dir")) so.checkpoint_dir = FLAGS_checkpoint_dir;
+  if (given("checkpoint_every")) so.checkpoint_every = FLAGS_checkpoint_every;
+  if (given("checkpoint_every_s")) {
+    so.checkpoint_interval = std::chrono::seconds(std::max(0, FLAGS_checkpoint_every_s));
+  }
+  if (given("checkpoint_keep")) so.checkpoint_keep = FLAGS_checkpoint_keep;
+  if (given("checkpoint_timeout_s")) {
+    so.checkpoint_timeout = std::chrono::seconds(std::max(1, FLAGS_checkpoint_timeout_s));
+  }
   so.restore = FLAGS_restore;
 
   std::unique_ptr<rdmaps::Server> server;
@@ -522,7 +539,7 @@ int RealMain(SignalThread& signals) {
   in_rendezvous.store(layout.needs_rendezvous);
   static FinalCheckpoint final_ckpt;  // outlives the signal thread
   const bool with_checkpoints = !so.checkpoint_dir.empty();
-  const auto final_timeout = std::chrono::seconds(std::max(1, FLAGS_checkpoint_timeout_s));
+  const auto final_timeout = so.checkpoint_timeout;
   signals.Start([raw, with_checkpoints, final_timeout](int sig) {
     if (sig == SIGUSR1) {
       if (in_rendezvous.load()) {
@@ -557,7 +574,7 @@ int RealMain(SignalThread& signals) {
     }
     final_ckpt.asked = true;
     LOG(INFO) << "received " << name << ": a final checkpoint of the whole job (within "
-              << final_timeout.count() << " s; " << name
+              << final_timeout.count() / 1000 << " s; " << name
               << " again exits without it), then stopping";
     final_ckpt.thread = std::thread([raw, final_timeout] {
       Result<std::uint64_t> r =
