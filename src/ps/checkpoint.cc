@@ -739,7 +739,7 @@ std::string CheckpointLineage(const std::string& job_token, const std::string& r
 // ---- CheckpointWriter --------------------------------------------------------------
 
 CheckpointWriter::CheckpointWriter(std::string dir, std::uint32_t keep,
-                                   std::function<void(std::uint64_t, const Status&)> done)
+                                   std::function<void(const ShardSnapshot&, const Status&)> done)
     : dir_(std::move(dir)), keep_(keep), done_(std::move(done)) {
   thread_ = std::thread([this] { Loop(); });
 }
@@ -782,7 +782,7 @@ void CheckpointWriter::Loop() {
       RDMAPS_LOG(INFO) << "checkpoint at clock " << snap->clock << ": part " << snap->server_index
                        << " of " << snap->num_servers << " in " << *r;
     }
-    done_(snap->clock, r.status());
+    done_(*snap, r.status());
     lock.Lock();
     spare_ = std::move(snap);
   }

@@ -146,6 +146,9 @@ struct ShardSnapshot {
   std::uint32_t server_index = 0;
   std::uint32_t num_servers = 1;
   std::uint32_t num_workers = 1;
+  // The server's rewinds so far when it was taken: a part captured before a
+  // rewind in place no longer counts as the server's newest durable one.
+  std::uint64_t epoch = 0;
   std::vector<TableSnapshot> tables;
 };
 
@@ -242,9 +245,9 @@ std::string CheckpointLineage(const std::string& job_token, const std::string& r
 // checkpoints would otherwise grow memory without bound).
 class CheckpointWriter {
  public:
-  // `done(clock, status)` runs on the writer thread after each one.
+  // `done(snapshot, status)` runs on the writer thread after each one.
   CheckpointWriter(std::string dir, std::uint32_t keep,
-                   std::function<void(std::uint64_t, const Status&)> done);
+                   std::function<void(const ShardSnapshot&, const Status&)> done);
   ~CheckpointWriter();  // writes what was submitted, then stops
 
   void Submit(std::unique_ptr<ShardSnapshot> snap) RDMAPS_EXCLUDES(mu_);
@@ -257,7 +260,7 @@ class CheckpointWriter {
 
   const std::string dir_;
   const std::uint32_t keep_;
-  const std::function<void(std::uint64_t, const Status&)> done_;
+  const std::function<void(const ShardSnapshot&, const Status&)> done_;
   Mutex mu_;
   std::condition_variable cv_;
   std::unique_ptr<ShardSnapshot> waiting_ RDMAPS_GUARDED_BY(mu_);

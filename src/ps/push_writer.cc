@@ -268,4 +268,21 @@ Status PushWriter::SendControlSlot(SlotKind kind, std::uint64_t clock, Deadline 
   return SendPipelined(has_more, post_next, deadline);
 }
 
+Status PushWriter::SendRewind(const std::vector<std::uint32_t>& servers, std::uint64_t clock,
+                              std::uint64_t id, Deadline deadline) {
+  std::vector<bool> todo(links_->size(), false);
+  for (std::uint32_t i : servers) todo[i] = true;
+  auto has_more = [&](std::uint32_t si) { return bool(todo[si]); };
+  auto post_next = [&](ServerLink& s) {
+    SlotHeader h{};
+    h.clock = clock;
+    h.kind = static_cast<std::uint32_t>(SlotKind::kRewind);
+    h.first_row = id;
+    RDMAPS_RETURN_IF_ERROR(PostSlot(s, h, sizeof(SlotHeader)));
+    todo[s.index] = false;
+    return Status::OK();
+  };
+  return SendPipelined(has_more, post_next, deadline);
+}
+
 }  // namespace rdmaps::internal

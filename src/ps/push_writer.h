@@ -64,6 +64,10 @@ class PushWriter {
   Status PushRows(const RemoteTable& t, std::span<const std::uint64_t> rows,
                   std::span<const float> grads, const transport::MemoryRegion* user_mr,
                   std::uint64_t clock, transport::Deadline deadline);
+  // Sends a kRewind slot (clock = `clock`, first_row = `id`) to each of
+  // `servers` (indices).
+  Status SendRewind(const std::vector<std::uint32_t>& servers, std::uint64_t clock,
+                    std::uint64_t id, transport::Deadline deadline);
   // Sends a slot of `kind` (kClock: `clock` is the new clock; kBye) to every
   // server; with `read_control` a READ of each server's control block rides
   // behind it (posted after this call began: Clock() reads the cuts to

@@ -88,6 +88,12 @@ struct WorkerState {  // apply thread only, except where noted
   std::uint64_t clock = 0;
   bool done = false;
   bool died = false;  // disconnected without a goodbye
+  // The connection (PeerInfo::connection) whose slots are being applied: a
+  // new one is a new Client, whose sequence starts at 1 again.
+  std::uint64_t conn = 0;
+  // False after a rewind in place until this worker's new session says it
+  // knows (its kRewind): the slots of its older session are dropped.
+  bool session_ok = true;
 };
 
 class ServerImpl final : public Server {
@@ -127,6 +133,15 @@ class ServerImpl final : public Server {
   // behind the checkpoint cut (src/ps/checkpoint.h). Apply thread only.
   void TakeSlot(std::uint32_t w, std::uint32_t imm) RDMAPS_REQUIRES(apply_mu_);
   void HandleSlot(std::uint32_t w, std::uint32_t imm) RDMAPS_REQUIRES(apply_mu_);
+  // Worker w's slots now come on `connection` (a new Client): its sequence
+  // restarts at 1 and the held slots of the old one go. Apply thread only.
+  void NewSession(std::uint32_t w, std::uint64_t connection) RDMAPS_REQUIRES(apply_mu_);
+  // A kRewind of worker w: reloads checkpoint `clock` in place unless this
+  // recovery `id` was done already (docs/ps.md, "Recovery"). Apply thread.
+  void Rewind(std::uint32_t w, std::uint64_t clock, std::uint64_t id) RDMAPS_REQUIRES(apply_mu_);
+  // Loads checkpoint `path` into the shards; its clock and lineage.
+  Status LoadCheckpoint(const std::string& path, std::uint64_t* clock, std::string* lineage)
+      RDMAPS_REQUIRES(apply_mu_);
   // Captures the shards once the cut is complete (or abandons it after
   // checkpoint_timeout), then lets the held slots through. Apply thread only.
   void AdvanceCut() RDMAPS_REQUIRES(apply_mu_);
@@ -185,9 +200,11 @@ class ServerImpl final : public Server {
   std::uint64_t triggers_seen_ = 0;                 // apply thread
   std::uint64_t own_cut_plus1_ = 0;                 // apply thread: ControlCheckpoint::cut_plus1
   std::chrono::steady_clock::time_point next_timed_{};  // apply thread: checkpoint_interval
-  std::uint64_t restored_plus1_ = 0;                    // constant after Init
-  std::uint64_t incarnation_ = 0;                       // constant after Init
-  std::string lineage_;                                 // constant after Init (CheckpointLineage)
+  std::uint64_t restored_plus1_ = 0;     // apply thread after Init (a rewind changes it)
+  std::uint64_t incarnation_ = 0;        // constant after Init
+  std::string lineage_;                  // apply thread after Init (CheckpointLineage)
+  std::uint64_t rewind_id_ = 0;          // apply thread: ControlCheckpoint::rewind_id
+  std::atomic<std::uint64_t> epoch_{0};  // rewinds in place so far (ShardSnapshot::epoch)
 
   // Accept thread only.
   std::vector<std::unique_ptr<transport::Connection>> connections_;
@@ -197,6 +214,9 @@ class ServerImpl final : public Server {
   ServerStats stats_ RDMAPS_GUARDED_BY(mu_);
   std::vector<bool> seen_ RDMAPS_GUARDED_BY(mu_);  // worker connected at least once
   std::vector<bool> gone_ RDMAPS_GUARDED_BY(mu_);  // worker disconnected
+  // When each worker disconnected without a goodbye (rejoin_timeout).
+  std::vector<std::chrono::steady_clock::time_point> gone_at_ RDMAPS_GUARDED_BY(mu_);
+  Status rewind_error_ RDMAPS_GUARDED_BY(mu_);  // a rewind that failed: Run returns it
   // Per worker, the PeerInfo::connection of its bootstrapped connection (0:
   // none yet). Written by the accept thread before the bootstrap write, read
   // by the apply thread per notification: a notification of any other
@@ -272,6 +292,7 @@ Status ServerImpl::Init() {
     MutexLock lock(mu_);  // no other thread yet; for the analysis
     seen_.assign(options_.num_workers, false);
     gone_.assign(options_.num_workers, false);
+    gone_at_.assign(options_.num_workers, {});
     bound_ = std::make_unique<std::atomic<std::uint64_t>[]>(options_.num_workers);
     stats_.worker_clocks.assign(options_.num_workers, 0);
   }
@@ -286,7 +307,9 @@ Status ServerImpl::Init() {
   if (!options_.checkpoint_dir.empty()) {
     writer_ = std::make_unique<internal::CheckpointWriter>(
         options_.checkpoint_dir, options_.checkpoint_keep,
-        [this](std::uint64_t clock, const Status& st) {
+        [this](const internal::ShardSnapshot& snap, const Status& st) {
+          if (snap.epoch != epoch_.load()) return;  // of the run before a rewind
+          const std::uint64_t clock = snap.clock;
           std::atomic<std::uint64_t>& word = st.ok() ? durable_plus1_ : failed_plus1_;
           std::uint64_t cur = word.load();
           while (cur < clock + 1 && !word.compare_exchange_weak(cur, clock + 1)) {
@@ -533,6 +556,10 @@ bool ServerImpl::ApplySlot(std::uint32_t w, const SlotHeader& h, const std::byte
     }
     return true;
   }
+  if (kind == SlotKind::kRewind) {
+    Rewind(w, h.clock, h.first_row);
+    return true;
+  }
   if (kind == SlotKind::kCut) {
     // Relayed by the worker from a server that chose it (ServeTriggers)
     // before the worker passed it: no worker can be past it here.
@@ -641,6 +668,7 @@ void ServerImpl::PublishControl() {
   ck.restored_plus1 = restored_plus1_;
   ck.incarnation = incarnation_;
   ck.cut_plus1 = own_cut_plus1_;
+  ck.rewind_id = rewind_id_;
   published_ckpt_ = ck.durable_plus1 + ck.failed_plus1;
   std::memcpy(payload + internal::ControlCheckpointOffset(W), &ck, sizeof(ck));
   internal::SealBlock(control_.get(), ++control_version_, internal::ControlPayloadBytes(W));
@@ -706,6 +734,7 @@ void ServerImpl::ApplyLoop() {
             } else {
               workers_[w].died = true;  // published by the PublishControl below
               stats_.dead_workers.push_back(w);
+              gone_at_[w] = std::chrono::steady_clock::now();
               RDMAPS_LOG(WARNING) << "ps server " << options_.server_index << ": worker " << w
                                   << " disconnected without Close() (crashed or killed?) at clock "
                                   << workers_[w].clock;
@@ -714,6 +743,7 @@ void ServerImpl::ApplyLoop() {
           }
           continue;
         }
+        if (n.connection != workers_[w].conn) NewSession(w, n.connection);
         TakeSlot(w, n.imm);
         // A long batch republishes as it goes, so a pipelining worker gets
         // its credits (and a Flush its answer) before the batch ends.
@@ -753,6 +783,16 @@ void ServerImpl::HandleSlot(std::uint32_t w, std::uint32_t imm) {
   const std::byte* base = rings_[w].get() + slot * options_.push_slot_bytes;
   SlotHeader h;
   std::memcpy(&h, base, sizeof(h));
+  if (!ws.session_ok && imm == internal::ImmOfSeq(seq) && h.seq == seq &&
+      h.kind != static_cast<std::uint32_t>(SlotKind::kRewind)) {
+    // A slot of w's session from before a rewind in place: consumed (its
+    // credit comes back), never applied.
+    RDMAPS_LOG_EVERY_N(WARNING, 100)
+        << "ps server " << options_.server_index << ": dropping a push of worker " << w
+        << " made before the rewind to clock " << ws.clock;
+    ++ws.next_seq;
+    return;
+  }
   if (imm != internal::ImmOfSeq(seq) || h.seq != seq ||
       !ApplySlot(w, h, base + sizeof(SlotHeader))) {
     RDMAPS_LOG_EVERY_N(WARNING, 100)
@@ -764,6 +804,54 @@ void ServerImpl::HandleSlot(std::uint32_t w, std::uint32_t imm) {
     return;
   }
   ++ws.next_seq;
+}
+
+void ServerImpl::NewSession(std::uint32_t w, std::uint64_t connection) {
+  WorkerState& ws = workers_[w];
+  if (ws.conn != 0) {
+    ws.next_seq = 1;
+    cut_->held()[w].clear();
+  }
+  ws.conn = connection;
+}
+
+void ServerImpl::Rewind(std::uint32_t w, std::uint64_t clock, std::uint64_t id) {
+  workers_[w].session_ok = true;
+  if (id == rewind_id_) return;  // this recovery's rewind is done: w knows
+  const std::string path = options_.checkpoint_dir + "/" + internal::CheckpointName(clock);
+  std::uint64_t loaded = 0;
+  std::string lineage;
+  Status st = options_.checkpoint_dir.empty()
+                  ? FailedPreconditionError("this server has no --checkpoint_dir")
+                  : LoadCheckpoint(path, &loaded, &lineage);
+  if (!st.ok()) {
+    // Half-loaded shards must never be served: this server ends (Run
+    // returns the error), and its launcher restarts it from the checkpoint.
+    RDMAPS_LOG(ERROR) << "ps server " << options_.server_index << ": cannot rewind to " << path
+                      << " for worker " << w << ": " << st;
+    {
+      MutexLock lock(mu_);
+      rewind_error_ = st.WithContext("rewinding in place to " + path);
+      stopped_ = true;
+    }
+    cv_.notify_all();
+    return;
+  }
+  for (std::uint32_t v = 0; v < workers_.size(); ++v) {
+    workers_[v].clock = loaded;
+    workers_[v].session_ok = v == w;
+    cut_->held()[v].clear();
+  }
+  cut_->SetCaptured(loaded);
+  own_cut_plus1_ = 0;
+  restored_plus1_ = loaded + 1;
+  rewind_id_ = id;
+  ++epoch_;
+  durable_plus1_.store(loaded + 1);
+  failed_plus1_.store(0);
+  lineage_ = internal::CheckpointLineage(options_.transport.job_token, lineage, loaded);
+  RDMAPS_LOG(INFO) << "ps server " << options_.server_index << " rewound in place to " << path
+                   << " (clock " << loaded << ", asked by worker " << w << ")";
 }
 
 std::vector<internal::ShardView> ServerImpl::Views() {
@@ -789,6 +877,7 @@ void ServerImpl::AdvanceCut() {
       snap->server_index = options_.server_index;
       snap->num_servers = options_.num_servers;
       snap->num_workers = options_.num_workers;
+      snap->epoch = epoch_.load();
       const auto start = std::chrono::steady_clock::now();
       const std::vector<internal::ShardView> views = Views();
       snap->tables.resize(views.size());
@@ -932,26 +1021,34 @@ Status ServerImpl::Restore() {
     if (!found.ok()) return found.status();
     path = *found;
   }
+  MutexLock apply_lock(apply_mu_);  // no other thread yet; for the analysis
+  std::uint64_t clock = 0;
+  std::string lineage;
+  RDMAPS_RETURN_IF_ERROR(LoadCheckpoint(path, &clock, &lineage));
+  for (WorkerState& ws : workers_) ws.clock = clock;
+  cut_->SetCaptured(clock);
+  restored_plus1_ = clock + 1;
+  lineage_ = internal::CheckpointLineage(options_.transport.job_token, lineage, clock);
+  RDMAPS_LOG(INFO) << "ps server " << options_.server_index << " restored " << path << " (clock "
+                   << clock << ")";
+  return Status::OK();
+}
+
+Status ServerImpl::LoadCheckpoint(const std::string& path, std::uint64_t* clock,
+                                  std::string* lineage) {
   auto parts = internal::OpenCheckpoint(path);
   if (!parts.ok())
     return parts.status().WithContext("restoring ps server " +
                                       std::to_string(options_.server_index));
   RDMAPS_RETURN_IF_ERROR(internal::CheckCheckpointTables(*parts, options_.tables, path));
-  MutexLock apply_lock(apply_mu_);  // no other thread yet; for the analysis
   for (TableState& t : tables_) {
     const internal::ShardView v{&t.options,     t.shard,        t.geometry,
                                 t.memory.get(), t.state.data(), t.optimizer->state_floats()};
     RDMAPS_RETURN_IF_ERROR(internal::RestoreTable(*parts, v));
     for (std::uint64_t b = 0; b < t.geometry.blocks(); ++b) t.Seal(b);
   }
-  const std::uint64_t clock = parts->front().clock;
-  for (WorkerState& ws : workers_) ws.clock = clock;
-  cut_->SetCaptured(clock);
-  restored_plus1_ = clock + 1;
-  lineage_ =
-      internal::CheckpointLineage(options_.transport.job_token, parts->front().lineage, clock);
-  RDMAPS_LOG(INFO) << "ps server " << options_.server_index << " restored " << path << " (clock "
-                   << clock << ", written by " << parts->size() << " servers)";
+  *clock = parts->front().clock;
+  *lineage = parts->front().lineage;
   return Status::OK();
 }
 
@@ -964,8 +1061,15 @@ std::string ServerImpl::WorkerList(const std::vector<std::uint32_t>& ids) const 
 bool ServerImpl::Finished() const {
   if (stopped_) return true;
   if (!options_.exit_when_workers_done) return false;
+  const auto now = std::chrono::steady_clock::now();
   for (std::uint32_t w = 0; w < options_.num_workers; ++w) {
     if (!seen_[w] || !gone_[w]) return false;
+    // A worker that died may reconnect (after a server's restart) until then.
+    if (std::find(stats_.dead_workers.begin(), stats_.dead_workers.end(), w) !=
+            stats_.dead_workers.end() &&
+        now - gone_at_[w] < options_.rejoin_timeout) {
+      return false;
+    }
   }
   return true;
 }
@@ -974,10 +1078,16 @@ Status ServerImpl::RunUntil(Deadline deadline) {
   MutexLock lock(mu_);
   bool finished = Finished();
   while (!finished) {
-    const bool timed_out = cv_.wait_until(lock.native(), deadline) == std::cv_status::timeout;
+    // In slices while a rejoin_timeout may run out with no notification.
+    const Deadline until =
+        options_.rejoin_timeout.count() > 0
+            ? std::min(deadline, std::chrono::steady_clock::now() + std::chrono::milliseconds(200))
+            : deadline;
+    cv_.wait_until(lock.native(), until);
     finished = Finished();
-    if (timed_out) break;
+    if (std::chrono::steady_clock::now() >= deadline) break;
   }
+  if (!rewind_error_.ok()) return rewind_error_;
   if (!finished) {
     std::vector<std::uint32_t> missing, running;
     for (std::uint32_t w = 0; w < options_.num_workers; ++w) {

@@ -92,6 +92,11 @@
 // (ControlCheckpoint::cut_plus1): each worker reads that word with every
 // Clock() and relays it to every server before it passes c, so every server
 // holds the cut before any worker passes it there.
+// A kRewind slot (clock = c, first_row = id) is the first slot of a worker
+// that reconnects after a server restarted from checkpoint c: a survivor
+// reloads checkpoint c in place (once per id), every worker's clock becomes
+// c, and it drops the slots of every worker's older session until that
+// worker's own kRewind arrives; ControlCheckpoint::rewind_id says it is done.
 //
 // == Barrier ==
 // Server 0's atomics region holds a u64 counter touched only by transport
@@ -410,8 +415,11 @@ struct ControlCheckpoint {
   // final trigger), + 1 (0: none): a worker that reads it at Clock() and
   // has not passed it sends kCut(clock) to every server.
   std::uint64_t cut_plus1;
+  // The recovery (a kRewind's id) this server last rewound in place for; 0:
+  // none. A worker reconnecting after a server's restart waits for it.
+  std::uint64_t rewind_id;
 };
-static_assert(std::is_trivially_copyable_v<ControlCheckpoint> && sizeof(ControlCheckpoint) == 40);
+static_assert(std::is_trivially_copyable_v<ControlCheckpoint> && sizeof(ControlCheckpoint) == 48);
 
 inline std::size_t ControlCheckpointOffset(std::uint32_t num_workers) {
   return sizeof(ControlHead) + num_workers * sizeof(ControlWorker);
@@ -434,6 +442,10 @@ enum class SlotKind : std::uint32_t {
   kBye = 4,
   kCheckpoint = 5,
   kCut = 6,  // clock = a cut's clock, relayed from a server's ControlCheckpoint::cut_plus1
+  // clock = the checkpoint a restarted server restored, first_row = the
+  // recovery's id: the first slot of a worker's new session on a survivor,
+  // which rewinds in place to that checkpoint (once per id).
+  kRewind = 7,
 };
 
 struct SlotHeader {

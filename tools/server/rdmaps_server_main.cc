@@ -111,6 +111,9 @@ DEFINE_int32(checkpoint_timeout_s, 600,
 DEFINE_int32(checkpoint_every_s, 0,
              "a checkpoint of the whole job about every this many seconds, timed by server 0 "
              "(0: none)");
+DEFINE_int32(rejoin_timeout_s, 0,
+             "a worker that disconnected without closing may reconnect this long (after a "
+             "dead server's restart) before this server counts it gone");
 DEFINE_string(pid_file, "",
               "write this process's pid here while it serves (--checkpoint_now "
               "reads it)");
@@ -474,6 +477,7 @@ int RealMain(SignalThread& signals) {
     so.checkpoint_timeout = std::chrono::seconds(std::max(1, FLAGS_checkpoint_timeout_s));
   }
   so.restore = FLAGS_restore;
+  so.rejoin_timeout = std::chrono::seconds(std::max(0, FLAGS_rejoin_timeout_s));
 
   std::unique_ptr<rdmaps::Server> server;
   if (layout.needs_rendezvous && layout.index < 0) {
