@@ -33,12 +33,9 @@ int CountOf(const std::string& text, const std::string& what) {
   return n;
 }
 
-TEST(RestartTest, OnlyTheDeadServerRestartsAndTheJobRewindsToTheCheckpoint) {
-  // rdmaps-train's default --data_dir (tools/train/idx.h).
-  const std::string data = "/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte";
-  if (!fs::exists(data + ".gz") && !fs::exists(data)) {
-    GTEST_SKIP() << "needs Fashion-MNIST (Debian package dataset-fashion-mnist)";
-  }
+// The drill on `transport`, every process on `host`; `epochs` and
+// `train_limit` size the training (smaller in the VM, where rxe is slow).
+void Drill(const std::string& transport, const std::string& host, int epochs, int train_limit) {
   char tmpl[] = "/tmp/rdmaps-restart-XXXXXX";
   ASSERT_NE(::mkdtemp(tmpl), nullptr);
   const std::string dir = tmpl;
@@ -46,15 +43,16 @@ TEST(RestartTest, OnlyTheDeadServerRestartsAndTheJobRewindsToTheCheckpoint) {
       RDMAPS_LOCAL_BIN,
       "--servers=2",
       "--workers=2",
-      "--transport=tcp",
+      "--transport=" + transport,
+      "--host=" + host,
       "--restart_servers=1",
       "--server_binary=" RDMAPS_SERVER_BIN,
       "--server_args=--checkpoint_dir=" + dir + " --checkpoint_every=20",
       "--",
       RDMAPS_TRAIN_BIN,
       "--model=softmax",
-      "--epochs=60",
-      "--train_limit=4000",
+      "--epochs=" + std::to_string(epochs),
+      "--train_limit=" + std::to_string(train_limit),
       "--test_limit=500",
       "--progress=false",
       "--max_recoveries=1"};
@@ -100,7 +98,7 @@ TEST(RestartTest, OnlyTheDeadServerRestartsAndTheJobRewindsToTheCheckpoint) {
     }
     if (killed && !reported && CountOf(out, "resuming at clock") == 2) {
       reported = true;
-      std::printf("kill -9 of ps1 to both workers resumed: %.0f ms\n",
+      std::printf("%s: kill -9 of ps1 to both workers resumed: %.0f ms\n", transport.c_str(),
                   std::chrono::duration<double, std::milli>(Clock::now() - killed_at).count());
     }
   }
@@ -134,6 +132,28 @@ TEST(RestartTest, OnlyTheDeadServerRestartsAndTheJobRewindsToTheCheckpoint) {
   EXPECT_EQ(CountOf(out, "worker1 pid="), 1) << "a worker process was restarted\n" << out;
   EXPECT_EQ(CountOf(out, "job done"), 1) << out;
   fs::remove_all(dir);
+}
+
+bool HaveData() {
+  // rdmaps-train's default --data_dir (tools/train/idx.h).
+  const std::string data = "/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte";
+  return fs::exists(data + ".gz") || fs::exists(data);
+}
+
+TEST(RestartTest, OnlyTheDeadServerRestartsAndTheJobRewindsToTheCheckpoint) {
+  if (!HaveData()) GTEST_SKIP() << "needs Fashion-MNIST (Debian package dataset-fashion-mnist)";
+  Drill("tcp", "127.0.0.1", 60, 4000);
+}
+
+// The same on verbs, inside the Soft-RoCE VM (tests/vm: the harness sets
+// RDMAPS_TEST_VERBS_ADDR to the rxe device's address).
+TEST(RestartTest, OnVerbsOnlyTheDeadServerRestartsAndTheJobRewinds) {
+  const char* addr = std::getenv("RDMAPS_TEST_VERBS_ADDR");
+  if (addr == nullptr || *addr == '\0') {
+    GTEST_SKIP() << "needs an RDMA device: RDMAPS_TEST_VERBS_ADDR (set inside the Soft-RoCE VM)";
+  }
+  if (!HaveData()) GTEST_SKIP() << "needs Fashion-MNIST (Debian package dataset-fashion-mnist)";
+  Drill("verbs", addr, 60, 1000);
 }
 
 }  // namespace
