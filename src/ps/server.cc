@@ -732,7 +732,9 @@ void ServerImpl::ApplyLoop() {
             if (workers_[w].done) {
               ++stats_.workers_done;
             } else {
-              workers_[w].died = true;  // published by the PublishControl below
+              // After a rewind in place an old session's end is expected:
+              // its worker comes back (and others must not give up on it).
+              if (workers_[w].session_ok) workers_[w].died = true;  // published below
               stats_.dead_workers.push_back(w);
               gone_at_[w] = std::chrono::steady_clock::now();
               RDMAPS_LOG(WARNING) << "ps server " << options_.server_index << ": worker " << w
@@ -840,6 +842,7 @@ void ServerImpl::Rewind(std::uint32_t w, std::uint64_t clock, std::uint64_t id) 
   for (std::uint32_t v = 0; v < workers_.size(); ++v) {
     workers_[v].clock = loaded;
     workers_[v].session_ok = v == w;
+    workers_[v].died = false;  // every worker is expected back at `loaded`
     cut_->held()[v].clear();
   }
   cut_->SetCaptured(loaded);
