@@ -710,7 +710,8 @@ Status ClientImpl::RelayCuts(Deadline deadline) {
     if (s.ctrl_torn) torn.push_back(s.index);
   }
   if (!torn.empty()) RDMAPS_RETURN_IF_ERROR(links_.ReadControl(torn, deadline));
-  std::erase_if(relayed_cuts_, [&](std::uint64_t c) { return c < clock_; });
+  const std::uint64_t now = clock_;
+  std::erase_if(relayed_cuts_, [now](std::uint64_t c) { return c < now; });
   for (const ServerLink& s : links_.servers()) {
     if (s.ckpt.cut_plus1 == 0) continue;
     const std::uint64_t c = s.ckpt.cut_plus1 - 1;
@@ -835,7 +836,12 @@ Status ClientImpl::RewindSurvivors(Deadline deadline) {
     std::string pending;
     for (std::uint32_t i : survivors) {
       const ServerLink& s = links_[i];
-      if (s.ckpt.rewind_id != id || s.clocks[me].clock != c) pending += " " + ServerName(s);
+      // Done, and this session's own slots are the ones counted there (until
+      // the server takes our first slot it shows the old session's count).
+      if (s.ckpt.rewind_id != id || s.clocks[me].clock != c ||
+          s.clocks[me].applied_seq > s.pushed_seq) {
+        pending += " " + ServerName(s);
+      }
     }
     if (pending.empty()) {
       // The words read before the rewind were of the old session and clocks:
