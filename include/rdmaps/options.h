@@ -101,11 +101,19 @@ struct ServerOptions {
   // A checkpoint at every clock that is a multiple of this (0: only those
   // workers ask for with Client::Checkpoint). The same on every server.
   std::uint64_t checkpoint_every = 0;
+  // A checkpoint of the whole job about every this long (0: none), timed by
+  // server 0 (the others ignore it): a trigger like RequestCheckpoint().
+  std::chrono::milliseconds checkpoint_interval{0};
   // Keep the newest this many complete checkpoints (0: keep all).
   std::uint32_t checkpoint_keep = 3;
   // A cut still waiting for a worker after this long is abandoned (a worker
   // died or stopped clocking); the workers it held go on.
   std::chrono::milliseconds checkpoint_timeout{600000};
+  // A worker that disconnected without Close() counts as gone (for
+  // exit_when_workers_done) only after this long without reconnecting: a
+  // worker reconnects after a dead server's restart (docs/ps.md, "Recovery
+  // from a dead server"). 0: at once.
+  std::chrono::milliseconds rejoin_timeout{0};
   // Start from a checkpoint instead of the initialisers: the path of a
   // ckpt-<clock> folder, or "latest" (the newest complete one under
   // checkpoint_dir), or "auto" (like latest, but with none there yet, start
@@ -170,6 +178,13 @@ struct ClientOptions {
   // incarnation id (Client::server_incarnations) is refuse_incarnations[i]:
   // for reconnecting after a failure only to servers restarted since.
   std::vector<std::uint64_t> refuse_incarnations;
+  // Reconnecting after a server failure with only the dead servers
+  // restarted: the incarnation ids of the servers before it
+  // (Client::server_incarnations of the broken Client). Servers whose id is
+  // new restarted from a checkpoint c (all must agree); Connect asks every
+  // other server (a survivor) to rewind in place to c, waits until each
+  // did, and starts at c. Unavailable while no server has restarted yet.
+  std::vector<std::uint64_t> rewind_from;
   // Bytes of registered staging memory per server connection (pull side);
   // a pull larger than this is split into several batches of READs.
   std::size_t staging_bytes = 4 << 20;

@@ -80,6 +80,23 @@ class Server {
 
   virtual ServerStats stats() const = 0;
 
+  // Asks for a checkpoint of the whole job (the operator's trigger:
+  // rdmaps-server takes it on SIGUSR1) and returns at once. The apply thread
+  // picks a clock no worker can have passed on any server (or a cut already
+  // pending) and publishes it; every worker relays it to every server with
+  // its next Clock(), so all servers take the same cut (docs/ps.md,
+  // "Checkpoints"). Needs options.checkpoint_dir (else logged and ignored).
+  virtual void RequestCheckpoint() = 0;
+
+  // RequestCheckpoint(), then waits until this server's part of the
+  // checkpoint that serves it is durable, and returns its clock (the final
+  // checkpoint of a graceful stop). FailedPrecondition without a
+  // checkpoint_dir or when no worker has connected yet (nothing to save);
+  // Unavailable when it failed or was abandoned (a disk error, a worker
+  // that died: see the log); TimedOut at `deadline`, naming
+  // the workers that have not reached it; Cancelled by Stop().
+  virtual Result<std::uint64_t> CheckpointNow(std::chrono::steady_clock::time_point deadline) = 0;
+
   // Copies this server's current values of rows [range) of `table` (rows it
   // owns) into `out` (range.count * dim floats). For tests and checkpoints.
   virtual Status ReadLocal(std::uint32_t table, RowRange range, std::vector<float>* out) const = 0;

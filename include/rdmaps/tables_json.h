@@ -5,11 +5,14 @@
 // Thread safety: free functions on values; call them from any thread.
 #pragma once
 
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "rdmaps/cluster.h"
+#include "rdmaps/options.h"
 #include "rdmaps/status.h"
 #include "rdmaps/table.h"
 
@@ -29,6 +32,29 @@ Result<std::vector<TableOptions>> ParseTablesJson(std::string_view json);
 std::string TablesToJson(const std::vector<TableOptions>& tables);
 // Reads and parses a tables file; NotFound / InvalidArgument naming it.
 Result<std::vector<TableOptions>> ReadTablesFile(const std::string& path);
+
+// A tables file may also carry the job's checkpoint settings, beside the
+// list (docs/ps.md, "Checkpoints"):
+//   {"tables": [...],
+//    "checkpoint": {"dir": "/shared/ckpt", "every_clocks": 100, "every_seconds": 600,
+//                   "keep": 3, "timeout_seconds": 600}}
+// Every key is optional; unknown keys, wrong types, negative numbers and
+// values out of range (every_seconds and timeout_seconds at most 10 years,
+// keep below 2^32, dir at most 4096 bytes) are InvalidArgument naming the
+// key. ParseTablesJson checks the object too (and ignores it).
+struct CheckpointSettings {
+  std::optional<std::string> dir;
+  std::optional<std::uint64_t> every_clocks;
+  std::optional<std::uint64_t> every_seconds;
+  std::optional<std::uint32_t> keep;
+  std::optional<std::uint64_t> timeout_seconds;
+  // Sets the ServerOptions fields that are given here (checkpoint_dir,
+  // checkpoint_every, checkpoint_interval, checkpoint_keep,
+  // checkpoint_timeout); rdmaps-server applies its flags over them.
+  void ApplyTo(ServerOptions* options) const;
+};
+Result<CheckpointSettings> ParseCheckpointSettings(std::string_view json);
+Result<CheckpointSettings> ReadCheckpointSettingsFile(const std::string& path);
 
 // How a worker program tells rdmaps-local (or rdmaps-server -- CMD) its
 // tables when no --tables file is given: the launcher runs the worker

@@ -110,12 +110,91 @@ Status ParseOptimizer(const json& j, const std::string& where, OptimizerOptions*
   return Status::OK();
 }
 
+// At most 10 years: more is a typo, and the milliseconds of it fit anywhere.
+constexpr std::uint64_t kMaxSeconds = 10ull * 366 * 24 * 3600;
+constexpr std::size_t kMaxDirBytes = 4096;
+
+Status ParseCheckpoint(const json& j, CheckpointSettings* out) {
+  const std::string where = "\"checkpoint\"";
+  if (!j.is_object()) {
+    return InvalidArgumentError("tables: " + where + " must be an object, got " + Quote(j));
+  }
+  RDMAPS_RETURN_IF_ERROR(
+      CheckKeys(j, {"dir", "every_clocks", "every_seconds", "keep", "timeout_seconds"}, where));
+  CheckpointSettings c;
+  if (j.contains("dir")) {
+    std::string dir;
+    RDMAPS_RETURN_IF_ERROR(Get(j, "dir", where, &dir));
+    if (dir.empty() || dir.size() > kMaxDirBytes || dir.find('\0') != std::string::npos) {
+      return InvalidArgumentError("tables: " + where +
+                                  " \"dir\" must be a folder path of 1 to 4096 bytes");
+    }
+    c.dir = dir;
+  }
+  auto number = [&](const char* key, std::uint64_t max, std::optional<std::uint64_t>* v) -> Status {
+    if (!j.contains(key)) return Status::OK();
+    std::uint64_t x = 0;
+    RDMAPS_RETURN_IF_ERROR(Get(j, key, where, &x));
+    if (x > max) {
+      return InvalidArgumentError("tables: " + where + " \"" + key + "\" " + std::to_string(x) +
+                                  " is more than " + std::to_string(max));
+    }
+    *v = x;
+    return Status::OK();
+  };
+  RDMAPS_RETURN_IF_ERROR(number("every_clocks", ~0ull, &c.every_clocks));
+  RDMAPS_RETURN_IF_ERROR(number("every_seconds", kMaxSeconds, &c.every_seconds));
+  RDMAPS_RETURN_IF_ERROR(number("timeout_seconds", kMaxSeconds, &c.timeout_seconds));
+  if (j.contains("keep")) {
+    std::uint32_t keep = 0;
+    RDMAPS_RETURN_IF_ERROR(Get(j, "keep", where, &keep));
+    c.keep = keep;
+  }
+  *out = std::move(c);
+  return Status::OK();
+}
+
+// The top-level object's "checkpoint" (none: all unset).
+Result<CheckpointSettings> CheckpointOf(const json& j) {
+  CheckpointSettings c;
+  if (j.is_object() && j.contains("checkpoint")) {
+    RDMAPS_RETURN_IF_ERROR(ParseCheckpoint(j.at("checkpoint"), &c));
+  }
+  return c;
+}
+
 }  // namespace
+
+void CheckpointSettings::ApplyTo(ServerOptions* o) const {
+  if (dir) o->checkpoint_dir = *dir;
+  if (every_clocks) o->checkpoint_every = *every_clocks;
+  if (every_seconds) o->checkpoint_interval = std::chrono::seconds(*every_seconds);
+  if (keep) o->checkpoint_keep = *keep;
+  if (timeout_seconds) o->checkpoint_timeout = std::chrono::seconds(*timeout_seconds);
+}
+
+Result<CheckpointSettings> ParseCheckpointSettings(std::string_view text) {
+  RDMAPS_ASSIGN_OR_RETURN(json j, internal::ParseJsonLimited(text, "tables"));
+  if (j.is_object())
+    RDMAPS_RETURN_IF_ERROR(CheckKeys(j, {"tables", "checkpoint"}, "the top level"));
+  return CheckpointOf(j);
+}
+
+Result<CheckpointSettings> ReadCheckpointSettingsFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return NotFoundError("tables: cannot open '" + path + "'; check --tables");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  auto r = ParseCheckpointSettings(ss.str());
+  if (!r.ok()) return r.status().WithContext(path);
+  return r;
+}
 
 Result<std::vector<TableOptions>> ParseTablesJson(std::string_view text) {
   RDMAPS_ASSIGN_OR_RETURN(json j, internal::ParseJsonLimited(text, "tables"));
   if (j.is_object()) {
-    RDMAPS_RETURN_IF_ERROR(CheckKeys(j, {"tables"}, "the top level"));
+    RDMAPS_RETURN_IF_ERROR(CheckKeys(j, {"tables", "checkpoint"}, "the top level"));
+    RDMAPS_RETURN_IF_ERROR(CheckpointOf(j).status());
     if (!j.contains("tables")) {
       return InvalidArgumentError("tables: expected {\"tables\": [...]}, got " + Quote(j));
     }

@@ -353,47 +353,80 @@ Result<NpyReader> OpenNpy(const std::string& part_dir, const CheckpointFile& f, 
 // ---- CheckpointCut -------------------------------------------------------------
 
 CheckpointCut::CheckpointCut(std::uint32_t num_workers, std::uint64_t every)
-    : every_(every), at_cut_(num_workers, false), held_(num_workers) {}
+    : every_(every), clocks_(num_workers, 0), held_(num_workers) {}
 
-void CheckpointCut::Arm(std::uint64_t clock) {
-  armed_ = true;
-  clock_ = clock;
-  armed_at_ = std::chrono::steady_clock::now();
-  std::fill(at_cut_.begin(), at_cut_.end(), false);
+void CheckpointCut::Insert(std::uint64_t clock) {
+  const bool new_min = pending_.empty() || clock < *pending_.begin();
+  if (pending_.insert(clock).second && new_min) armed_at_ = std::chrono::steady_clock::now();
 }
 
 void CheckpointCut::OnClock(std::uint32_t w, std::uint64_t clock) {
-  if (every_ == 0 || clock % every_ != 0 || clock < captured_plus1_) return;
-  if (!armed_) Arm(clock);
-  if (clock == clock_) at_cut_[w] = true;
+  clocks_[w] = clock;
+  // The first worker to reach a multiple of `every` here: none is past it.
+  if (every_ != 0 && clock % every_ == 0 && clock >= captured_plus1_) Insert(clock);
 }
 
-bool CheckpointCut::OnRequest(std::uint32_t w, std::uint64_t clock,
-                              const std::vector<std::uint64_t>& clocks) {
-  if (clock + 1 <= captured_plus1_) return true;  // taken already (or restored from)
-  if (armed_ && clock != clock_) return false;
-  if (!armed_) {
-    for (std::uint64_t c : clocks) {
-      if (c != kClockDone && c > clock) return false;
-    }
-    Arm(clock);
+bool CheckpointCut::Add(std::uint64_t clock, const std::vector<std::uint64_t>& clocks) {
+  if (clock + 1 <= captured_plus1_ || pending_.count(clock) != 0) return true;  // taken, or due
+  for (std::uint64_t c : clocks) {
+    if (c != kClockDone && c > clock) return false;
   }
-  at_cut_[w] = true;
+  Insert(clock);
   return true;
 }
 
+bool CheckpointCut::OnRequest(std::uint32_t /*w*/, std::uint64_t clock,
+                              const std::vector<std::uint64_t>& clocks) {
+  // Worker w is at `clock` (checked by the caller), so it holds from now.
+  return Add(clock, clocks);
+}
+
+std::uint64_t CheckpointCut::Trigger(std::uint32_t ring_slots, const std::vector<bool>& done,
+                                     bool* created) {
+  *created = false;
+  if (!pending_.empty()) return *pending_.begin();
+  std::uint64_t newest = 0, active = 0;
+  bool any_active = false;
+  for (std::size_t w = 0; w < clocks_.size(); ++w) {
+    newest = std::max(newest, clocks_[w]);
+    if (!done[w]) {
+      any_active = true;
+      active = std::max(active, clocks_[w]);
+    }
+  }
+  std::uint64_t clock = newest;
+  if (any_active) {
+    // Saturates: a clock near 2^64 is damage, and a cut there is never
+    // reached (the abandon deadline ends it).
+    clock = CheckedAdd(active, std::uint64_t{ring_slots} + 2).value_or(kClockDone - 1);
+  }
+  if (clock + 1 <= captured_plus1_) return clock;  // every worker done, and it is taken
+  Insert(clock);
+  *created = true;
+  return clock;
+}
+
 bool CheckpointCut::Complete(const std::vector<bool>& done) const {
-  if (!armed_) return false;
-  for (std::size_t w = 0; w < at_cut_.size(); ++w) {
-    if (!at_cut_[w] && !done[w]) return false;
+  if (pending_.empty()) return false;
+  const std::uint64_t c = *pending_.begin();
+  for (std::size_t w = 0; w < clocks_.size(); ++w) {
+    if (!done[w] && clocks_[w] != c) return false;
   }
   return true;
 }
 
 void CheckpointCut::Release(bool captured) {
-  if (captured) captured_plus1_ = std::max(captured_plus1_, clock_ + 1);
-  armed_ = false;
-  std::fill(at_cut_.begin(), at_cut_.end(), false);
+  if (pending_.empty()) return;
+  const std::uint64_t c = *pending_.begin();
+  pending_.erase(pending_.begin());
+  if (captured) captured_plus1_ = std::max(captured_plus1_, c + 1);
+  armed_at_ = std::chrono::steady_clock::now();
+}
+
+void CheckpointCut::SetCaptured(std::uint64_t clock) {
+  captured_plus1_ = clock + 1;
+  pending_.clear();
+  std::fill(clocks_.begin(), clocks_.end(), clock);
 }
 
 // ---- Capture ----------------------------------------------------------------------
@@ -706,7 +739,7 @@ std::string CheckpointLineage(const std::string& job_token, const std::string& r
 // ---- CheckpointWriter --------------------------------------------------------------
 
 CheckpointWriter::CheckpointWriter(std::string dir, std::uint32_t keep,
-                                   std::function<void(std::uint64_t, const Status&)> done)
+                                   std::function<void(const ShardSnapshot&, const Status&)> done)
     : dir_(std::move(dir)), keep_(keep), done_(std::move(done)) {
   thread_ = std::thread([this] { Loop(); });
 }
@@ -749,7 +782,7 @@ void CheckpointWriter::Loop() {
       RDMAPS_LOG(INFO) << "checkpoint at clock " << snap->clock << ": part " << snap->server_index
                        << " of " << snap->num_servers << " in " << *r;
     }
-    done_(snap->clock, r.status());
+    done_(*snap, r.status());
     lock.Lock();
     spare_ = std::move(snap);
   }

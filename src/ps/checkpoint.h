@@ -27,6 +27,7 @@
 // is safe from any thread; the functions are plain.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -34,6 +35,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -59,7 +61,7 @@ inline constexpr std::uint32_t kCheckpointFormatVersion = 1;
 class CheckpointCut {
  public:
   // `every`: a cut at every clock that is a multiple of it (0: none but
-  // those asked for by kCheckpoint slots).
+  // those asked for by kCheckpoint and kCut slots and Trigger()).
   CheckpointCut(std::uint32_t num_workers, std::uint64_t every);
 
   // Worker w's clock became `clock` (its kClock slot was applied).
@@ -67,43 +69,61 @@ class CheckpointCut {
   // Worker w joined (elastic) at `clock`: at or past an armed cut it has
   // reached it (its slots wait for the capture like the others').
   void OnJoin(std::uint32_t w, std::uint64_t clock) {
-    if (armed_ && clock >= clock_) at_cut_[w] = true;
+    clocks_[w] = !pending_.empty() && clock >= *pending_.begin() ? *pending_.begin() : clock;
   }
   // Slot w gets a new worker (elastic): the old one's place at the cut and
   // its held slots are dropped.
   void Forget(std::uint32_t w) {
-    at_cut_[w] = false;
+    clocks_[w] = 0;
     held_[w].clear();
   }
   // Worker w asks for a checkpoint at its clock `clock` (a kCheckpoint
   // slot). False when it cannot be had: another worker is already past it.
   bool OnRequest(std::uint32_t w, std::uint64_t clock, const std::vector<std::uint64_t>& clocks);
+  // A cut at `clock` (a relayed kCut, or a request). `clocks`: each
+  // worker's, kClockDone when it said goodbye. False (and not added) when a
+  // worker is past it already; true when it is pending or taken already.
+  bool Add(std::uint64_t clock, const std::vector<std::uint64_t>& clocks);
+  // An operator's, timed or final trigger on this server: the clock of a
+  // cut that will hold everything applied anywhere so far. A pending cut
+  // serves (no worker can pass it before it is taken); else a new one at
+  // max(clock of a worker not done) + ring_slots + 2, which no worker can
+  // have passed on any server: a worker has at most ring_slots slots here
+  // not yet applied, each Clock() sends one, and the Clock() after the next
+  // one it starts reads this server's published cut and relays it
+  // (docs/ps.md, "Triggers"). With every worker done: at the newest clock.
+  // `*created`: whether the cut is new (to be published for the relay).
+  std::uint64_t Trigger(std::uint32_t ring_slots, const std::vector<bool>& done, bool* created);
   // True while worker w's slots wait for the cut.
-  bool Holding(std::uint32_t w) const { return armed_ && at_cut_[w]; }
+  bool Holding(std::uint32_t w) const {
+    return !pending_.empty() && clocks_[w] == *pending_.begin();
+  }
   // The cut is armed and every worker not `done` has reached it.
   bool Complete(const std::vector<bool>& done) const;
+  // The smallest pending cut: the one the apply thread holds for.
   std::optional<std::uint64_t> armed() const {
-    return armed_ ? std::optional<std::uint64_t>(clock_) : std::nullopt;
+    return pending_.empty() ? std::nullopt : std::optional<std::uint64_t>(*pending_.begin());
   }
   // Since when the armed cut waits (for the abandon deadline).
   std::chrono::steady_clock::time_point armed_at() const { return armed_at_; }
-  // Captured (or abandoned): later slots flow again.
+  // The armed cut is captured (or abandoned): later slots flow again, up to
+  // the next pending cut.
   void Release(bool captured);
-  // A checkpoint at `clock` exists already (restored from it).
-  void SetCaptured(std::uint64_t clock) { captured_plus1_ = clock + 1; }
+  // A checkpoint at `clock` exists already (restored from it): every
+  // worker is at `clock`.
+  void SetCaptured(std::uint64_t clock);
 
   // Notifications (imm) of held slots, per worker, in arrival order.
   std::vector<std::deque<std::uint32_t>>& held() { return held_; }
 
  private:
-  void Arm(std::uint64_t clock);
+  void Insert(std::uint64_t clock);
 
   const std::uint64_t every_;
-  bool armed_ = false;
-  std::uint64_t clock_ = 0;
+  std::set<std::uint64_t> pending_;   // cuts not yet taken, the smallest armed
   std::uint64_t captured_plus1_ = 0;  // newest clock captured, + 1
   std::chrono::steady_clock::time_point armed_at_{};
-  std::vector<bool> at_cut_;
+  std::vector<std::uint64_t> clocks_;  // per worker, its applied clock here
   std::vector<std::deque<std::uint32_t>> held_;
 };
 
@@ -137,6 +157,9 @@ struct ShardSnapshot {
   std::uint32_t server_index = 0;
   std::uint32_t num_servers = 1;
   std::uint32_t num_workers = 1;
+  // The server's rewinds so far when it was taken: a part captured before a
+  // rewind in place no longer counts as the server's newest durable one.
+  std::uint64_t epoch = 0;
   std::vector<TableSnapshot> tables;
 };
 
@@ -233,9 +256,9 @@ std::string CheckpointLineage(const std::string& job_token, const std::string& r
 // checkpoints would otherwise grow memory without bound).
 class CheckpointWriter {
  public:
-  // `done(clock, status)` runs on the writer thread after each one.
+  // `done(snapshot, status)` runs on the writer thread after each one.
   CheckpointWriter(std::string dir, std::uint32_t keep,
-                   std::function<void(std::uint64_t, const Status&)> done);
+                   std::function<void(const ShardSnapshot&, const Status&)> done);
   ~CheckpointWriter();  // writes what was submitted, then stops
 
   void Submit(std::unique_ptr<ShardSnapshot> snap) RDMAPS_EXCLUDES(mu_);
@@ -248,7 +271,7 @@ class CheckpointWriter {
 
   const std::string dir_;
   const std::uint32_t keep_;
-  const std::function<void(std::uint64_t, const Status&)> done_;
+  const std::function<void(const ShardSnapshot&, const Status&)> done_;
   Mutex mu_;
   std::condition_variable cv_;
   std::unique_ptr<ShardSnapshot> waiting_ RDMAPS_GUARDED_BY(mu_);

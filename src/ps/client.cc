@@ -19,6 +19,7 @@
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <optional>
 #include <string_view>
 #include <system_error>
 #include <thread>
@@ -204,6 +205,10 @@ class ClientImpl final : public Client {
   // This worker's clock as the servers have it: 0, or the clock of the
   // checkpoint they restored. FailedPrecondition when they disagree.
   Status ReadStartClock(Deadline deadline) RDMAPS_REQUIRES(mu_);
+  // ClientOptions::rewind_from: asks the servers not restarted since to
+  // rewind in place to the checkpoint the restarted ones restored, and
+  // waits until they did (control blocks read already).
+  Status RewindSurvivors(Deadline deadline) RDMAPS_REQUIRES(mu_);
   Status ReadDirectories(Deadline deadline) RDMAPS_REQUIRES(mu_);
   // Reads s's directory (again, after a failover: the shard's addresses
   // changed) and, the first time, allocates s's buffers.
@@ -269,6 +274,10 @@ class ClientImpl final : public Client {
                           " was interrupted (Client::Interrupt) while waiting; the client "
                           "stays usable");
   }
+  // After a Clock(): sends kCut(c) to every server for each cut c a server
+  // published (ControlCheckpoint::cut_plus1) that this worker has not passed
+  // and not relayed yet (docs/ps.md, "Checkpoints": triggers).
+  Status RelayCuts(Deadline deadline) RDMAPS_REQUIRES(mu_);
 
   // A scattered pull by spans (scatter_plan.h): the spans into scratch_,
   // then the gather into `out`.
@@ -314,6 +323,8 @@ class ClientImpl final : public Client {
   std::uint64_t clock_ RDMAPS_GUARDED_BY(mu_) = 0;
   // A push since the last Clock() (Checkpoint() must come before any).
   bool pushed_this_clock_ RDMAPS_GUARDED_BY(mu_) = false;
+  // Cuts relayed (RelayCuts) at or after clock_.
+  std::vector<std::uint64_t> relayed_cuts_ RDMAPS_GUARDED_BY(mu_);
   bool closed_ RDMAPS_GUARDED_BY(mu_) = false;
   internal::ElasticState elastic_ RDMAPS_GUARDED_BY(mu_);
   std::atomic<std::uint64_t> interrupts_{0};
@@ -852,11 +863,14 @@ Result<std::uint64_t> ClientImpl::Clock() {
   call_epoch_ = epoch;
   RDMAPS_RETURN_IF_ERROR(Usable());
   const Deadline deadline = CallDeadline();
+  // Each server's control block is read behind the marker: a cut a server
+  // published before this call began is relayed before the next marker.
   RDMAPS_RETURN_IF_ERROR(Failsafe(deadline, [&]() RDMAPS_REQUIRES(mu_) {
-    return push_.SendControlSlot(SlotKind::kClock, clock_ + 1, deadline);
+    return push_.SendControlSlot(SlotKind::kClock, clock_ + 1, deadline, /*read_control=*/true);
   }));
   ++clock_;
   pushed_this_clock_ = false;
+  RDMAPS_RETURN_IF_ERROR(RelayCuts(deadline));
   const std::uint64_t now = clock_;
   stats_.Update([now](ClientStats& st) { st.clock = now; });
   // Do not run more than `bound` clocks ahead of the slowest worker.
@@ -873,6 +887,27 @@ Result<std::uint64_t> ClientImpl::Clock() {
     }));
   }
   return clock_;
+}
+
+Status ClientImpl::RelayCuts(Deadline deadline) {
+  std::vector<std::uint32_t> torn;
+  for (const ServerLink& s : links_.servers()) {
+    if (s.ctrl_torn) torn.push_back(s.index);
+  }
+  if (!torn.empty()) RDMAPS_RETURN_IF_ERROR(links_.ReadControl(torn, deadline));
+  const std::uint64_t now = clock_;
+  std::erase_if(relayed_cuts_, [now](std::uint64_t c) { return c < now; });
+  for (const ServerLink& s : links_.servers()) {
+    if (s.ckpt.cut_plus1 == 0) continue;
+    const std::uint64_t c = s.ckpt.cut_plus1 - 1;
+    if (c < clock_ ||
+        std::find(relayed_cuts_.begin(), relayed_cuts_.end(), c) != relayed_cuts_.end()) {
+      continue;  // passed (so taken already), or relayed
+    }
+    RDMAPS_RETURN_IF_ERROR(push_.SendControlSlot(SlotKind::kCut, c, deadline));
+    relayed_cuts_.push_back(c);
+  }
+  return Status::OK();
 }
 
 Status ClientImpl::FlushLocked(Deadline deadline) {
@@ -962,10 +997,89 @@ Result<CheckpointInfo> ClientImpl::Checkpoint() {
   return CheckpointInfo{clock_, internal::CheckpointName(clock_)};
 }
 
+Status ClientImpl::RewindSurvivors(Deadline deadline) {
+  const std::vector<std::uint64_t>& before = options_.rewind_from;
+  std::vector<std::uint32_t> survivors;
+  std::optional<std::uint64_t> restored_plus1;
+  std::string restarted;
+  // The recovery's id: the same for every worker (they see the same
+  // restarted servers), new for each restart.
+  std::uint64_t id = 0;
+  for (const ServerLink& s : links_.servers()) {
+    if (s.index < before.size() && s.ckpt.incarnation == before[s.index]) {
+      survivors.push_back(s.index);
+      continue;
+    }
+    if (restored_plus1 && *restored_plus1 != s.ckpt.restored_plus1) {
+      return FailedPreconditionError(
+          "the restarted servers" + restarted + " and " + ServerName(s) +
+          " restored different checkpoints; restart them with the same --restore=auto");
+    }
+    restored_plus1 = s.ckpt.restored_plus1;
+    restarted += " " + ServerName(s);
+    std::uint64_t x = s.ckpt.incarnation ^ (std::uint64_t{s.index} * 0x9e3779b97f4a7c15ull);
+    x = (x ^ (x >> 31)) * 0xbf58476d1ce4e5b9ull;  // splitmix64's mixer
+    id ^= x ^ (x >> 29);
+  }
+  if (!restored_plus1) {
+    return UnavailableError(
+        "no server has restarted since the failure yet (every incarnation "
+        "id is the one before it)");
+  }
+  if (survivors.empty()) return Status::OK();  // every server restarted: nothing to rewind
+  if (*restored_plus1 == 0) {
+    return FailedPreconditionError(
+        "restarted" + restarted +
+        " started from the initialisers, not from a checkpoint, so the servers that survived "
+        "cannot rewind to its state: restart it with --restore=auto once a checkpoint is "
+        "complete, or restart every server");
+  }
+  const std::uint64_t c = *restored_plus1 - 1;
+  if (id == 0) id = 1;
+  // This session's sequence starts at 1 on each survivor, whatever the old
+  // one had applied there.
+  for (std::uint32_t i : survivors) links_[i].applied_seq = 0;
+  RDMAPS_RETURN_IF_ERROR(push_.SendRewind(survivors, c, id, deadline));
+  const std::uint32_t me = options_.worker_id;
+  internal::Backoff backoff;
+  while (true) {
+    RDMAPS_RETURN_IF_ERROR(links_.ReadControl(survivors, deadline));
+    std::string pending;
+    for (std::uint32_t i : survivors) {
+      const ServerLink& s = links_[i];
+      // Done, and this session's own slots are the ones counted there (until
+      // the server takes our first slot it shows the old session's count).
+      if (s.ckpt.rewind_id != id || s.clocks[me].clock != c ||
+          s.clocks[me].applied_seq > s.pushed_seq) {
+        pending += " " + ServerName(s);
+      }
+    }
+    if (pending.empty()) {
+      // The words read before the rewind were of the old session and clocks:
+      // ParseControl keeps the largest it saw, so set them from this read.
+      for (std::uint32_t i : survivors) {
+        ServerLink& s = links_[i];
+        s.applied_seq = s.clocks[me].applied_seq;
+        s.min_clock = internal::kClockDone;
+        for (const internal::ControlWorker& cw : s.clocks)
+          s.min_clock = std::min(s.min_clock, cw.clock);
+      }
+      return Status::OK();
+    }
+    if (SteadyClock::now() >= deadline) {
+      return TimedOutError("asked" + pending + " to rewind to the checkpoint at clock " +
+                           std::to_string(c) + " that" + restarted +
+                           " restored; not done by the connect deadline (see their logs)");
+    }
+    backoff.Pause();
+  }
+}
+
 Status ClientImpl::ReadStartClock(Deadline deadline) {
   std::vector<std::uint32_t> all(links_.size());
   for (std::uint32_t i = 0; i < all.size(); ++i) all[i] = i;
   RDMAPS_RETURN_IF_ERROR(links_.ReadControl(all, deadline));
+  if (!options_.rewind_from.empty()) RDMAPS_RETURN_IF_ERROR(RewindSurvivors(deadline));
   const std::uint32_t me = options_.worker_id;
   const ServerLink& first = links_[0];
   for (const ServerLink& s : links_.servers()) {

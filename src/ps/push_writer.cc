@@ -72,7 +72,7 @@ Status PushWriter::EnsureCredit(ServerLink& s, Deadline deadline) {
 }
 
 Status PushWriter::PostSlot(ServerLink& s, SlotHeader h, std::size_t bytes,
-                            std::span<const transport::Segment> data) {
+                            std::span<const transport::Segment> data, bool read_control) {
   h.seq = s.pushed_seq + 1;
   if (h.seq <= s.replay_until) {
     // A call retried after a failover rebuilds a slot it sent before:
@@ -119,7 +119,8 @@ Status PushWriter::PostSlot(ServerLink& s, SlotHeader h, std::size_t bytes,
   }
   // Half the credits used: refresh them with a READ behind the write, in the
   // same doorbell, so a steady pusher rarely stops to poll.
-  const bool refresh = !s.ctrl_inflight && (h.seq - s.applied_seq) * 2 >= s.dir.ring_slots;
+  const bool refresh =
+      !s.ctrl_inflight && (read_control || (h.seq - s.applied_seq) * 2 >= s.dir.ring_slots);
   if (refresh) {
     ops[n++] = Op::Read(s.ctrl.get(), s.ctrl_mr.get(), s.ctrl_bytes, s.dir.control.addr,
                         s.dir.control.rkey);
@@ -270,14 +271,16 @@ Status PushWriter::PushRows(const RemoteTable& t, std::span<const std::uint64_t>
   return Status::OK();
 }
 
-Status PushWriter::SendControlSlot(SlotKind kind, std::uint64_t clock, Deadline deadline) {
+Status PushWriter::SendControlSlot(SlotKind kind, std::uint64_t clock, Deadline deadline,
+                                   bool read_control) {
   std::vector<bool> sent(links_->size(), false);
   auto has_more = [&](std::uint32_t si) { return !sent[si]; };
   auto post_next = [&](ServerLink& s) {
     SlotHeader h{};
     h.clock = clock;
     h.kind = static_cast<std::uint32_t>(kind);
-    RDMAPS_RETURN_IF_ERROR(PostSlot(s, h, sizeof(SlotHeader)));
+    // No slot is in flight when a call starts, so this READ is a new one.
+    RDMAPS_RETURN_IF_ERROR(PostSlot(s, h, sizeof(SlotHeader), {}, read_control));
     sent[s.index] = true;
     return Status::OK();
   };
@@ -302,6 +305,23 @@ Status PushWriter::Resend(ServerLink& s, Deadline deadline) {
   }
   stats_->Update([&](ClientStats& st) { st.pushes_resent += resent; });
   return Status::OK();
+}
+
+Status PushWriter::SendRewind(const std::vector<std::uint32_t>& servers, std::uint64_t clock,
+                              std::uint64_t id, Deadline deadline) {
+  std::vector<bool> todo(links_->size(), false);
+  for (std::uint32_t i : servers) todo[i] = true;
+  auto has_more = [&](std::uint32_t si) { return bool(todo[si]); };
+  auto post_next = [&](ServerLink& s) {
+    SlotHeader h{};
+    h.clock = clock;
+    h.kind = static_cast<std::uint32_t>(SlotKind::kRewind);
+    h.first_row = id;
+    RDMAPS_RETURN_IF_ERROR(PostSlot(s, h, sizeof(SlotHeader)));
+    todo[s.index] = false;
+    return Status::OK();
+  };
+  return SendPipelined(has_more, post_next, deadline);
 }
 
 }  // namespace rdmaps::internal

@@ -64,9 +64,16 @@ class PushWriter {
   Status PushRows(const RemoteTable& t, std::span<const std::uint64_t> rows,
                   std::span<const float> grads, const transport::MemoryRegion* user_mr,
                   std::uint64_t clock, transport::Deadline deadline);
+  // Sends a kRewind slot (clock = `clock`, first_row = `id`) to each of
+  // `servers` (indices).
+  Status SendRewind(const std::vector<std::uint32_t>& servers, std::uint64_t clock,
+                    std::uint64_t id, transport::Deadline deadline);
   // Sends a slot of `kind` (kClock: `clock` is the new clock; kBye) to every
-  // server.
-  Status SendControlSlot(SlotKind kind, std::uint64_t clock, transport::Deadline deadline);
+  // server; with `read_control` a READ of each server's control block rides
+  // behind it (posted after this call began: Clock() reads the cuts to
+  // relay from it; ServerLink::ctrl_torn says when one came back torn).
+  Status SendControlSlot(SlotKind kind, std::uint64_t clock, transport::Deadline deadline,
+                         bool read_control = false);
   // After a failover reconnected s: WRITEs again every retained slot the
   // server has not applied (applied_seq < seq <= pushed_seq), in seq order.
   Status Resend(ServerLink& s, transport::Deadline deadline);
@@ -90,7 +97,7 @@ class PushWriter {
   // last, so the server sees it only after every piece's data
   // (transport.h's ordering rule). The slot stays in flight.
   Status PostSlot(ServerLink& s, SlotHeader h, std::size_t bytes,
-                  std::span<const transport::Segment> data = {});
+                  std::span<const transport::Segment> data = {}, bool read_control = false);
   // Completes the oldest slot in flight (and its piggybacked control READ).
   Status FinishOldest(ServerLink& s, transport::Deadline deadline);
   // Completes every slot in flight on s.

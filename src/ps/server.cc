@@ -91,6 +91,12 @@ struct WorkerState {  // apply thread only, except where noted
   std::uint64_t clock = 0;
   bool done = false;
   bool died = false;  // disconnected without a goodbye
+  // The connection (PeerInfo::connection) whose slots are being applied: a
+  // new one is a new Client, whose sequence starts at 1 again.
+  std::uint64_t conn = 0;
+  // False after a rewind in place until this worker's new session says it
+  // knows (its kRewind): the slots of its older session are dropped.
+  bool session_ok = true;
 };
 
 class ServerImpl final : public Server {
@@ -111,6 +117,8 @@ class ServerImpl final : public Server {
     return stats_;
   }
   Status ReadLocal(std::uint32_t table, RowRange range, std::vector<float>* out) const override;
+  void RequestCheckpoint() override { ++trigger_requests_; }
+  Result<std::uint64_t> CheckpointNow(Deadline deadline) override;
 
   transport::Endpoint* TEST_endpoint() const { return endpoint_.get(); }
   Status TEST_SetRow(std::uint32_t table, std::uint64_t row, float value);
@@ -144,9 +152,25 @@ class ServerImpl final : public Server {
   // False while this server must acknowledge nothing: a backup not
   // promoted, a fenced or killed primary.
   bool Serving() const;
+  // Worker w's slots now come on `connection`: a new Client's sequence
+  // restarts at 1 and the held slots of the old one go; a failover
+  // reconnect's goes on. `imm` is the first slot's. Apply thread only.
+  void NewSession(std::uint32_t w, std::uint64_t connection, std::uint32_t imm) RDMAPS_REQUIRES(apply_mu_);
+  // A kRewind of worker w: reloads checkpoint `clock` in place unless this
+  // recovery `id` was done already (docs/ps.md, "Recovery"). Apply thread.
+  void Rewind(std::uint32_t w, std::uint64_t clock, std::uint64_t id) RDMAPS_REQUIRES(apply_mu_);
+  // Loads checkpoint `path` into the shards; its clock and lineage.
+  Status LoadCheckpoint(const std::string& path, std::uint64_t* clock, std::string* lineage)
+      RDMAPS_REQUIRES(apply_mu_);
   // Captures the shards once the cut is complete (or abandons it after
   // checkpoint_timeout), then lets the held slots through. Apply thread only.
   void AdvanceCut() RDMAPS_REQUIRES(apply_mu_);
+  // Serves RequestCheckpoint() and the checkpoint_interval timer: a cut
+  // (CheckpointCut::Trigger), published for the workers to relay. Apply
+  // thread only.
+  void ServeTriggers() RDMAPS_REQUIRES(apply_mu_);
+  // Wakes CheckpointNow() after a checkpoint word changed.
+  void NotifyCheckpoint() RDMAPS_EXCLUDES(mu_);
   std::vector<internal::ShardView> Views();
   // Loads options_.restore into the shards (Init, before serving).
   Status Restore();
@@ -205,10 +229,16 @@ class ServerImpl final : public Server {
   // Set by the writer thread, published in the control block.
   std::atomic<std::uint64_t> durable_plus1_{0};
   std::atomic<std::uint64_t> failed_plus1_{0};
-  std::uint64_t published_ckpt_ = 0;  // apply thread: durable + failed last published
-  std::uint64_t restored_plus1_ = 0;  // constant after Init
-  std::uint64_t incarnation_ = 0;     // constant after Init
-  std::string lineage_;               // constant after Init (CheckpointLineage)
+  std::uint64_t published_ckpt_ = 0;                // apply thread: durable + failed last published
+  std::atomic<std::uint64_t> trigger_requests_{0};  // RequestCheckpoint()s so far
+  std::uint64_t triggers_seen_ = 0;                 // apply thread
+  std::uint64_t own_cut_plus1_ = 0;                 // apply thread: ControlCheckpoint::cut_plus1
+  std::chrono::steady_clock::time_point next_timed_{};  // apply thread: checkpoint_interval
+  std::uint64_t restored_plus1_ = 0;     // apply thread after Init (a rewind changes it)
+  std::uint64_t incarnation_ = 0;        // constant after Init
+  std::string lineage_;                  // apply thread after Init (CheckpointLineage)
+  std::uint64_t rewind_id_ = 0;          // apply thread: ControlCheckpoint::rewind_id
+  std::atomic<std::uint64_t> epoch_{0};  // rewinds in place so far (ShardSnapshot::epoch)
 
   // Accept thread only.
   std::vector<std::unique_ptr<transport::Connection>> connections_;
@@ -218,6 +248,9 @@ class ServerImpl final : public Server {
   ServerStats stats_ RDMAPS_GUARDED_BY(mu_);
   std::vector<bool> seen_ RDMAPS_GUARDED_BY(mu_);  // worker connected at least once
   std::vector<bool> gone_ RDMAPS_GUARDED_BY(mu_);  // worker disconnected
+  // When each worker disconnected without a goodbye (rejoin_timeout).
+  std::vector<std::chrono::steady_clock::time_point> gone_at_ RDMAPS_GUARDED_BY(mu_);
+  Status rewind_error_ RDMAPS_GUARDED_BY(mu_);  // a rewind that failed: Run returns it
   // Per worker, the PeerInfo::connection of its bootstrapped connection (0:
   // none yet). Written by the accept thread before the bootstrap write, read
   // by the apply thread per notification: a notification of any other
@@ -225,6 +258,10 @@ class ServerImpl final : public Server {
   // another worker) is never taken for that worker's.
   std::unique_ptr<std::atomic<std::uint64_t>[]> bound_;
   bool stopped_ RDMAPS_GUARDED_BY(mu_) = false;
+  // The triggers ServeTriggers has served, and the clock of the cut that
+  // serves them (CheckpointNow waits for it).
+  std::uint64_t triggers_served_ RDMAPS_GUARDED_BY(mu_) = 0;
+  std::uint64_t trigger_clock_ RDMAPS_GUARDED_BY(mu_) = 0;
 
   std::atomic<bool> stop_{false};
   std::atomic<bool> test_paused_{false};  // TEST_PauseApply
@@ -312,6 +349,7 @@ Status ServerImpl::Init() {
     MutexLock lock(mu_);  // no other thread yet; for the analysis
     seen_.assign(slots_, false);
     gone_.assign(slots_, false);
+    gone_at_.assign(slots_, {});
     bound_ = std::make_unique<std::atomic<std::uint64_t>[]>(slots_);
     stats_.worker_clocks.assign(slots_, 0);
   }
@@ -344,12 +382,15 @@ Status ServerImpl::Init() {
   if (!options_.checkpoint_dir.empty()) {
     writer_ = std::make_unique<internal::CheckpointWriter>(
         options_.checkpoint_dir, options_.checkpoint_keep,
-        [this](std::uint64_t clock, const Status& st) {
+        [this](const internal::ShardSnapshot& snap, const Status& st) {
+          if (snap.epoch != epoch_.load()) return;  // of the run before a rewind
+          const std::uint64_t clock = snap.clock;
           std::atomic<std::uint64_t>& word = st.ok() ? durable_plus1_ : failed_plus1_;
           std::uint64_t cur = word.load();
           while (cur < clock + 1 && !word.compare_exchange_weak(cur, clock + 1)) {
           }
           // The apply thread publishes it within its 200 ms idle wake-up.
+          NotifyCheckpoint();
         });
   }
   {
@@ -652,6 +693,28 @@ bool ServerImpl::ApplySlot(std::uint32_t w, const SlotHeader& h, const std::byte
     }
     return true;
   }
+  if (kind == SlotKind::kRewind) {
+    Rewind(w, h.clock, h.first_row);
+    return true;
+  }
+  if (kind == SlotKind::kCut) {
+    // Relayed by the worker from a server that chose it (ServeTriggers)
+    // before the worker passed it: no worker can be past it here.
+    if (options_.checkpoint_dir.empty()) return true;  // nothing to write: no hold
+    std::vector<std::uint64_t> clocks(workers_.size());
+    for (std::size_t i = 0; i < workers_.size(); ++i) {
+      clocks[i] = workers_[i].done ? internal::kClockDone : workers_[i].clock;
+    }
+    if (!cut_->Add(h.clock, clocks)) {
+      RDMAPS_LOG(ERROR) << "ps server " << options_.server_index << ": worker " << w
+                        << " relayed a cut at clock " << h.clock
+                        << " that a worker has passed here already; not taken";
+      std::uint64_t cur = failed_plus1_.load();
+      while (cur < h.clock + 1 && !failed_plus1_.compare_exchange_weak(cur, h.clock + 1)) {
+      }
+    }
+    return true;
+  }
   if (kind != SlotKind::kRange && kind != SlotKind::kRows) return false;
   auto it = table_index_.find(h.table);
   if (it == table_index_.end()) return false;
@@ -747,6 +810,8 @@ void ServerImpl::PublishControl() {
   ck.failed_plus1 = failed_plus1_.load();
   ck.restored_plus1 = restored_plus1_;
   ck.incarnation = incarnation_;
+  ck.cut_plus1 = own_cut_plus1_;
+  ck.rewind_id = rewind_id_;
   published_ckpt_ = ck.durable_plus1 + ck.failed_plus1;
   std::memcpy(payload + internal::ControlCheckpointOffset(W), &ck, sizeof(ck));
   internal::ControlReplica rep{};
@@ -770,6 +835,7 @@ void ServerImpl::ApplyLoop() {
     if (*r == 0) {
       // Idle: an abandoned cut or a checkpoint made durable still gets out.
       MutexLock apply_lock(apply_mu_);
+      ServeTriggers();
       AdvanceCut();
       if (durable_plus1_.load() + failed_plus1_.load() != published_ckpt_) PublishControl();
       continue;
@@ -830,8 +896,11 @@ void ServerImpl::ApplyLoop() {
             if (workers_[w].done) {
               ++stats_.workers_done;
             } else {
-              workers_[w].died = true;  // published by the PublishControl below
+              // After a rewind in place an old session's end is expected:
+              // its worker comes back (and others must not give up on it).
+              if (workers_[w].session_ok) workers_[w].died = true;  // published below
               stats_.dead_workers.push_back(w);
+              gone_at_[w] = std::chrono::steady_clock::now();
               RDMAPS_LOG(WARNING) << "ps server " << options_.server_index << ": worker " << w
                                   << " disconnected without Close() (crashed or killed?) at clock "
                                   << workers_[w].clock;
@@ -840,6 +909,7 @@ void ServerImpl::ApplyLoop() {
           }
           continue;
         }
+        if (n.connection != workers_[w].conn) NewSession(w, n.connection, n.imm);
         TakeSlot(w, n.imm);
         // A long batch republishes as it goes, so a pipelining worker gets
         // its credits (and a Flush its answer) before the batch ends.
@@ -848,6 +918,7 @@ void ServerImpl::ApplyLoop() {
           since_publish = 0;
         }
       }
+      ServeTriggers();
       AdvanceCut();
       PublishControl();
     }
@@ -878,7 +949,16 @@ void ServerImpl::HandleSlot(std::uint32_t w, std::uint32_t imm) {
   const std::byte* base = rings_[w].get() + slot * options_.push_slot_bytes;
   SlotHeader h;
   std::memcpy(&h, base, sizeof(h));
-  bool ok = imm == internal::ImmOfSeq(seq) && h.seq == seq;
+  const bool ok = imm == internal::ImmOfSeq(seq) && h.seq == seq;
+  if (!ws.session_ok && ok && h.kind != static_cast<std::uint32_t>(SlotKind::kRewind)) {
+    // A slot of w's session from before a rewind in place: consumed (its
+    // credit comes back), never applied.
+    RDMAPS_LOG_EVERY_N(WARNING, 100)
+        << "ps server " << options_.server_index << ": dropping a push of worker " << w
+        << " made before the rewind to clock " << ws.clock;
+    ++ws.next_seq;
+    return;
+  }
   if (log_sender_ && log_sender_->fenced()) return;  // superseded: acknowledges nothing
   if (ok && log_sender_ && forwarded_seq_[w] < seq) {
     // Replicated: the backup holds the slot before any of it is applied
@@ -985,6 +1065,62 @@ void ServerImpl::HandleLog(const transport::Notification& n) {
   ++stats_.log_records;
 }
 
+void ServerImpl::NewSession(std::uint32_t w, std::uint64_t connection, std::uint32_t imm) {
+  WorkerState& ws = workers_[w];
+  // A new Client starts its ring at seq 1; a Client that reconnected after
+  // a failover (ClientOptions::failover) goes on with its sequence and
+  // resends from the server's applied_seq + 1, which is never 1 here unless
+  // nothing was applied. So a new session is one whose first slot is seq 1.
+  SlotHeader first;
+  std::memcpy(&first, rings_[w].get(), sizeof(first));
+  if (ws.conn != 0 && imm == internal::ImmOfSeq(1) && first.seq == 1) {
+    ws.next_seq = 1;
+    cut_->held()[w].clear();
+    if (log_sender_) forwarded_seq_[w] = 0;
+  }
+  ws.conn = connection;
+}
+
+void ServerImpl::Rewind(std::uint32_t w, std::uint64_t clock, std::uint64_t id) {
+  workers_[w].session_ok = true;
+  if (id == rewind_id_) return;  // this recovery's rewind is done: w knows
+  const std::string path = options_.checkpoint_dir + "/" + internal::CheckpointName(clock);
+  std::uint64_t loaded = 0;
+  std::string lineage;
+  Status st = options_.checkpoint_dir.empty()
+                  ? FailedPreconditionError("this server has no --checkpoint_dir")
+                  : LoadCheckpoint(path, &loaded, &lineage);
+  if (!st.ok()) {
+    // Half-loaded shards must never be served: this server ends (Run
+    // returns the error), and its launcher restarts it from the checkpoint.
+    RDMAPS_LOG(ERROR) << "ps server " << options_.server_index << ": cannot rewind to " << path
+                      << " for worker " << w << ": " << st;
+    {
+      MutexLock lock(mu_);
+      rewind_error_ = st.WithContext("rewinding in place to " + path);
+      stopped_ = true;
+    }
+    cv_.notify_all();
+    return;
+  }
+  for (std::uint32_t v = 0; v < workers_.size(); ++v) {
+    workers_[v].clock = loaded;
+    workers_[v].session_ok = v == w;
+    workers_[v].died = false;  // every worker is expected back at `loaded`
+    cut_->held()[v].clear();
+  }
+  cut_->SetCaptured(loaded);
+  own_cut_plus1_ = 0;
+  restored_plus1_ = loaded + 1;
+  rewind_id_ = id;
+  ++epoch_;
+  durable_plus1_.store(loaded + 1);
+  failed_plus1_.store(0);
+  lineage_ = internal::CheckpointLineage(options_.transport.job_token, lineage, loaded);
+  RDMAPS_LOG(INFO) << "ps server " << options_.server_index << " rewound in place to " << path
+                   << " (clock " << loaded << ", asked by worker " << w << ")";
+}
+
 std::vector<internal::ShardView> ServerImpl::Views() {
   std::vector<internal::ShardView> views;
   for (TableState& t : tables_) {
@@ -1010,6 +1146,7 @@ void ServerImpl::AdvanceCut() {
       snap->server_index = options_.server_index;
       snap->num_servers = options_.num_servers;
       snap->num_workers = options_.num_workers;
+      snap->epoch = epoch_.load();
       const auto start = std::chrono::steady_clock::now();
       const std::vector<internal::ShardView> views = Views();
       snap->tables.resize(views.size());
@@ -1031,6 +1168,7 @@ void ServerImpl::AdvanceCut() {
       std::uint64_t cur = failed_plus1_.load();
       while (cur < clock + 1 && !failed_plus1_.compare_exchange_weak(cur, clock + 1)) {
       }
+      NotifyCheckpoint();
     } else {
       return;
     }
@@ -1044,6 +1182,94 @@ void ServerImpl::AdvanceCut() {
         HandleSlot(w, imm);
       }
     }
+  }
+}
+
+void ServerImpl::NotifyCheckpoint() {
+  { MutexLock lock(mu_); }  // a waiter between its check and its wait sees the change
+  cv_.notify_all();
+}
+
+void ServerImpl::ServeTriggers() {
+  const auto now = std::chrono::steady_clock::now();
+  bool timed = false;
+  if (options_.checkpoint_interval.count() > 0 && options_.server_index == 0 &&
+      !options_.checkpoint_dir.empty()) {
+    if (next_timed_ == std::chrono::steady_clock::time_point{}) {
+      next_timed_ = now + options_.checkpoint_interval;
+    } else if (now >= next_timed_) {
+      next_timed_ = now + options_.checkpoint_interval;
+      MutexLock lock(mu_);
+      // Nothing to save before a worker came.
+      timed = std::find(seen_.begin(), seen_.end(), true) != seen_.end();
+    }
+  }
+  const std::uint64_t asked = trigger_requests_.load();
+  if (!timed && asked == triggers_seen_) return;
+  triggers_seen_ = asked;
+  if (options_.checkpoint_dir.empty()) {
+    RDMAPS_LOG(WARNING) << "ps server " << options_.server_index
+                        << ": a checkpoint was asked for, but this server has no "
+                           "--checkpoint_dir; ignored";
+    return;
+  }
+  std::vector<bool> done(workers_.size());
+  for (std::size_t w = 0; w < workers_.size(); ++w) done[w] = workers_[w].done;
+  bool created = false;
+  const std::uint64_t clock = cut_->Trigger(options_.push_slots, done, &created);
+  if (created) {
+    own_cut_plus1_ = clock + 1;
+    PublishControl();
+  }
+  RDMAPS_LOG(INFO) << "ps server " << options_.server_index << ": checkpoint "
+                   << (timed ? "timer" : "requested") << ": the job's cut at clock " << clock
+                   << (created ? " (new; the workers relay it)" : " (pending already)");
+  {
+    MutexLock lock(mu_);
+    triggers_served_ = asked;
+    trigger_clock_ = clock;
+  }
+  cv_.notify_all();
+}
+
+Result<std::uint64_t> ServerImpl::CheckpointNow(Deadline deadline) {
+  const std::string me = "ps server " + std::to_string(options_.server_index);
+  if (options_.checkpoint_dir.empty()) {
+    return FailedPreconditionError(me + " has no checkpoint_dir: give it --checkpoint_dir");
+  }
+  {
+    MutexLock lock(mu_);
+    if (std::find(seen_.begin(), seen_.end(), true) == seen_.end()) {
+      return FailedPreconditionError(me +
+                                     ": no worker has connected since it started, so its state "
+                                     "is its initial (or restored) one: nothing to checkpoint");
+    }
+  }
+  const std::uint64_t ticket = ++trigger_requests_;
+  MutexLock lock(mu_);
+  while (true) {
+    if (stopped_) return CancelledError(me + " stopped before its checkpoint was durable");
+    const bool served = triggers_served_ >= ticket;
+    const std::uint64_t clock = trigger_clock_;
+    if (served && durable_plus1_.load() >= clock + 1) return clock;
+    if (served && failed_plus1_.load() >= clock + 1) {
+      return UnavailableError(me + ": the checkpoint at clock " + std::to_string(clock) +
+                              " failed or was abandoned (see its log: a disk error, or a worker "
+                              "that died before reaching it)");
+    }
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= deadline) {
+      if (!served) return TimedOutError(me + ": the checkpoint request was not served in time");
+      std::vector<std::uint32_t> behind;
+      for (std::uint32_t w = 0; w < options_.num_workers; ++w) {
+        if (stats_.worker_clocks[w] < clock) behind.push_back(w);
+      }
+      return TimedOutError(me + ": the checkpoint at clock " + std::to_string(clock) +
+                           " is not durable by the deadline; workers not there yet: [" +
+                           WorkerList(behind) + "]");
+    }
+    // Slices: the writer thread's notification needs no lock order with us.
+    cv_.wait_until(lock.native(), std::min(deadline, now + std::chrono::milliseconds(200)));
   }
 }
 
@@ -1064,26 +1290,34 @@ Status ServerImpl::Restore() {
     if (!found.ok()) return found.status();
     path = *found;
   }
+  MutexLock apply_lock(apply_mu_);  // no other thread yet; for the analysis
+  std::uint64_t clock = 0;
+  std::string lineage;
+  RDMAPS_RETURN_IF_ERROR(LoadCheckpoint(path, &clock, &lineage));
+  for (WorkerState& ws : workers_) ws.clock = clock;
+  cut_->SetCaptured(clock);
+  restored_plus1_ = clock + 1;
+  lineage_ = internal::CheckpointLineage(options_.transport.job_token, lineage, clock);
+  RDMAPS_LOG(INFO) << "ps server " << options_.server_index << " restored " << path << " (clock "
+                   << clock << ")";
+  return Status::OK();
+}
+
+Status ServerImpl::LoadCheckpoint(const std::string& path, std::uint64_t* clock,
+                                  std::string* lineage) {
   auto parts = internal::OpenCheckpoint(path);
   if (!parts.ok())
     return parts.status().WithContext("restoring ps server " +
                                       std::to_string(options_.server_index));
   RDMAPS_RETURN_IF_ERROR(internal::CheckCheckpointTables(*parts, options_.tables, path));
-  MutexLock apply_lock(apply_mu_);  // no other thread yet; for the analysis
   for (TableState& t : tables_) {
     const internal::ShardView v{&t.options,     t.shard,        t.geometry,
                                 t.memory.get(), t.state.data(), t.optimizer->state_floats()};
     RDMAPS_RETURN_IF_ERROR(internal::RestoreTable(*parts, v));
     for (std::uint64_t b = 0; b < t.geometry.blocks(); ++b) t.Seal(b);
   }
-  const std::uint64_t clock = parts->front().clock;
-  for (WorkerState& ws : workers_) ws.clock = clock;
-  cut_->SetCaptured(clock);
-  restored_plus1_ = clock + 1;
-  lineage_ =
-      internal::CheckpointLineage(options_.transport.job_token, parts->front().lineage, clock);
-  RDMAPS_LOG(INFO) << "ps server " << options_.server_index << " restored " << path << " (clock "
-                   << clock << ", written by " << parts->size() << " servers)";
+  *clock = parts->front().clock;
+  *lineage = parts->front().lineage;
   return Status::OK();
 }
 
@@ -1096,10 +1330,17 @@ std::string ServerImpl::WorkerList(const std::vector<std::uint32_t>& ids) const 
 bool ServerImpl::Finished() const {
   if (stopped_) return true;
   if (!options_.exit_when_workers_done) return false;
+  const auto now = std::chrono::steady_clock::now();
   for (std::uint32_t w = 0; w < slots_; ++w) {
     // Elastic: the slots no worker has joined are not waited for.
     if (w >= options_.num_workers && !seen_[w]) continue;
     if (!seen_[w] || !gone_[w]) return false;
+    // A worker that died may reconnect (after a server's restart) until then.
+    if (std::find(stats_.dead_workers.begin(), stats_.dead_workers.end(), w) !=
+            stats_.dead_workers.end() &&
+        now - gone_at_[w] < options_.rejoin_timeout) {
+      return false;
+    }
   }
   return true;
 }
@@ -1108,10 +1349,16 @@ Status ServerImpl::RunUntil(Deadline deadline) {
   MutexLock lock(mu_);
   bool finished = Finished();
   while (!finished) {
-    const bool timed_out = cv_.wait_until(lock.native(), deadline) == std::cv_status::timeout;
+    // In slices while a rejoin_timeout may run out with no notification.
+    const Deadline until =
+        options_.rejoin_timeout.count() > 0
+            ? std::min(deadline, std::chrono::steady_clock::now() + std::chrono::milliseconds(200))
+            : deadline;
+    cv_.wait_until(lock.native(), until);
     finished = Finished();
-    if (timed_out) break;
+    if (std::chrono::steady_clock::now() >= deadline) break;
   }
+  if (!rewind_error_.ok()) return rewind_error_;
   if (!finished) {
     std::vector<std::uint32_t> missing, running;
     for (std::uint32_t w = 0; w < slots_; ++w) {

@@ -69,7 +69,8 @@ Status ServerLinks::Exec(ServerLink& s, std::span<const Op> ops, Deadline deadli
 
 bool ServerLinks::ParseControl(ServerLink& s) {
   const std::uint32_t W = s.dir.num_workers;
-  if (!VerifyBlock(s.ctrl.get(), ControlPayloadBytes(W))) return false;
+  s.ctrl_torn = !VerifyBlock(s.ctrl.get(), ControlPayloadBytes(W));
+  if (s.ctrl_torn) return false;
   const std::byte* p = s.ctrl.get() + sizeof(BlockHeader);
   ControlHead head;
   std::memcpy(&head, p, sizeof(head));

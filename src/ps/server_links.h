@@ -104,6 +104,8 @@ struct ServerLink {
   // A READ of the control block rides behind a slot in flight (credits ran
   // low): refreshes applied_seq without an extra round trip. At most one.
   bool ctrl_inflight = false;
+  // The last control READ was torn (ParseControl kept the older values).
+  bool ctrl_torn = false;
   // The slots posted and not yet completed, oldest first (PushWriter):
   // their op counts, and whether the control READ rides with them. Every
   // other use of the connection starts after they are completed.

@@ -95,7 +95,9 @@
 // areas add go after it): the newest clock whose checkpoint part this server
 // has made durable and the newest whose part failed (each stored as clock + 1,
 // 0 = none), the clock it restored from (+ 1, 0 = started fresh) and a random
-// incarnation id drawn at start (a restarted server has a new one).
+// incarnation id drawn at start (a restarted server has a new one), then
+// the clock of a cut it asks the workers to relay (+ 1, 0 = none) and the
+// recovery it last rewound in place for.
 // Then ControlReplica (layout version 7): the epoch of the shard map entry
 // this server serves at (0: unreplicated), its replica count and whether it
 // acknowledges pushes (a backup not yet promoted and a fenced primary do
@@ -103,6 +105,15 @@
 // told against it (docs/ps.md, "Replication and failover").
 // A kCheckpoint slot (no rows, clock = the worker's clock) asks for a
 // checkpoint at that clock (src/ps/checkpoint.h, docs/ps.md "Checkpoints").
+// A kCut slot (no rows, clock = c) arms a cut at c that a server chose
+// (ControlCheckpoint::cut_plus1): each worker reads that word with every
+// Clock() and relays it to every server before it passes c, so every server
+// holds the cut before any worker passes it there.
+// A kRewind slot (clock = c, first_row = id) is the first slot of a worker
+// that reconnects after a server restarted from checkpoint c: a survivor
+// reloads checkpoint c in place (once per id), every worker's clock becomes
+// c, and it drops the slots of every worker's older session until that
+// worker's own kRewind arrives; ControlCheckpoint::rewind_id says it is done.
 //
 // == Barrier ==
 // Server 0's atomics region holds a u64 counter touched only by transport
@@ -429,8 +440,15 @@ struct ControlCheckpoint {
   std::uint64_t failed_plus1;    // newest clock whose part failed here, + 1 (0: none)
   std::uint64_t restored_plus1;  // clock restored from, + 1 (0: started fresh)
   std::uint64_t incarnation;     // random per server start
+  // A cut this server asks every worker to relay (an operator's, timed or
+  // final trigger), + 1 (0: none): a worker that reads it at Clock() and
+  // has not passed it sends kCut(clock) to every server.
+  std::uint64_t cut_plus1;
+  // The recovery (a kRewind's id) this server last rewound in place for; 0:
+  // none. A worker reconnecting after a server's restart waits for it.
+  std::uint64_t rewind_id;
 };
-static_assert(std::is_trivially_copyable_v<ControlCheckpoint> && sizeof(ControlCheckpoint) == 32);
+static_assert(std::is_trivially_copyable_v<ControlCheckpoint> && sizeof(ControlCheckpoint) == 48);
 
 struct ControlReplica {
   std::uint64_t epoch;     // shard map epoch served at; 0: unreplicated
@@ -464,6 +482,11 @@ enum class SlotKind : std::uint32_t {
   kCheckpoint = 5,
   kJoin = 6,     // elastic: the first slot of a joining worker; clock = its start clock
   kBarrier = 7,  // elastic: clock = the Barrier() generation the worker arrives at
+  kCut = 8,  // clock = a cut's clock, relayed from a server's ControlCheckpoint::cut_plus1
+  // clock = the checkpoint a restarted server restored, first_row = the
+  // recovery's id: the first slot of a worker's new session on a survivor,
+  // which rewinds in place to that checkpoint (once per id).
+  kRewind = 9,
 };
 
 struct SlotHeader {

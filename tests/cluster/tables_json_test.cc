@@ -1,9 +1,10 @@
 // The job's table list as JSON: round trip and malformed input.
+#include "rdmaps/tables_json.h"
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include "rdmaps/cluster.h"
-#include "rdmaps/tables_json.h"
 
 namespace rdmaps {
 namespace {
@@ -99,6 +100,65 @@ TEST(TablesJsonTest, DescribeTablesOnlyWhenAsked) {
   EXPECT_EQ((*back)[0].name, "w");
   auto missing = ReadTablesFile("/nonexistent/tables.json");
   EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
+}
+
+// The "checkpoint" object beside the list: parsed, applied to
+// ServerOptions, and every bad value refused naming its key.
+TEST(TablesJsonTest, CheckpointSettingsParseAndApply) {
+  const std::string text =
+      R"({"tables": [{"name": "w", "rows": 4, "dim": 2}],
+          "checkpoint": {"dir": "/shared/ckpt", "every_clocks": 100, "every_seconds": 600,
+                         "keep": 5, "timeout_seconds": 30}})";
+  auto tables = ParseTablesJson(text);
+  ASSERT_TRUE(tables.ok()) << tables.status();
+  EXPECT_EQ(tables->size(), 1u);
+  auto c = ParseCheckpointSettings(text);
+  ASSERT_TRUE(c.ok()) << c.status();
+  ServerOptions o;
+  c->ApplyTo(&o);
+  EXPECT_EQ(o.checkpoint_dir, "/shared/ckpt");
+  EXPECT_EQ(o.checkpoint_every, 100u);
+  EXPECT_EQ(o.checkpoint_interval, std::chrono::seconds(600));
+  EXPECT_EQ(o.checkpoint_keep, 5u);
+  EXPECT_EQ(o.checkpoint_timeout, std::chrono::seconds(30));
+  // Absent keys leave the options alone.
+  auto none = ParseCheckpointSettings(R"({"tables": [], "checkpoint": {}})");
+  ASSERT_TRUE(none.ok()) << none.status();
+  ServerOptions d;
+  none->ApplyTo(&d);
+  EXPECT_EQ(d.checkpoint_keep, ServerOptions{}.checkpoint_keep);
+  EXPECT_TRUE(d.checkpoint_dir.empty());
+  auto list_only = ParseCheckpointSettings(R"([{"rows": 1, "dim": 1}])");
+  ASSERT_TRUE(list_only.ok()) << list_only.status();
+  EXPECT_FALSE(list_only->dir.has_value());
+}
+
+TEST(TablesJsonTest, CheckpointSettingsRefuseBadValuesNamingTheKey) {
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {R"("checkpoint": 3)", "must be an object"},
+      {R"("checkpoint": {"dri": "/x"})", "unknown key \"dri\""},
+      {R"("checkpoint": {"dir": ""})", "\"dir\" must be a folder path"},
+      {R"("checkpoint": {"dir": 7})", "\"dir\" must be a string"},
+      {R"("checkpoint": {"every_clocks": -1})", "\"every_clocks\" must be a non-negative"},
+      {R"("checkpoint": {"every_clocks": 1.5})", "\"every_clocks\" must be a non-negative"},
+      {R"("checkpoint": {"every_clocks": 18446744073709551616})", "every_clocks"},
+      {R"("checkpoint": {"every_seconds": 99999999999})", "\"every_seconds\" 99999999999 is more"},
+      {R"("checkpoint": {"timeout_seconds": 18446744073709551615})", "timeout_seconds"},
+      {R"("checkpoint": {"keep": 4294967296})", "keep"},
+      {R"("checkpoint": {"keep": "3"})", "\"keep\" must be a non-negative"},
+  };
+  for (const auto& [body, want] : bad) {
+    SCOPED_TRACE(body);
+    const std::string text = R"({"tables": [{"rows": 1, "dim": 1}], )" + body + "}";
+    auto c = ParseCheckpointSettings(text);
+    ASSERT_FALSE(c.ok());
+    EXPECT_EQ(c.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_THAT(c.status().message(), HasSubstr(want));
+    // The table list's parser refuses the file too.
+    auto t = ParseTablesJson(text);
+    ASSERT_FALSE(t.ok());
+    EXPECT_EQ(t.status().code(), StatusCode::kInvalidArgument);
+  }
 }
 
 }  // namespace

@@ -8,10 +8,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <map>
 #include <string>
 #include <thread>
@@ -252,6 +255,257 @@ TEST_P(CheckpointTest, CutUnderSspHoldsExactlyThePushesOfEarlierClocks) {
 }
 TEST_P(CheckpointTest, CutUnderAspHoldsExactlyThePushesOfEarlierClocks) {
   CheckCut(transport(), kAsp);
+}
+
+// ---- Server-side triggers: one server asks, every server takes the cut ----
+
+// The complete checkpoints under `dir`, by clock.
+std::vector<std::uint64_t> CompleteCheckpoints(const std::string& dir) {
+  std::vector<std::uint64_t> out;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("ckpt-", 0) != 0 || !internal::OpenCheckpoint(e.path().string()).ok()) continue;
+    out.push_back(std::stoull(name.substr(5)));
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// Counting workers (see CheckCut) until `clocks` or until *stop; worker 0
+// straggles. `at_clock(w, k)` runs after worker w's k-th Clock(). Returns
+// each worker's last clock.
+std::vector<std::uint64_t> Count(
+    const std::string& transport, const Job& j, const TableOptions& t, std::uint32_t W,
+    std::uint64_t clocks, const std::atomic<bool>* stop,
+    const std::function<void(std::uint32_t, std::uint64_t)>& at_clock = nullptr) {
+  std::vector<std::thread> threads;
+  std::vector<std::uint64_t> last(W, 0);
+  for (std::uint32_t w = 0; w < W; ++w) {
+    threads.emplace_back([&, w] {
+      auto c = Client::Connect(MakeClientOptions(transport, w, W, j.addresses));
+      ASSERT_TRUE(c.ok()) << c.status();
+      const std::vector<float> minus_one(t.dim, -1.0f);
+      for (std::uint64_t k = 0; k < clocks && !(stop && stop->load()); ++k) {
+        if (w == 0) std::this_thread::sleep_for(std::chrono::milliseconds(3));  // straggler
+        ASSERT_TRUE((*c)->Push(t.id, {w, 1}, minus_one).ok());
+        ASSERT_TRUE((*c)->Push(t.id, {W + w, 1}, minus_one).ok());
+        auto clk = (*c)->Clock();
+        ASSERT_TRUE(clk.ok()) << clk.status();
+        last[w] = *clk;
+        if (at_clock) at_clock(w, *clk);
+      }
+      ASSERT_TRUE((*c)->Close().ok());
+    });
+  }
+  for (auto& th : threads) th.join();
+  return last;
+}
+
+// Every row of the counting table is exactly c in the checkpoint at c (or,
+// for a worker that left at last[w] < c, last[w]: a worker that said
+// goodbye pushes no more, and a cut waits only for the others).
+void ExpectCounts(const std::string& dir, std::uint64_t ck, const TableOptions& t,
+                  const std::vector<std::uint64_t>& last = {}) {
+  SCOPED_TRACE("checkpoint at clock " + std::to_string(ck));
+  const std::vector<float> rows = CheckpointRows(dir + "/" + internal::CheckpointName(ck), t.id);
+  ASSERT_EQ(rows.size(), t.rows * t.dim);
+  for (std::uint64_t r = 0; r < t.rows; ++r) {
+    const std::size_t w = last.empty() ? 0 : r % last.size();
+    const std::uint64_t want = last.empty() ? ck : std::min(ck, last[w]);
+    EXPECT_EQ(rows[r * t.dim], static_cast<float>(want)) << "row " << r;
+  }
+}
+
+// RequestCheckpoint() on server 1 alone (SIGUSR1 to rdmaps-server): server
+// 0 learns the cut only from the workers' relays, and both parts hold
+// exactly the pushes of clocks < c, under SSP and ASP with a straggler.
+// Without the relay server 0 never writes its part (no checkpoint is
+// complete); without the hold the counts differ.
+void CheckTriggeredCut(const std::string& transport, std::uint32_t staleness) {
+  const std::uint32_t W = 3;
+  const TableOptions t =
+      MakeTable(1, "count", W * 2, 2, staleness, Initializer::Zeros(), OptimizerOptions::Sgd(1.0f));
+  TempDir dir;
+  Job j = StartServers(transport, 2, W, {t}, [&](ServerOptions& o) {
+    o.checkpoint_dir = dir.path;
+    o.checkpoint_keep = 0;
+    o.push_slots = 4;  // the cut falls at most 4 + 2 clocks past the newest one
+  });
+  ASSERT_EQ(j.servers.size(), 2u);
+  j.servers[1]->RequestCheckpoint();
+  Count(transport, j, t, W, 40, nullptr);
+  j.servers.clear();  // the writers finish
+  const std::vector<std::uint64_t> cks = CompleteCheckpoints(dir.path);
+  ASSERT_EQ(cks.size(), 1u) << "one request, one checkpoint";
+  EXPECT_LE(cks[0], 40u);
+  ExpectCounts(dir.path, cks[0], t);
+}
+
+TEST_P(CheckpointTest, RequestOnOneServerIsOneCutOnEveryServerUnderSsp) {
+  CheckTriggeredCut(transport(), 2);
+}
+TEST_P(CheckpointTest, RequestOnOneServerIsOneCutOnEveryServerUnderAsp) {
+  CheckTriggeredCut(transport(), kAsp);
+}
+
+// CheckpointNow (the final checkpoint of rdmaps-server's SIGTERM), asked
+// mid-run: returns the clock of a complete checkpoint holding exactly the
+// pushes before it, once this server's part is durable.
+TEST_P(CheckpointTest, CheckpointNowReturnsOnceTheJobsCutIsDurable) {
+  const std::uint32_t W = 2;
+  const TableOptions t =
+      MakeTable(1, "count", W * 2, 2, kBsp, Initializer::Zeros(), OptimizerOptions::Sgd(1.0f));
+  TempDir dir;
+  Job j = StartServers(transport(), 2, W, {t}, [&](ServerOptions& o) {
+    o.checkpoint_dir = dir.path;
+    o.push_slots = 4;
+  });
+  ASSERT_EQ(j.servers.size(), 2u);
+  // Refused before any worker came: nothing to save.
+  auto early =
+      j.servers[0]->CheckpointNow(std::chrono::steady_clock::now() + std::chrono::seconds(5));
+  ASSERT_FALSE(early.ok());
+  EXPECT_EQ(early.status().code(), StatusCode::kFailedPrecondition) << early.status();
+  std::promise<void> at_three;
+  std::atomic<bool> said{false};
+  Result<std::uint64_t> got = TimedOutError("not asked");
+  std::thread asker([&] {
+    at_three.get_future().wait();
+    got = j.servers[0]->CheckpointNow(std::chrono::steady_clock::now() + std::chrono::seconds(30));
+  });
+  Count(transport(), j, t, W, 30, nullptr, [&](std::uint32_t w, std::uint64_t k) {
+    if (w == 1 && k == 3 && !said.exchange(true)) at_three.set_value();
+  });
+  asker.join();
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_GE(*got, 3u);
+  EXPECT_LE(*got, 3u + 4 + 2 + 1) << "at most ring_slots + 2 past the newest clock";
+  j.servers.clear();
+  ExpectCounts(dir.path, *got, t);
+}
+
+// checkpoint_interval: server 0's timer starts cuts while training runs;
+// each is a consistent one. The workers stop once one is complete.
+TEST_P(CheckpointTest, TimedCheckpointsAreConsistentCuts) {
+  const std::uint32_t W = 3;
+  const TableOptions t =
+      MakeTable(1, "count", W * 2, 2, kAsp, Initializer::Zeros(), OptimizerOptions::Sgd(1.0f));
+  TempDir dir;
+  Job j = StartServers(transport(), 2, W, {t}, [&](ServerOptions& o) {
+    o.checkpoint_dir = dir.path;
+    o.checkpoint_keep = 0;
+    o.push_slots = 4;
+    o.checkpoint_interval = std::chrono::milliseconds(50);
+  });
+  std::atomic<bool> stop{false};
+  std::thread watcher([&] {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (!stop.load() && std::chrono::steady_clock::now() < deadline) {
+      if (internal::FindLatestCheckpoint(dir.path).ok()) stop.store(true);
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));  // polling the folder
+    }
+    stop.store(true);
+  });
+  const std::vector<std::uint64_t> last = Count(transport(), j, t, W, 100000, &stop);
+  watcher.join();
+  j.servers.clear();
+  const std::vector<std::uint64_t> cks = CompleteCheckpoints(dir.path);
+  ASSERT_FALSE(cks.empty()) << "the timer never made a checkpoint";
+  for (std::uint64_t ck : cks) ExpectCounts(dir.path, ck, t, last);
+}
+
+// A dead server's recovery with only it restarted: BSP with SGD on 2
+// servers, 2 workers (small-integer gradients: any apply order gives the
+// same bits). At clock 7 server 1 is destroyed (its connections drop, as at
+// kill -9) and a new one restores the checkpoint at 4 on the same address;
+// the workers, in their threads, reconnect with rewind_from, server 0
+// rewinds in place, and the run to 2c ends bitwise equal to an
+// uninterrupted one.
+TEST_P(CheckpointTest, OnlyTheDeadServerRestartsAndTheSurvivorRewindsInPlace) {
+  if (transport() == "fake") GTEST_SKIP() << "a fake endpoint's name cannot be listened on again";
+  const std::uint64_t c = 12;
+  const std::uint32_t W = 2;
+  const TableOptions t =
+      MakeTable(1, "w", 37, 3, kBsp, Initializer::Uniform(-1, 1, 7), OptimizerOptions::Sgd(0.5f));
+  std::vector<float> uninterrupted;
+  {
+    Job j = StartServers(transport(), 2, W, {t}, nullptr);
+    Train(transport(), j, t, W, 0, c);
+    uninterrupted = ReadAll(j, t);
+  }
+  TempDir dir;
+  auto tweak = [&](ServerOptions& o) {
+    o.checkpoint_dir = dir.path;
+    o.rejoin_timeout = std::chrono::seconds(30);
+  };
+  Job j = StartServers(transport(), 2, W, {t}, tweak);
+  ASSERT_EQ(j.servers.size(), 2u);
+  std::promise<void> at_seven;
+  std::atomic<bool> said{false};
+  std::vector<std::uint64_t> resumed_at(W, 0);
+  std::vector<std::thread> threads;
+  for (std::uint32_t w = 0; w < W; ++w) {
+    threads.emplace_back([&, w] {
+      auto c0 = Client::Connect(MakeClientOptions(transport(), w, W, j.addresses));
+      ASSERT_TRUE(c0.ok()) << c0.status();
+      std::unique_ptr<Client> client = std::move(*c0);
+      std::vector<float> rows(t.rows * t.dim), grads(t.rows * t.dim);
+      bool recovered = false;
+      for (std::uint64_t k = 0; k < c;) {
+        Status st = client->Pull(t.id, {0, t.rows}, rows);
+        if (st.ok()) {
+          for (std::uint64_t r = 0; r < t.rows; ++r) {
+            for (std::uint32_t d = 0; d < t.dim; ++d) grads[r * t.dim + d] = Grad(w, k, r + d);
+          }
+          st = client->Push(t.id, {0, t.rows}, grads);
+        }
+        Result<std::uint64_t> clk = st.ok() ? client->Clock() : Result<std::uint64_t>(st);
+        if (clk.ok() && *clk == 4) {
+          auto ck = client->Checkpoint();
+          ASSERT_TRUE(ck.ok()) << ck.status();
+        }
+        if (clk.ok() && w == 0 && *clk == 7 && !said.exchange(true)) at_seven.set_value();
+        if (clk.ok()) {
+          k = *clk;
+          continue;
+        }
+        ASSERT_FALSE(recovered) << "a second failure: " << clk.status();
+        recovered = true;
+        const std::vector<std::uint64_t> old = client->server_incarnations();
+        client.reset();
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+        Status last;
+        while (client == nullptr && std::chrono::steady_clock::now() < deadline) {
+          ClientOptions o = MakeClientOptions(transport(), w, W, j.addresses);
+          o.connect_timeout = std::chrono::seconds(3);
+          o.rewind_from = old;
+          auto again = Client::Connect(o);
+          if (again.ok()) client = std::move(*again);
+          if (!again.ok()) last = again.status();
+        }
+        ASSERT_NE(client, nullptr) << "no reconnect within 30 s: " << last;
+        k = client->clock();
+        resumed_at[w] = k;
+      }
+      ASSERT_TRUE(client->Close().ok());
+    });
+  }
+  at_seven.get_future().wait();
+  const std::string address = j.addresses[1];
+  j.servers[1].reset();  // dies: every connection drops
+  ServerOptions o = MakeServerOptions(transport(), 1, 2, W, {t});
+  tweak(o);
+  o.listen_address = address;
+  o.restore = "auto";
+  auto replacement = Server::Start(o);
+  ASSERT_TRUE(replacement.ok()) << replacement.status();
+  j.servers[1] = std::move(*replacement);
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(resumed_at, std::vector<std::uint64_t>(W, 4)) << "both rewound to the checkpoint";
+  const std::vector<float> resumed = ReadAll(j, t);
+  ASSERT_EQ(resumed.size(), uninterrupted.size());
+  EXPECT_EQ(std::memcmp(resumed.data(), uninterrupted.data(), resumed.size() * 4), 0)
+      << "the recovered run's parameters differ from the uninterrupted run's";
 }
 
 // A checkpoint of 2 servers restored on 3 and on 1: the same rows, and the

@@ -238,15 +238,17 @@ class Launcher {
     return std::nullopt;
   }
 
-  // Servers, each to report its address on fd 3. A restart (ps_ known)
-  // listens on the same addresses and restores the latest checkpoint.
-  Outcome StartServers() {
+  // Servers, each to report its address on fd 3. A restart (ps_ known) of
+  // server `only` listens on its address and restores the latest checkpoint.
+  Outcome StartServers() { return StartServersOf(-1); }
+  Outcome StartServersOf(int only) {
     const bool restart = !ps_.empty();
     const std::vector<std::string> placeholder(static_cast<std::size_t>(o_.servers),
                                                o_.host + ":0");
     const std::string binary = ServerBinary(o_);
-    servers_.clear();
+    if (!restart) servers_.assign(static_cast<std::size_t>(o_.servers), ChildId{});
     for (int i = 0; i < o_.servers; ++i) {
+      if (restart && i != only) continue;
       ChildSpec spec{.name = "ps" + std::to_string(i),
                      .argv = {binary, "--tables=" + tables_path_, "--ready_fd=3",
                               "--startup_timeout_s=" + std::to_string(o_.startup_timeout.count())},
@@ -255,6 +257,8 @@ class Launcher {
                      .ready_pipe = true};
       AddLayoutEnv(o_, spec.env, true, i, placeholder, token_);
       AddCoordinatorEnv(spec.env);
+      // Workers reconnect after a server's restart: the others wait for them.
+      if (o_.restart_servers > 0) spec.argv.push_back("--rejoin_timeout_s=60");
       for (auto& arg : SplitArgs(o_.server_args)) spec.argv.push_back(std::move(arg));
       if (o_.max_workers > 0)
         spec.argv.push_back("--max_workers=" + std::to_string(o_.max_workers));
@@ -268,7 +272,7 @@ class Launcher {
         job_.StopAll();
         return 1;
       }
-      servers_.push_back(*id);
+      servers_[static_cast<std::size_t>(i)] = *id;
       job_.Say(spec.name + " pid=" + std::to_string(job_.pid(*id)) + " started");
     }
     return std::nullopt;
@@ -371,13 +375,24 @@ class Launcher {
     auto wake = job_.WaitUntil(job_deadline_, workers_done_or_failure);
     if (wake.reason == Job::Wake::kSignal) return job_.StopForSignal(wake.signal);
     if (job_.failure() && job_.failure()->server && restarts_ < o_.restart_servers) {
-      // Every server goes back to the same checkpoint: the survivors too.
+      // Only the dead server restarts, from the latest checkpoint; the
+      // workers have the others rewind to it in place.
       ++restarts_;
-      job_.Say(job_.failure()->what + "; restarting every server from the latest checkpoint (" +
+      int dead = -1;
+      for (std::size_t i = 0; i < servers_.size(); ++i) {
+        if (job_.exit_code(servers_[i])) dead = static_cast<int>(i);
+      }
+      if (dead < 0) {
+        job_.Say(job_.failure()->what + "; no server has exited: stopping the job");
+        job_.StopAll();
+        return job_.failure()->exit_code;
+      }
+      job_.Say(job_.failure()->what + "; restarting ps" + std::to_string(dead) +
+               " from the latest checkpoint, the others rewind to it (" +
                std::to_string(restarts_) + " of " + std::to_string(o_.restart_servers) + ")");
-      job_.KillAndForget(servers_);
+      job_.KillAndForget({servers_[static_cast<std::size_t>(dead)]});
       startup_deadline_ = Clock::now() + o_.startup_timeout;
-      if (Outcome rc = StartServers()) return rc;
+      if (Outcome rc = StartServersOf(dead)) return rc;
       if (Outcome rc = WaitForAddresses()) return rc;
       return Supervise();
     }

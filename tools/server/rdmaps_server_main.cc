@@ -14,12 +14,28 @@
 // sd_notify READY=1 under systemd, "host:port\n" on --ready_fd) -> wait for
 // every worker to connect by --startup_timeout_s (else exit 3 naming the
 // missing workers) -> serve until every worker has closed (exit 0) or some
-// died (exit 4 naming them). SIGTERM/SIGINT: stop accepting, finish the
-// batch of pushes being applied, exit 0.
+// died (exit 4 naming them). SIGTERM/SIGINT: without --checkpoint_dir stop
+// accepting, finish the batch of pushes being applied, exit 0; with it,
+// first a final checkpoint of the whole job (Server::CheckpointNow: the cut
+// at the next consistent clock, durable within --checkpoint_timeout_s),
+// then exit 0; a second SIGTERM/SIGINT, the timeout or a failure of that
+// checkpoint exits 1 without it (logged). SIGUSR1: a checkpoint of the whole
+// job (Server::RequestCheckpoint), training goes on.
 //
-// Exit codes: 0 done, 1 runtime error, 2 bad configuration, 3 start-up
-// deadline passed, 4 workers died.
+//   rdmaps-server --checkpoint_now --pid_file=F [--checkpoint_dir=D]
+// sends SIGUSR1 to the rdmaps-server whose --pid_file is F and, with D,
+// waits (--checkpoint_timeout_s) until D's `latest` names a newer
+// checkpoint, printing it (exit 0; 1 when none came in time, 2 for a pid
+// file that names no rdmaps-server).
+//
+// Signals are blocked in every thread and taken by sigwait() on a thread of
+// our own: no signal handler runs, so nothing async-signal-unsafe can.
+//
+// Exit codes: 0 done, 1 runtime error (or stopped without its final
+// checkpoint), 2 bad configuration, 3 start-up deadline passed, 4 workers
+// died.
 #include <errno.h>
+#include <fcntl.h>
 #include <gflags/gflags.h>
 #include <glog/logging.h>
 #include <pthread.h>
@@ -33,9 +49,11 @@
 #include <cstdio>
 #include <cstring>
 #include <ctime>
+#include <fstream>
 #include <iostream>
 #include <limits>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -92,7 +110,20 @@ DEFINE_uint64(checkpoint_every, 0,
               "when workers call Client::Checkpoint)");
 DEFINE_uint32(checkpoint_keep, 3, "keep the newest this many complete checkpoints (0: all)");
 DEFINE_int32(checkpoint_timeout_s, 600,
-             "abandon a checkpoint that a worker has not reached after this long");
+             "abandon a checkpoint that a worker has not reached after this long (also the "
+             "final checkpoint's deadline on SIGTERM, and --checkpoint_now's wait)");
+DEFINE_int32(checkpoint_every_s, 0,
+             "a checkpoint of the whole job about every this many seconds, timed by server 0 "
+             "(0: none)");
+DEFINE_int32(rejoin_timeout_s, 0,
+             "a worker that disconnected without closing may reconnect this long (after a "
+             "dead server's restart) before this server counts it gone");
+DEFINE_string(pid_file, "",
+              "write this process's pid here while it serves (--checkpoint_now "
+              "reads it)");
+DEFINE_bool(checkpoint_now, false,
+            "ask the running rdmaps-server of --pid_file for a checkpoint of the whole job "
+            "(SIGUSR1) and, with --checkpoint_dir, wait until it is complete");
 DEFINE_string(restore, "",
               "start from a checkpoint: its ckpt-<clock> folder, latest (the newest complete "
               "one under --checkpoint_dir) or auto (latest if there is one, else start fresh); "
@@ -144,6 +175,7 @@ class SignalThread {
     sigemptyset(&set_);
     sigaddset(&set_, SIGTERM);
     sigaddset(&set_, SIGINT);
+    sigaddset(&set_, SIGUSR1);  // a checkpoint (not a stop)
     sigaddset(&set_, SIGUSR2);  // internal: wakes the thread at exit
     pthread_sigmask(SIG_BLOCK, &set_, nullptr);
   }
@@ -161,11 +193,12 @@ class SignalThread {
       int sig = 0;
       while (sigwait(&set_, &sig) == 0) {
         if (sig == SIGUSR2) return;
-        received_.store(sig);
+        if (sig != SIGUSR1) received_.store(sig);
         on_signal(sig);
       }
     });
   }
+  // The stop signal (SIGTERM or SIGINT) received, or 0.
   int received() const { return received_.load(); }
 
  private:
@@ -232,7 +265,92 @@ Result<std::vector<rdmaps::TableOptions>> AskWorkerForTables() {
   return tables;
 }
 
+// The newest clock `latest` under `dir` names ("ckpt-<20 digits>"), or -1.
+long double LatestClock(const std::string& dir) {
+  std::ifstream in(dir + "/latest");
+  std::string name;
+  if (!(in >> name) || name.size() != 25 || name.rfind("ckpt-", 0) != 0) return -1;
+  long double v = 0;
+  for (std::size_t i = 5; i < name.size(); ++i) {
+    if (name[i] < '0' || name[i] > '9') return -1;
+    v = v * 10 + (name[i] - '0');
+  }
+  return v;
+}
+
+// --checkpoint_now: SIGUSR1 to the server of --pid_file, then (with
+// --checkpoint_dir) wait for a newer complete checkpoint.
+int CheckpointNowCommand() {
+  if (FLAGS_pid_file.empty()) {
+    LOG(ERROR) << "--checkpoint_now needs --pid_file=PATH (the one the server was started with)";
+    return kExitConfig;
+  }
+  std::ifstream in(FLAGS_pid_file);
+  std::string text;
+  in >> text;
+  long pid = 0;
+  bool ok = !text.empty() && text.size() <= 10;
+  for (char ch : text) {
+    if (ch < '0' || ch > '9') ok = false;
+    if (ok) pid = pid * 10 + (ch - '0');
+  }
+  if (!ok || pid <= 1 || pid > std::numeric_limits<pid_t>::max()) {
+    LOG(ERROR) << "--pid_file " << FLAGS_pid_file << " holds no pid (\"" << text.substr(0, 20)
+               << "\"); is the server running with --pid_file=" << FLAGS_pid_file << "?";
+    return kExitConfig;
+  }
+  std::ifstream comm("/proc/" + std::to_string(pid) + "/comm");
+  std::string name;
+  std::getline(comm, name);
+  if (name != "rdmaps-server") {
+    LOG(ERROR) << "pid " << pid << " of " << FLAGS_pid_file << " is not an rdmaps-server ("
+               << (name.empty() ? std::string("no such process") : name)
+               << "): a stale pid file? not signalled";
+    return kExitConfig;
+  }
+  const long double before = FLAGS_checkpoint_dir.empty() ? -1 : LatestClock(FLAGS_checkpoint_dir);
+  if (kill(static_cast<pid_t>(pid), SIGUSR1) != 0) {
+    LOG(ERROR) << "kill(" << pid << ", SIGUSR1): " << std::strerror(errno);
+    return kExitRuntime;
+  }
+  if (FLAGS_checkpoint_dir.empty()) {
+    std::cout << "asked rdmaps-server " << pid << " for a checkpoint" << std::endl;
+    return 0;
+  }
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::seconds(std::max(1, FLAGS_checkpoint_timeout_s));
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (LatestClock(FLAGS_checkpoint_dir) > before) {
+      std::ifstream latest(FLAGS_checkpoint_dir + "/latest");
+      std::string ck;
+      latest >> ck;
+      std::cout << FLAGS_checkpoint_dir << "/" << ck << std::endl;
+      return 0;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));  // polling the folder
+  }
+  LOG(ERROR) << "no newer complete checkpoint in " << FLAGS_checkpoint_dir << " within "
+             << FLAGS_checkpoint_timeout_s << " s of asking rdmaps-server " << pid
+             << " (see its log)";
+  return kExitRuntime;
+}
+
+// The final checkpoint of a graceful stop, run on a thread of its own so
+// that the signal thread still sees a second SIGTERM.
+struct FinalCheckpoint {
+  std::mutex mu;
+  std::thread thread;
+  bool asked = false;
+  bool closed = false;  // the server is shutting down: no final checkpoint now
+  Status result;        // of CheckpointNow, once the thread is done
+  std::uint64_t clock = 0;
+  ~FinalCheckpoint() {
+    if (thread.joinable()) thread.join();
+  }
+};
+
 int RealMain(SignalThread& signals) {
+  if (FLAGS_checkpoint_now) return CheckpointNowCommand();
   Environment env = rdmaps::CurrentEnvironment();
   rdmaps::ClusterOptions lo;
   lo.role = FLAGS_role;
@@ -341,11 +459,30 @@ int RealMain(SignalThread& signals) {
   so.apply_threads = FLAGS_apply_threads;
   so.max_workers = FLAGS_max_workers;
   if (!FLAGS_listen.empty()) so.listen_address = FLAGS_listen;
-  so.checkpoint_dir = FLAGS_checkpoint_dir;
-  so.checkpoint_every = FLAGS_checkpoint_every;
-  so.checkpoint_keep = FLAGS_checkpoint_keep;
-  so.checkpoint_timeout = std::chrono::seconds(std::max(1, FLAGS_checkpoint_timeout_s));
+  // Checkpoint settings: the tables file's "checkpoint" object, then the
+  // flags given on the command line over it.
+  if (!FLAGS_tables.empty()) {
+    auto ck = rdmaps::ReadCheckpointSettingsFile(FLAGS_tables);
+    if (!ck.ok()) {
+      LOG(ERROR) << ck.status();
+      return kExitConfig;
+    }
+    ck->ApplyTo(&so);
+  }
+  auto given = [](const char* flag) {
+    return !gflags::GetCommandLineFlagInfoOrDie(flag).is_default;
+  };
+  if (given("checkpoint_dir")) so.checkpoint_dir = FLAGS_checkpoint_dir;
+  if (given("checkpoint_every")) so.checkpoint_every = FLAGS_checkpoint_every;
+  if (given("checkpoint_every_s")) {
+    so.checkpoint_interval = std::chrono::seconds(std::max(0, FLAGS_checkpoint_every_s));
+  }
+  if (given("checkpoint_keep")) so.checkpoint_keep = FLAGS_checkpoint_keep;
+  if (given("checkpoint_timeout_s")) {
+    so.checkpoint_timeout = std::chrono::seconds(std::max(1, FLAGS_checkpoint_timeout_s));
+  }
   so.restore = FLAGS_restore;
+  so.rejoin_timeout = std::chrono::seconds(std::max(0, FLAGS_rejoin_timeout_s));
 
   std::unique_ptr<rdmaps::Server> server;
   if (layout.needs_rendezvous && layout.index < 0) {
@@ -409,7 +546,19 @@ int RealMain(SignalThread& signals) {
   // stopping a failed job should not have to wait for its deadline).
   static std::atomic<bool> in_rendezvous{false};
   in_rendezvous.store(layout.needs_rendezvous);
-  signals.Start([raw](int sig) {
+  static FinalCheckpoint final_ckpt;  // outlives the signal thread
+  const bool with_checkpoints = !so.checkpoint_dir.empty();
+  const auto final_timeout = so.checkpoint_timeout;
+  signals.Start([raw, with_checkpoints, final_timeout](int sig) {
+    if (sig == SIGUSR1) {
+      if (in_rendezvous.load()) {
+        LOG(WARNING) << "received SIGUSR1 during the start-up rendezvous: no checkpoint yet";
+        return;
+      }
+      LOG(INFO) << "received SIGUSR1: a checkpoint of the whole job";
+      raw->RequestCheckpoint();
+      return;
+    }
     if (in_rendezvous.load()) {
       LOG(WARNING) << "received " << (sig == SIGTERM ? "SIGTERM" : "SIGINT")
                    << " during the start-up rendezvous; exiting";
@@ -417,9 +566,35 @@ int RealMain(SignalThread& signals) {
       std::fflush(nullptr);
       std::_Exit(128 + sig);
     }
-    LOG(INFO) << "received " << (sig == SIGTERM ? "SIGTERM" : "SIGINT")
-              << ": draining and stopping";
-    raw->Stop();
+    const char* name = sig == SIGTERM ? "SIGTERM" : "SIGINT";
+    std::lock_guard<std::mutex> lock(final_ckpt.mu);
+    if (!with_checkpoints) {
+      LOG(INFO) << "received " << name << ": draining and stopping";
+      raw->Stop();
+      return;
+    }
+    if (final_ckpt.asked || final_ckpt.closed) {
+      LOG(WARNING) << "received " << name
+                   << (final_ckpt.asked
+                           ? " again: stopping without waiting for the final checkpoint"
+                           : " while stopping");
+      raw->Stop();
+      return;
+    }
+    final_ckpt.asked = true;
+    LOG(INFO) << "received " << name << ": a final checkpoint of the whole job (within "
+              << final_timeout.count() / 1000 << " s; " << name
+              << " again exits without it), then stopping";
+    final_ckpt.thread = std::thread([raw, final_timeout] {
+      Result<std::uint64_t> r =
+          raw->CheckpointNow(std::chrono::steady_clock::now() + final_timeout);
+      {
+        std::lock_guard<std::mutex> done_lock(final_ckpt.mu);
+        final_ckpt.result = r.status();
+        if (r.ok()) final_ckpt.clock = *r;
+      }
+      raw->Stop();
+    });
   });
   // The signal thread uses `server`: end it before `server` is destroyed.
   struct JoinSignals {
@@ -436,6 +611,21 @@ int RealMain(SignalThread& signals) {
     layout = std::move(*done);
   }
 
+  struct RemovePidFile {
+    std::string path;
+    ~RemovePidFile() {
+      if (!path.empty()) ::unlink(path.c_str());
+    }
+  } pid_file;
+  if (!FLAGS_pid_file.empty()) {
+    std::ofstream out(FLAGS_pid_file, std::ios::trunc);
+    out << getpid() << "\n";
+    if (!out.flush()) {
+      LOG(ERROR) << "cannot write --pid_file " << FLAGS_pid_file;
+      return kExitConfig;
+    }
+    pid_file.path = FLAGS_pid_file;
+  }
   const std::string address = server->address();
   LOG(INFO) << "rdmaps-server " << layout.name() << " ready: listening on " << address
             << " (layout from " << layout.source << ", " << layout.num_servers << " ps, "
@@ -476,6 +666,17 @@ int RealMain(SignalThread& signals) {
   Status run = FLAGS_run_timeout_s > 0 ? server->RunUntil(std::chrono::steady_clock::now() +
                                                           std::chrono::seconds(FLAGS_run_timeout_s))
                                        : server->Run();
+  // The final checkpoint may still wait for the workers' last clocks after
+  // they all left (Run returns then): it ends by itself, by its deadline.
+  {
+    std::thread pending;
+    {
+      std::lock_guard<std::mutex> lock(final_ckpt.mu);
+      pending = std::move(final_ckpt.thread);
+      final_ckpt.closed = true;
+    }
+    if (pending.joinable()) pending.join();
+  }
   auto st = server->stats();
   server->Stop();
   (void)SdNotify(env, "STOPPING=1");
@@ -485,6 +686,18 @@ int RealMain(SignalThread& signals) {
                     ? std::string("(every worker done)")
                     : std::to_string(st.min_clock));
   if (signals.received() != 0) {
+    std::lock_guard<std::mutex> lock(final_ckpt.mu);
+    if (final_ckpt.asked && final_ckpt.result.ok()) {
+      LOG(INFO) << layout.name() << ": final checkpoint at clock " << final_ckpt.clock
+                << " durable in " << so.checkpoint_dir << "; exiting";
+    } else if (final_ckpt.asked &&
+               final_ckpt.result.code() == rdmaps::StatusCode::kFailedPrecondition) {
+      LOG(INFO) << layout.name() << ": no final checkpoint: " << final_ckpt.result;
+    } else if (final_ckpt.asked) {
+      LOG(ERROR) << layout.name()
+                 << ": stopped without the final checkpoint: " << final_ckpt.result;
+      return kExitRuntime;
+    }
     LOG(INFO) << layout.name() << ": stopped by signal; exiting cleanly";
     return 0;
   }

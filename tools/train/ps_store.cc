@@ -51,7 +51,8 @@ Status PsStore::Recover() {
     o.connect_timeout =
         std::min(kRecoverAttempt, std::chrono::duration_cast<std::chrono::milliseconds>(
                                       deadline - std::chrono::steady_clock::now()));
-    o.refuse_incarnations = old;
+    // The restarted servers restored a checkpoint; the others rewind to it.
+    o.rewind_from = old;
     Result<std::unique_ptr<Client>> c = Client::Connect(o);
     if (c.ok()) {
       client_ = std::move(*c);
@@ -60,14 +61,13 @@ Status PsStore::Recover() {
                 << "resuming at clock " << start_clock_;
       return Status::OK();
     }
-    // Not up yet, or (Unavailable) one has not been restarted yet: the whole
-    // job must go back to one checkpoint, so wait for the launcher to
-    // restart it too.
+    // Not up yet, or (Unavailable) none has been restarted yet: wait for the
+    // launcher to restart the dead one.
     last = c.status();
     std::this_thread::sleep_for(std::chrono::milliseconds(100));  // polling a launcher's restart
   }
   return last.WithContext("worker " + std::to_string(options_.worker_id) +
-                          " reconnecting after a server failure (restart the servers with "
+                          " reconnecting after a server failure (restart the dead server with "
                           "--restore=auto, e.g. rdmaps-local --restart_servers)");
 }
 

@@ -40,8 +40,9 @@ class PsStore : public ParameterStore {
   Status Barrier() override;
   std::uint64_t start_clock() const override { return start_clock_; }
   // Drops the broken Client and connects again (retrying until the
-  // options' connect_timeout) to servers that have all restarted since
-  // (every incarnation id new); their restored clock becomes start_clock().
+  // options' connect_timeout) once a server has restarted since (a new
+  // incarnation id): the others rewind in place to the checkpoint it
+  // restored (ClientOptions::rewind_from), whose clock becomes start_clock().
   Status Recover() override;
   StoreStats stats() const override;
 
