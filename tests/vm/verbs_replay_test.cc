@@ -91,7 +91,8 @@ class Replayer {
     qa.cap.max_send_sge = 1;
     qa.cap.max_recv_sge = 1;
     EXPECT_EQ(rdma_create_qp(id_, nullptr, &qa), 0) << std::strerror(errno);
-    mr_ = ibv_reg_mr(id_->qp->pd, buf_, sizeof buf_, IBV_ACCESS_LOCAL_WRITE);
+    const int access = IBV_ACCESS_LOCAL_WRITE;  // an int: ibv_reg_mr ORs in flags of another enum
+    mr_ = ibv_reg_mr(id_->qp->pd, buf_, sizeof buf_, access);
     EXPECT_NE(mr_, nullptr);
     rdma_conn_param p{};
     p.private_data = req.data();
