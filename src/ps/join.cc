@@ -49,11 +49,21 @@ Status JoinIfFree(ServerLinks& links, PushWriter& push, std::uint64_t* clock, El
   RDMAPS_RETURN_IF_ERROR(push.SendControlSlot(SlotKind::kJoin, start, deadline));
   RDMAPS_RETURN_IF_ERROR(links.WaitForClocks(
       0, AllServers(links), start, [] { return std::string("joining the job"); }, deadline));
-  RDMAPS_RETURN_IF_ERROR(links.ReadControl({0}, deadline));
+  // Each server may have started it above `start` (its members moved on
+  // meanwhile); it goes on from the lowest, and a server that started it
+  // higher ignores its Clock() markers up to its own.
+  RDMAPS_RETURN_IF_ERROR(links.ReadControl(AllServers(links), deadline));
+  std::uint64_t granted = kClockDone;
+  for (const ServerLink& s : links.servers()) granted = std::min(granted, s.clocks[me].clock);
+  if (granted == kClockDone || granted < start) {
+    return InternalError("worker " + std::to_string(me) + " joined at clock " +
+                         std::to_string(start) + " but a server reports it at clock " +
+                         (granted == kClockDone ? std::string("none") : std::to_string(granted)));
+  }
   state->barriers = links[0].clocks[me].barriers;
   state->joined = true;
-  *clock = start;
-  RDMAPS_LOG(INFO) << "worker " << me << " joined the job at clock " << start
+  *clock = granted;
+  RDMAPS_LOG(INFO) << "worker " << me << " joined the job at clock " << granted
                    << " (membership epoch " << links[0].head.membership_epoch << " on "
                    << ServerName(links[0]) << ", " << links[0].head.members << " members)";
   return Status::OK();

@@ -21,7 +21,8 @@ std::uint32_t Membership::members() const {
       slots_.begin(), slots_.end(), [](const Slot& s) { return s.state == State::kMember; }));
 }
 
-std::optional<std::uint64_t> Membership::Join(std::uint32_t w, std::uint64_t clock) {
+std::optional<std::uint64_t> Membership::Join(std::uint32_t w, std::uint64_t clock,
+                                              std::uint64_t members_min) {
   if (!elastic_ || slots_[w].state == State::kMember) return std::nullopt;
   // A barrier under way when it joins is one it was not part of: it counts
   // as arrived there, so that barrier ends with the members it began with.
@@ -29,7 +30,7 @@ std::optional<std::uint64_t> Membership::Join(std::uint32_t w, std::uint64_t clo
   for (const Slot& s : slots_) {
     if (s.state == State::kMember) barriers = std::max(barriers, s.barriers);
   }
-  const std::uint64_t start = std::max(clock, floor_);
+  const std::uint64_t start = std::max({clock, floor_, members_min});
   slots_[w] = Slot{State::kMember, true, false, ++epoch_, barriers};
   RDMAPS_LOG(INFO) << "ps server " << server_index_ << ": membership epoch " << epoch_
                    << ": worker " << w << " joined at clock " << start

@@ -44,10 +44,13 @@ class Membership {
   // no-ops (this server may have started it above the clock it asked for).
   bool joined(std::uint32_t w) const { return slots_[w].joined; }
 
-  // Worker w's kJoin asks for `clock`. The clock it gets here: max(clock,
-  // the floor), or nullopt when it cannot join (not elastic, or w is a
-  // member already).
-  std::optional<std::uint64_t> Join(std::uint32_t w, std::uint64_t clock);
+  // Worker w's kJoin asks for `clock`, the floor it read. The clock it gets
+  // here: max(clock, the floor, `members_min`, the members' minimum clock as
+  // this server applied it - the published floor lags it by up to one apply
+  // round), or nullopt when it cannot join (not elastic, or w is a member
+  // already).
+  std::optional<std::uint64_t> Join(std::uint32_t w, std::uint64_t clock,
+                                    std::uint64_t members_min);
   // Worker w (a member) said goodbye (died = false) or its connection
   // dropped (died = true), at `clock`.
   void Leave(std::uint32_t w, bool died, std::uint64_t clock);

@@ -155,7 +155,8 @@ class ServerImpl final : public Server {
   // Worker w's slots now come on `connection`: a new Client's sequence
   // restarts at 1 and the held slots of the old one go; a failover
   // reconnect's goes on. `imm` is the first slot's. Apply thread only.
-  void NewSession(std::uint32_t w, std::uint64_t connection, std::uint32_t imm) RDMAPS_REQUIRES(apply_mu_);
+  void NewSession(std::uint32_t w, std::uint64_t connection, std::uint32_t imm)
+      RDMAPS_REQUIRES(apply_mu_);
   // A kRewind of worker w: reloads checkpoint `clock` in place unless this
   // recovery `id` was done already (docs/ps.md, "Recovery"). Apply thread.
   void Rewind(std::uint32_t w, std::uint64_t clock, std::uint64_t id) RDMAPS_REQUIRES(apply_mu_);
@@ -659,7 +660,16 @@ bool ServerImpl::ApplySlot(std::uint32_t w, const SlotHeader& h, const std::byte
     return true;
   }
   if (kind == SlotKind::kJoin) {
-    const std::optional<std::uint64_t> start = membership_->Join(w, h.clock);
+    std::uint64_t members_min = 0;
+    bool any = false;
+    for (std::size_t i = 0; i < workers_.size(); ++i) {
+      if (i == w || workers_[i].done || !membership_->member(static_cast<std::uint32_t>(i))) {
+        continue;
+      }
+      members_min = any ? std::min(members_min, workers_[i].clock) : workers_[i].clock;
+      any = true;
+    }
+    const std::optional<std::uint64_t> start = membership_->Join(w, h.clock, members_min);
     if (!start) return false;
     ws.clock = *start;
     cut_->OnJoin(w, ws.clock);

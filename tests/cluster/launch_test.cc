@@ -28,8 +28,8 @@
 
 namespace {
 
-using ::testing::HasSubstr;
 using rdmaps::testing::Proc;
+using ::testing::HasSubstr;
 
 const std::string kLocal = RDMAPS_LOCAL_BIN;
 const std::string kServer = RDMAPS_SERVER_BIN;
@@ -49,20 +49,21 @@ std::string TempDir() {
 }
 
 TEST(LaunchTest, LocalTwoServersThreeWorkers) {
-  Proc p({kLocal, "--servers=2", "--workers=3", "--transport=tcp", "--", kWorker,
-          "--iterations=5"});
+  Proc p(
+      {kLocal, "--servers=2", "--workers=3", "--transport=tcp", "--", kWorker, "--iterations=5"});
   int rc = p.Wait();
   EXPECT_EQ(rc, 0) << p.out();
   EXPECT_EQ(CountOf(p.out(), "sum ok (15 = 3 workers x 5 iterations)"), 3) << p.out();
-  EXPECT_THAT(p.out(), HasSubstr("[worker2] worker2 connected to 2 servers (layout from RDMAPS_*)"));
+  EXPECT_THAT(p.out(),
+              HasSubstr("[worker2] worker2 connected to 2 servers (layout from RDMAPS_*)"));
   EXPECT_THAT(p.out(), HasSubstr("[ps1] "));
   EXPECT_THAT(p.out(), HasSubstr("job done"));
 }
 
 TEST(LaunchTest, TfConfigDrivenJob) {
   // rdmaps-local gives every process, servers included, its own TF_CONFIG.
-  Proc p({kLocal, "--servers=2", "--workers=2", "--transport=tcp", "--layout_env=tf_config",
-          "--", kWorker, "--iterations=3"});
+  Proc p({kLocal, "--servers=2", "--workers=2", "--transport=tcp", "--layout_env=tf_config", "--",
+          kWorker, "--iterations=3"});
   int rc = p.Wait();
   EXPECT_EQ(rc, 0) << p.out();
   EXPECT_EQ(CountOf(p.out(), "(layout from TF_CONFIG)"), 2) << p.out();
@@ -78,13 +79,28 @@ TEST(LaunchTest, OpenMpiJob) {
   // Every rank runs rdmaps-server; ranks 2-4 become workers and exec the
   // worker, which needs no layout flags: RDMAPS_NUM_SERVERS and
   // RDMAPS_RENDEZVOUS reach every rank through mpirun -x.
-  std::vector<std::string> argv = {"mpirun", "--oversubscribe", "--allow-run-as-root",
-                                   "--mca", "btl", "self,tcp", "--mca", "btl_tcp_if_include",
-                                   "lo", "-x", "RDMAPS_NUM_SERVERS", "-x", "RDMAPS_RENDEZVOUS",
-                                   "-np", "5", kServer, "--transport=tcp",
-                                   "--startup_timeout_s=30", "--", kWorker, "--iterations=4"};
-  Proc p(argv, {{"RDMAPS_NUM_SERVERS", "2"},
-                {"RDMAPS_RENDEZVOUS", "file:" + dir + "/rendezvous"}});
+  std::vector<std::string> argv = {"mpirun",
+                                   "--oversubscribe",
+                                   "--allow-run-as-root",
+                                   "--mca",
+                                   "btl",
+                                   "self,tcp",
+                                   "--mca",
+                                   "btl_tcp_if_include",
+                                   "lo",
+                                   "-x",
+                                   "RDMAPS_NUM_SERVERS",
+                                   "-x",
+                                   "RDMAPS_RENDEZVOUS",
+                                   "-np",
+                                   "5",
+                                   kServer,
+                                   "--transport=tcp",
+                                   "--startup_timeout_s=30",
+                                   "--",
+                                   kWorker,
+                                   "--iterations=4"};
+  Proc p(argv, {{"RDMAPS_NUM_SERVERS", "2"}, {"RDMAPS_RENDEZVOUS", "file:" + dir + "/rendezvous"}});
   int rc = p.Wait();
   EXPECT_EQ(rc, 0) << p.out();
   EXPECT_EQ(CountOf(p.out(), "sum ok (12 = 3 workers x 4 iterations)"), 3) << p.out();
@@ -115,9 +131,9 @@ TEST(LaunchTest, ServerReportsReadinessToSystemdAndStopsCleanlyOnSigterm) {
   std::string tables = dir + "/tables.json";
   std::ofstream(tables) << R"([{"name": "w", "rows": 8, "dim": 2}])";
 
-  Proc p({kServer, "--tables=" + tables, "--role=ps", "--task_index=0",
-          "--ps_hosts=127.0.0.1:0", "--num_workers=1", "--transport=tcp",
-          "--startup_timeout_s=60", "--secret_file=" + dir + "/secret"},
+  Proc p({kServer, "--tables=" + tables, "--role=ps", "--task_index=0", "--ps_hosts=127.0.0.1:0",
+          "--num_workers=1", "--transport=tcp", "--startup_timeout_s=60",
+          "--secret_file=" + dir + "/secret"},
          {{"NOTIFY_SOCKET", sock}});
   pollfd pf{fd, POLLIN, 0};
   ASSERT_EQ(poll(&pf, 1, 30000), 1) << "no sd_notify datagram";
@@ -134,8 +150,8 @@ TEST(LaunchTest, ServerReportsReadinessToSystemdAndStopsCleanlyOnSigterm) {
 }
 
 TEST(LaunchTest, CtrlCStopsEveryProcess) {
-  Proc p({kLocal, "--servers=2", "--workers=2", "--transport=tcp", "--grace_s=5", "--",
-          kWorker, "--iterations=1000000"});
+  Proc p({kLocal, "--servers=2", "--workers=2", "--transport=tcp", "--grace_s=5", "--", kWorker,
+          "--iterations=1000000"});
   ASSERT_TRUE(p.WaitFor("iteration 1 done"));
   kill(p.pid(), SIGINT);
   EXPECT_EQ(p.Wait(), 128 + SIGINT) << p.out();
@@ -151,9 +167,9 @@ TEST(LaunchFaultTest, ServerStartupDeadlineNamesMissingWorkers) {
   std::string dir = TempDir();
   std::string tables = dir + "/tables.json";
   std::ofstream(tables) << R"([{"name": "w", "rows": 8, "dim": 2}])";
-  Proc p({kServer, "--tables=" + tables, "--role=ps", "--task_index=0",
-          "--ps_hosts=127.0.0.1:0", "--num_workers=2", "--transport=tcp",
-          "--startup_timeout_s=1", "--secret_file=" + dir + "/secret"});
+  Proc p({kServer, "--tables=" + tables, "--role=ps", "--task_index=0", "--ps_hosts=127.0.0.1:0",
+          "--num_workers=2", "--transport=tcp", "--startup_timeout_s=1",
+          "--secret_file=" + dir + "/secret"});
   EXPECT_EQ(p.Wait(), 3) << p.out();
   EXPECT_THAT(p.out(), HasSubstr("0 of 2 workers connected"));
   EXPECT_THAT(p.out(), HasSubstr("workers never connected: [0, 1]"));
@@ -191,16 +207,16 @@ TEST(LaunchFaultTest, ServerNamesAWorkerThatDiedAndExits4) {
 }
 
 TEST(LaunchFaultTest, KilledWorkerStopsTheJobWithItsExitCode) {
-  Proc p({kLocal, "--servers=2", "--workers=3", "--transport=tcp", "--grace_s=5", "--",
-          kWorker, "--iterations=1000", "--die_at=1", "--die_worker=1"});
+  Proc p({kLocal, "--servers=2", "--workers=3", "--transport=tcp", "--grace_s=5", "--", kWorker,
+          "--iterations=1000", "--die_at=1", "--die_worker=1"});
   EXPECT_EQ(p.Wait(), 128 + SIGKILL) << p.out();
   EXPECT_THAT(p.out(), HasSubstr("worker1 killed by SIGKILL; stopping the job"));
   EXPECT_EQ(CountOf(p.out(), "sum ok"), 0);
 }
 
 TEST(LaunchFaultTest, KilledServerStopsTheJob) {
-  Proc p({kLocal, "--servers=2", "--workers=2", "--transport=tcp", "--grace_s=5", "--",
-          kWorker, "--iterations=1000000"});
+  Proc p({kLocal, "--servers=2", "--workers=2", "--transport=tcp", "--grace_s=5", "--", kWorker,
+          "--iterations=1000000"});
   ASSERT_TRUE(p.WaitFor("[rdmaps-local] ps1 pid="));
   auto at = p.out().find("[rdmaps-local] ps1 pid=") + std::strlen("[rdmaps-local] ps1 pid=");
   pid_t ps1 = static_cast<pid_t>(std::stol(p.out().substr(at)));
@@ -215,7 +231,7 @@ TEST(LaunchFaultTest, KilledServerStopsTheJob) {
 
 TEST(LaunchFaultTest, MissingWorkerEndsAtTheStartupDeadlineNamingIt) {
   Proc p({kLocal, "--servers=2", "--workers=3", "--transport=tcp", "--omit_worker=2",
-          "--startup_timeout_s=2", "--grace_s=5", "--", kWorker, "--iterations=3",
+          "--startup_timeout_s=4", "--grace_s=5", "--", kWorker, "--iterations=3",
           "--timeout_ms=8000"});
   EXPECT_EQ(p.Wait(), 3) << p.out();  // rdmaps-server's start-up exit code
   EXPECT_THAT(p.out(), HasSubstr("worker2 not started (--omit_worker)"));

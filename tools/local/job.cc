@@ -23,6 +23,7 @@ struct Job::Child {
   Fd ready_fd;  // ready_pipe: fd 3 of the child
   std::string out_buf, ready_buf;
   std::optional<int> exit_code;
+  bool signaled = false;  // killed by a signal, not exited
   std::string how;
 };
 
@@ -205,12 +206,10 @@ int Job::Pump(Clock::time_point until) {
 }
 
 void Job::Reap() {
-  // Children that failed together (reaped in one batch): a server's failure
-  // is the cause of its workers', so it wins - unless it is rdmaps-server's
-  // "workers died" (exit 4), which is a worker's failure seen from the server.
-  constexpr int kServerExitWorkersDied = 4;
-  auto is_cause = [&](const Child& c) {
-    return c.server && *c.exit_code != kServerExitWorkersDied;
+  auto cause_of = [](const Child& c) {
+    constexpr int kServerExitWorkersDied = 4;
+    if (c.server && *c.exit_code != kServerExitWorkersDied) return Cause::kServerDied;
+    return c.signaled && !c.server ? Cause::kSignaled : Cause::kExited;
   };
   Child* first = nullptr;
   for (auto& owned : children_) {
@@ -221,18 +220,18 @@ void Job::Reap() {
     // Collect its last words before reporting the exit.
     if (c.out_fd.valid()) Drain(c, c.out_fd.get());
     c.exit_code = ExitCodeOf(status);
+    c.signaled = WIFSIGNALED(status);
     c.how = Describe(status);
     Say(c.name + " (pid " + std::to_string(c.pid) + ") " + c.how);
-    if (c.exit_code != 0 && (!first || (is_cause(c) && !is_cause(*first)))) first = &c;
+    if (c.exit_code != 0 && (!first || cause_of(c) > cause_of(*first))) first = &c;
   }
   if (!first || stopping_) return;
-  // A server's failure that follows a worker's within kSettle is taken as
-  // its cause (exit 4 excepted, as above).
-  const bool replace =
-      failure_ && is_cause(*first) && !failure_->server && Clock::now() < failure_->at + kSettle;
+  // Within kSettle of the first failure a likelier cause replaces it.
+  const Cause cause = cause_of(*first);
+  const bool replace = failure_ && cause > failure_->cause && Clock::now() < failure_->at + kSettle;
   if (!failure_ || replace) {
     const Clock::time_point at = replace ? failure_->at : Clock::now();
-    failure_ = Failure{*first->exit_code, first->name + " " + first->how, first->server, at};
+    failure_ = Failure{*first->exit_code, first->name + " " + first->how, first->server, cause, at};
   }
 }
 

@@ -61,7 +61,7 @@ struct ChildSpec {
   // Its whole environment.
   std::map<std::string, std::string> env;
   // A server's failure is taken as the cause of workers' failures around it
-  // (see Job::kSettle).
+  // (see Job::Cause and Job::kSettle).
   bool server = false;
   // Fd 3 of the child is a pipe to the Job; its first line is ready_line().
   bool ready_pipe = false;
@@ -78,18 +78,31 @@ class Job {
     int signal = 0;  // kSignal: SIGINT, SIGTERM or SIGHUP
   };
 
-  // The first child that failed (exit code not 0) before StopAll was called.
+  // How likely a failed child caused the failures around it, least first.
+  enum class Cause {
+    kExited,      // a worker (or rdmaps-server's "workers died", exit 4)
+                  // that exited with an error: most often reporting
+                  // another process's death
+    kSignaled,    // a worker killed by a signal: killed from outside
+    kServerDied,  // any other server failure: its workers fail with it
+  };
+
+  // The child most likely the cause, among those that failed (exit code
+  // not 0) before StopAll was called.
   struct Failure {
     int exit_code = 0;
     std::string what;  // "worker1 killed by SIGKILL"
     bool server = false;
+    Cause cause = Cause::kExited;
     Clock::time_point at;  // when the first failure of all was seen
   };
 
-  // How long after a worker's failure a server's failure still replaces it
-  // as the cause: a server's connections close before its exit is reported,
-  // so its workers may fail and be reaped first.
-  static constexpr std::chrono::milliseconds kSettle{300};
+  // How long after the first failure a likelier cause still replaces it. A
+  // dying process's sockets close before it can be reaped (the kernel
+  // closes its files, then frees its memory, then reports its exit), so the
+  // processes that fail because of it may be reaped first, on a loaded
+  // machine by hundreds of milliseconds.
+  static constexpr std::chrono::milliseconds kSettle{1000};
 
   // Takes SIGINT and SIGTERM back to their default action (a shell starts
   // background jobs with SIGINT ignored, and an ignored signal is discarded,

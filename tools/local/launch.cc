@@ -397,9 +397,9 @@ class Launcher {
       return Supervise();
     }
     if (job_.failure()) {
-      // Collect a server failure that caused this one (see Job::kSettle).
-      wake =
-          job_.WaitUntil(job_.failure()->at + Job::kSettle, [&] { return job_.failure()->server; });
+      // Collect a likelier cause of this failure (see Job::kSettle).
+      wake = job_.WaitUntil(job_.failure()->at + Job::kSettle,
+                            [&] { return job_.failure()->cause == Job::Cause::kServerDied; });
       if (wake.reason == Job::Wake::kSignal) return job_.StopForSignal(wake.signal);
       job_.Say(job_.failure()->what + "; stopping the job");
       job_.StopAll();
