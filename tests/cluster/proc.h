@@ -1,10 +1,11 @@
 // A child process of a launch test, its stdout and stderr captured, under a
 // hang guard: a process whose output has not ended by its deadline is killed
-// (its whole process group) and the test fails. Shared by launch_test.cc
-// (rdmaps-local, rdmaps-server) and launchers_test.cc (Slurm, torchrun,
-// MPICH, Open MPI, TF_CONFIG).
+// (its whole process group) and the test fails. Shared by the launch tests
+// of tests/cluster (rdmaps-local, rdmaps-server; Slurm, torchrun, MPICH,
+// Open MPI, TF_CONFIG) and the drills of tests/local.
 #pragma once
 
+#include <errno.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <poll.h>
@@ -14,6 +15,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -68,6 +70,16 @@ class Proc {
     return true;
   }
 
+  // Reads output until `done()` holds (true) or the output ends (then
+  // done()). `done` is checked at least every 50 ms, so it may watch more
+  // than the output (a file, a clock).
+  bool ReadUntil(const std::function<bool()>& done) {
+    while (!done()) {
+      if (!ReadSome(std::chrono::milliseconds(50))) return done();
+    }
+    return true;
+  }
+
   // Reads to EOF and reaps; the exit code (128+N for signal N).
   int Wait() {
     while (ReadSome()) {
@@ -82,11 +94,15 @@ class Proc {
   pid_t pid() const { return pid_; }
 
  private:
-  bool ReadSome() {
+  // Waits up to `most` (and the hang guard) for output; false once it ended.
+  bool ReadSome(std::chrono::milliseconds most = std::chrono::milliseconds::max()) {
     if (fd_ < 0) return false;
     auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(kill_at_ - Clock::now());
     pollfd p{fd_, POLLIN, 0};
-    if (ms.count() <= 0 || poll(&p, 1, static_cast<int>(ms.count())) <= 0) {
+    if (ms > most) {
+      const int r = poll(&p, 1, static_cast<int>(most.count()));
+      if (r == 0 || (r < 0 && errno == EINTR)) return true;  // nothing yet
+    } else if (ms.count() <= 0 || poll(&p, 1, static_cast<int>(ms.count())) <= 0) {
       ADD_FAILURE() << "hang guard: killing the launch; output so far:\n" << out_;
       kill(-pid_, SIGKILL);
       close(fd_);

@@ -4,12 +4,7 @@
 // joiner must join at the members' clock on both servers (each logs the
 // membership change with its epoch), every worker must leave gracefully and
 // the job must finish. Every wait has a deadline (kKill); nothing is timed.
-#include <fcntl.h>
 #include <gtest/gtest.h>
-#include <poll.h>
-#include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <chrono>
 #include <filesystem>
@@ -17,10 +12,12 @@
 #include <string>
 #include <vector>
 
+#include "tests/cluster/proc.h"
+
 namespace {
 
 namespace fs = std::filesystem;
-using Clock = std::chrono::steady_clock;
+using rdmaps::testing::Proc;
 
 constexpr auto kKill = std::chrono::seconds(150);
 
@@ -51,37 +48,10 @@ TEST(ElasticLaunchTest, AWorkerAddedToARunningJobJoinsAtTheMembersClock) {
                                    "--train_limit=2000",
                                    "--test_limit=500",
                                    "--progress=false"};
-  int fds[2];
-  ASSERT_EQ(::pipe2(fds, O_CLOEXEC), 0);
-  const pid_t pid = ::fork();
-  ASSERT_GE(pid, 0);
-  if (pid == 0) {
-    ::setpgid(0, 0);
-    ::dup2(fds[1], 1);
-    ::dup2(fds[1], 2);
-    std::vector<char*> args;
-    for (auto& a : argv) args.push_back(a.data());
-    args.push_back(nullptr);
-    ::execv(args[0], args.data());
-    ::_exit(127);
-  }
-  ::close(fds[1]);
-  const auto deadline = Clock::now() + kKill;
-  std::string out;
-  while (Clock::now() < deadline) {
-    pollfd p{fds[0], POLLIN, 0};
-    if (::poll(&p, 1, 50) > 0) {
-      char buf[4096];
-      const ssize_t n = ::read(fds[0], buf, sizeof(buf));
-      if (n <= 0) break;  // rdmaps-local and all its children are done
-      out.append(buf, static_cast<std::size_t>(n));
-    }
-  }
-  if (Clock::now() >= deadline) ::kill(-pid, SIGKILL);
-  int status = 0;
-  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
-  ::close(fds[0]);
-  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status << "\n" << out;
+  Proc job(argv, {}, kKill);
+  const int rc = job.Wait();
+  const std::string& out = job.out();
+  ASSERT_EQ(rc, 0) << out;
   ASSERT_EQ(CountOf(out, "worker2 pid="), 1) << "the joiner was not started\n" << out;
   // Each server logs the join with its epoch, at the same clock (> 0: the
   // members had trained before it came).

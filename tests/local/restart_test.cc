@@ -5,13 +5,9 @@
 // workers (--max_recoveries) must reconnect in the same processes and rewind
 // to that checkpoint's clock, and the job must finish. Every wait has a
 // deadline (kKill); the kill-to-resumed time is printed, not asserted.
-#include <fcntl.h>
 #include <gtest/gtest.h>
-#include <poll.h>
 #include <signal.h>
 #include <stdlib.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
@@ -20,10 +16,13 @@
 #include <string>
 #include <vector>
 
+#include "tests/cluster/proc.h"
+
 namespace {
 
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
+using rdmaps::testing::Proc;
 
 constexpr auto kKill = std::chrono::seconds(120);
 
@@ -56,42 +55,20 @@ void Drill(const std::string& transport, const std::string& host, int epochs, in
       "--test_limit=500",
       "--progress=false",
       "--max_recoveries=1"};
-  int fds[2];
-  ASSERT_EQ(::pipe2(fds, O_CLOEXEC), 0);
-  const pid_t pid = ::fork();
-  ASSERT_GE(pid, 0);
-  if (pid == 0) {
-    ::setpgid(0, 0);
-    ::dup2(fds[1], 1);
-    ::dup2(fds[1], 2);
-    std::vector<char*> args;
-    for (auto& a : argv) args.push_back(a.data());
-    args.push_back(nullptr);
-    ::execv(args[0], args.data());
-    ::_exit(127);
-  }
-  ::close(fds[1]);
-  const auto deadline = Clock::now() + kKill;
-  std::string out;
+  Proc job(argv, {}, kKill);
+  const std::string& out = job.out();
   pid_t ps1 = -1;
   bool killed = false;
   Clock::time_point killed_at{};
   bool reported = false;
   const std::regex ps1_started("ps1 pid=([0-9]+) started");
-  while (Clock::now() < deadline) {
-    pollfd p{fds[0], POLLIN, 0};
-    const int r = ::poll(&p, 1, 50);
-    if (r > 0) {
-      char buf[4096];
-      const ssize_t n = ::read(fds[0], buf, sizeof(buf));
-      if (n <= 0) break;  // rdmaps-local and all its children are done
-      out.append(buf, static_cast<std::size_t>(n));
-    }
+  // Until the output ends: rdmaps-local and all its children are done.
+  job.ReadUntil([&] {
     std::smatch m;
     if (ps1 < 0 && std::regex_search(out, m, ps1_started)) ps1 = std::stoi(m[1]);
     // Kill server 1 once a checkpoint is complete.
     if (!killed && ps1 > 0 && fs::exists(dir + "/latest")) {
-      ASSERT_EQ(::kill(ps1, SIGKILL), 0) << "server 1 is gone already: the job ended too soon\n"
+      EXPECT_EQ(::kill(ps1, SIGKILL), 0) << "server 1 is gone already: the job ended too soon\n"
                                          << out;
       killed = true;
       killed_at = Clock::now();
@@ -101,13 +78,11 @@ void Drill(const std::string& transport, const std::string& host, int epochs, in
       std::printf("%s: kill -9 of ps1 to both workers resumed: %.0f ms\n", transport.c_str(),
                   std::chrono::duration<double, std::milli>(Clock::now() - killed_at).count());
     }
-  }
-  if (Clock::now() >= deadline) ::kill(-pid, SIGKILL);
-  int status = 0;
-  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
-  ::close(fds[0]);
+    return false;
+  });
+  const int rc = job.Wait();
   ASSERT_TRUE(killed) << out;
-  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status << "\n" << out;
+  ASSERT_EQ(rc, 0) << out;
   EXPECT_EQ(CountOf(out, "restarting ps1 from the latest checkpoint, the others rewind to it"), 1)
       << out;
   EXPECT_EQ(CountOf(out, "ps0 pid="), 1) << "the survivor was restarted\n" << out;
