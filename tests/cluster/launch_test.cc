@@ -79,27 +79,13 @@ TEST(LaunchTest, OpenMpiJob) {
   // Every rank runs rdmaps-server; ranks 2-4 become workers and exec the
   // worker, which needs no layout flags: RDMAPS_NUM_SERVERS and
   // RDMAPS_RENDEZVOUS reach every rank through mpirun -x.
-  std::vector<std::string> argv = {"mpirun",
-                                   "--oversubscribe",
-                                   "--allow-run-as-root",
-                                   "--mca",
-                                   "btl",
-                                   "self,tcp",
-                                   "--mca",
-                                   "btl_tcp_if_include",
-                                   "lo",
-                                   "-x",
-                                   "RDMAPS_NUM_SERVERS",
-                                   "-x",
-                                   "RDMAPS_RENDEZVOUS",
-                                   "-np",
-                                   "5",
-                                   kServer,
-                                   "--transport=tcp",
-                                   "--startup_timeout_s=30",
-                                   "--",
-                                   kWorker,
-                                   "--iterations=4"};
+  // clang-format off
+  std::vector<std::string> argv = {"mpirun", "--oversubscribe", "--allow-run-as-root",
+                                   "--mca", "btl", "self,tcp", "--mca", "btl_tcp_if_include",
+                                   "lo", "-x", "RDMAPS_NUM_SERVERS", "-x", "RDMAPS_RENDEZVOUS",
+                                   "-np", "5", kServer, "--transport=tcp",
+                                   "--startup_timeout_s=30", "--", kWorker, "--iterations=4"};
+  // clang-format on
   Proc p(argv, {{"RDMAPS_NUM_SERVERS", "2"}, {"RDMAPS_RENDEZVOUS", "file:" + dir + "/rendezvous"}});
   int rc = p.Wait();
   EXPECT_EQ(rc, 0) << p.out();
