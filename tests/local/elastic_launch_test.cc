@@ -1,6 +1,6 @@
 // Adding a worker to a running job with rdmaps-local (docs/ps.md "Elastic
 // workers"): 2 servers with 3 worker slots, 2 rdmaps-train workers, and a
-// third started 1 s into the run (--join_workers, --join_after_s). The
+// third started 3 s after them (--join_workers, --join_after_s). The
 // joiner must join at the members' clock on both servers (each logs the
 // membership change with its epoch), every worker must leave gracefully and
 // the job must finish. Every wait has a deadline (kKill); nothing is timed.
@@ -38,13 +38,13 @@ TEST(ElasticLaunchTest, AWorkerAddedToARunningJobJoinsAtTheMembersClock) {
                                    "--workers=2",
                                    "--max_workers=3",
                                    "--join_workers=1",
-                                   "--join_after_s=1",
+                                   "--join_after_s=3",
                                    "--transport=tcp",
                                    "--server_binary=" RDMAPS_SERVER_BIN,
                                    "--",
                                    RDMAPS_TRAIN_BIN,
                                    "--model=softmax",
-                                   "--epochs=200",
+                                   "--epochs=600",
                                    "--train_limit=2000",
                                    "--test_limit=500",
                                    "--progress=false"};

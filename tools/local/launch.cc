@@ -324,7 +324,10 @@ class Launcher {
     return std::nullopt;
   }
 
-  Outcome StartWorkers() { return StartWorkerRange(0, o_.workers); }
+  Outcome StartWorkers() {
+    workers_started_ = Clock::now();
+    return StartWorkerRange(0, o_.workers);
+  }
 
   Outcome StartWorkerRange(int first, int end) {
     for (int w = first; w < end; ++w) {
@@ -360,9 +363,9 @@ class Launcher {
       return true;
     };
     if (!joined_ && o_.join_workers > 0) {
-      // Elastic: the joiners start join_after into the run, unless the
-      // job ends (or fails) first.
-      const auto join_at = start_ + o_.join_after;
+      // Elastic: the joiners start join_after after the first workers,
+      // unless the job ends (or fails) first.
+      const auto join_at = workers_started_ + o_.join_after;
       auto wake = job_.WaitUntil(std::min(job_deadline_, join_at), workers_done_or_failure);
       if (wake.reason == Job::Wake::kSignal) return job_.StopForSignal(wake.signal);
       if (wake.reason == Job::Wake::kDeadline && Clock::now() >= join_at) {
@@ -447,6 +450,7 @@ class Launcher {
   std::vector<ChildId> servers_;
   std::vector<std::string> ps_;  // the servers' addresses
   std::vector<ChildId> workers_;
+  Clock::time_point workers_started_;
   int restarts_ = 0;
   bool joined_ = false;  // the join_workers were started
 };
