@@ -100,7 +100,6 @@ struct Shape {
   double payload;  // bytes the caller asked for (one direction)
   double moved;    // payload bytes crossing the wire, both directions
   std::function<Status()> op;
-  std::function<Status()> pre = nullptr;  // untimed, before each op
 };
 
 // Waits until the server applied this worker's pushes.
@@ -153,28 +152,6 @@ int RunWorker() {
        [&] {
          return cl.PushPull(kDense, RowRange{0, 256}, dense, dense_out);
        }},
-      {"pp_manual", mib4, 2 * mib4,
-       [&] {
-         RDMAPS_RETURN_IF_ERROR(cl.Push(kDense, RowRange{0, 256}, dense));
-         RDMAPS_RETURN_IF_ERROR(WaitApplied(cl));
-         return cl.Pull(kDense, RowRange{0, 256}, dense_out);
-       }},
-      {"pull_after_push", mib4, mib4,
-       [&] {
-         return cl.Pull(kDense, RowRange{0, 256}, dense_out);
-       },
-       [&] {
-         RDMAPS_RETURN_IF_ERROR(cl.Push(kDense, RowRange{0, 256}, dense));
-         return WaitApplied(cl);
-       }},
-      {"push_after_pull", mib4, mib4,
-       [&] {
-         RDMAPS_RETURN_IF_ERROR(cl.Push(kDense, RowRange{0, 256}, dense));
-         return WaitApplied(cl);
-       },
-       [&] {
-         return cl.Pull(kDense, RowRange{0, 256}, dense_out);
-       }},
       {"pull_4m", mib4, mib4,
        [&] {
          return cl.Pull(kDense, RowRange{0, 256}, dense_out);
@@ -225,18 +202,11 @@ int RunWorker() {
     const auto until = SteadyClock::now() + std::chrono::duration<double>(FLAGS_seconds);
     while ((static_cast<int>(us.size()) < FLAGS_min_iters || SteadyClock::now() < until) &&
            static_cast<int>(us.size()) < FLAGS_max_iters) {
-      if (sh.pre) Check(sh.pre(), sh.name.c_str());
       const auto t0 = SteadyClock::now();
       Check(sh.op(), sh.name.c_str());
       us.push_back(std::chrono::duration<double, std::micro>(SteadyClock::now() - t0).count());
     }
     std::sort(us.begin(), us.end());
-    if (std::getenv("PS_SHAPES_DECILES") != nullptr) {
-      std::fprintf(stderr, "%s deciles:", sh.name.c_str());
-      for (int d = 0; d <= 10; ++d)
-        std::fprintf(stderr, " %.0f", us[std::min(us.size() - 1, us.size() * d / 10)]);
-      std::fprintf(stderr, "\n");
-    }
     const double p50 = us[us.size() / 2], p90 = us[us.size() * 9 / 10];
     std::printf("%-16s %10.0f %10.0f %6zu %10.1f %10.1f %10.1f %10.1f\n", sh.name.c_str(),
                 sh.payload, sh.moved, us.size(), p50, p90, sh.payload / p50, sh.moved / p50);

@@ -88,10 +88,6 @@ using SteadyClock = std::chrono::steady_clock;
 // How often a wait that Interrupt() can cut short looks for one.
 constexpr auto kInterruptPoll = std::chrono::milliseconds(20);
 
-// A PushPull pulls its rows in chunks of this many push slots per server
-// (at most half the ring), each once its slots are applied.
-constexpr std::uint64_t kPushPullChunkSlots = 8;
-
 // Caller memory registered with RegisterBuffer().
 struct UserBuffer {
   const float* data = nullptr;
@@ -257,19 +253,16 @@ class ClientImpl final : public Client {
   Status PullRuns(const RemoteTable& t, const std::vector<Run>& runs,
                   const std::vector<std::uint32_t>& involved, std::uint64_t rows,
                   std::span<float> out) RDMAPS_REQUIRES(mu_);
-  // `own_seq` (indexed by server): wait for this worker's pushes only up to
-  // those seqs (empty: all of them).
   Status WaitReadable(const RemoteTable& t, const std::vector<std::uint32_t>& servers,
-                      Deadline deadline, std::span<const std::uint64_t> own_seq = {})
-      RDMAPS_REQUIRES(mu_);
+                      Deadline deadline) RDMAPS_REQUIRES(mu_);
   // Flush() under mu_, bounded by `deadline`.
   Status FlushLocked(Deadline deadline) RDMAPS_REQUIRES(mu_);
   // links_.WaitForClocks in slices of kInterruptPoll: Cancelled when an
   // Interrupt() came after the call began (call_epoch_). The slices count
   // as one wait in ClientStats::pull_waits.
   Status WaitForClocks(std::uint64_t required, const std::vector<std::uint32_t>& servers,
-                       const std::function<std::string()>& why, Deadline deadline,
-                       std::span<const std::uint64_t> own_seq = {}) RDMAPS_REQUIRES(mu_);
+                       const std::function<std::string()>& why, Deadline deadline)
+      RDMAPS_REQUIRES(mu_);
 
   // --- cancellation
   // The number of Interrupt()s so far; a public call that can wait reads it
@@ -652,13 +645,13 @@ Result<const RemoteTable*> ClientImpl::CheckCall(std::string_view call, std::str
 // ---- clocks ------------------------------------------------------------------
 
 Status ClientImpl::WaitReadable(const RemoteTable& t, const std::vector<std::uint32_t>& servers,
-                                Deadline deadline, std::span<const std::uint64_t> own_seq) {
+                                Deadline deadline) {
   const std::uint32_t st = t.info.staleness;
   const std::uint64_t required = (st == kAsp || clock_ < st) ? 0 : clock_ - st;
   RDMAPS_RETURN_IF_ERROR(WaitForClocks(
       required, servers,
       [&] { return "pulling table '" + t.info.name + "' (staleness " + std::to_string(st) + ")"; },
-      deadline, own_seq));
+      deadline));
   std::uint64_t min_seen = internal::kClockDone;
   for (std::uint32_t i : servers) min_seen = std::min(min_seen, links_[i].min_clock);
   const std::uint64_t staleness = min_seen >= clock_ ? 0 : clock_ - min_seen;
@@ -816,87 +809,8 @@ Status ClientImpl::PushPull(std::uint32_t table, RowRange range, std::span<const
     RDMAPS_ASSIGN_OR_RETURN(const RemoteTable* t, CheckTable(table));
     RDMAPS_RETURN_IF_ERROR(CheckBuffer("PushPull", "output", *t, range.count, out.size()));
   }
-  const std::uint64_t epoch = Epoch();
-  MutexLock lock(mu_);
-  call_epoch_ = epoch;
-  RDMAPS_ASSIGN_OR_RETURN(const RemoteTable* t,
-                          CheckCall("PushPull", "gradient", table, range, grads.size()));
-  if (range.count == 0) return Status::OK();
-  const Deadline deadline = CallDeadline();
-  const transport::MemoryRegion* grads_mr = FindRegistered(grads.data(), grads.size_bytes());
-  const transport::MemoryRegion* out_mr = FindRegistered(out.data(), out.size_bytes());
-  // The range in chunks of kPushPullChunkSlots slots per server (the rows of
-  // server si in chunk k: part[si] from k * chunk[si]). Chunk k is pulled
-  // once the slots that carry it are applied (applied_seq reaches the seq
-  // its push ended at), while chunk k + 1 is already on its way and
-  // applied behind it: the pull of each chunk overlaps the apply of the
-  // next instead of the whole pull waiting for the whole push. Each row is
-  // in one chunk, READ after its own push is applied (read-my-writes, as
-  // Push then Pull); the slots sent are those one Push sends.
-  const std::uint32_t S = num_servers();
-  std::vector<RowRange> part(S);
-  std::vector<std::uint64_t> chunk(S, 1);
-  std::uint64_t chunks = 0;
-  for (std::uint32_t si = 0; si < S; ++si) {
-    const internal::ShardRemote& sh = t->shards[si];
-    const std::uint64_t b = std::max(sh.begin, range.begin);
-    const std::uint64_t e = std::min(sh.begin + sh.count, range.begin + range.count);
-    if (b >= e) continue;
-    part[si] = {b, e - b};
-    chunk[si] = internal::SlotRowCapacity(links_[si].dir.slot_bytes, t->info.dim, false) *
-                std::max<std::uint64_t>(
-                    1, std::min<std::uint64_t>(kPushPullChunkSlots, links_[si].dir.ring_slots / 2));
-    chunks = std::max(chunks, (part[si].count + chunk[si] - 1) / chunk[si]);
-  }
-  auto rows_of = [&](std::uint64_t k) {
-    std::vector<RowRange> rows(S);
-    for (std::uint32_t si = 0; si < S; ++si) {
-      const std::uint64_t from = k * chunk[si];
-      if (from < part[si].count) {
-        rows[si] = {part[si].begin + from, std::min(chunk[si], part[si].count - from)};
-      }
-    }
-    return rows;
-  };
-  std::vector<std::vector<std::uint64_t>> applied_at(chunks);  // per chunk, per server
-  auto push_chunk = [&](std::uint64_t k) RDMAPS_REQUIRES(mu_) -> Status {
-    const std::vector<RowRange> rows = rows_of(k);
-    RDMAPS_RETURN_IF_ERROR(Failsafe(deadline, [&]() RDMAPS_REQUIRES(mu_) {
-      return push_.PushParts(*t, range, rows, grads, grads_mr, clock_, deadline);
-    }));
-    pushed_this_clock_ = true;
-    applied_at[k].resize(S);
-    for (std::uint32_t si = 0; si < S; ++si) applied_at[k][si] = links_[si].pushed_seq;
-    return Status::OK();
-  };
-  auto pull_chunk = [&](std::uint64_t k) RDMAPS_REQUIRES(mu_) -> Status {
-    std::vector<Run> runs;
-    std::vector<std::uint32_t> involved;
-    const std::vector<RowRange> rows = rows_of(k);
-    for (std::uint32_t si = 0; si < S; ++si) {
-      if (rows[si].count == 0) continue;
-      runs.push_back(
-          {si, rows[si].begin - t->shards[si].begin, rows[si].count, rows[si].begin - range.begin});
-      involved.push_back(si);
-    }
-    return Failsafe(deadline, [&]() RDMAPS_REQUIRES(mu_) {
-      RDMAPS_RETURN_IF_ERROR(WaitReadable(*t, involved, deadline, applied_at[k]));
-      return pull_.Read(*t, runs, out, out_mr, deadline);
-    });
-  };
-  RDMAPS_RETURN_IF_ERROR(push_chunk(0));
-  for (std::uint64_t k = 1; k < chunks; ++k) {
-    RDMAPS_RETURN_IF_ERROR(push_chunk(k));
-    RDMAPS_RETURN_IF_ERROR(pull_chunk(k - 1));
-  }
-  RDMAPS_RETURN_IF_ERROR(pull_chunk(chunks - 1));
-  stats_.Update([&](ClientStats& st) {
-    ++st.pushes;
-    st.rows_pushed += range.count;
-    ++st.pulls;
-    st.rows_pulled += range.count;
-  });
-  return Status::OK();
+  RDMAPS_RETURN_IF_ERROR(Push(table, range, grads));
+  return Pull(table, range, out);
 }
 
 // ---- zero-copy buffers -------------------------------------------------------------
@@ -1007,12 +921,11 @@ Status ClientImpl::FlushLocked(Deadline deadline) {
 }
 
 Status ClientImpl::WaitForClocks(std::uint64_t required, const std::vector<std::uint32_t>& servers,
-                                 const std::function<std::string()>& why, Deadline deadline,
-                                 std::span<const std::uint64_t> own_seq) {
+                                 const std::function<std::string()>& why, Deadline deadline) {
   // The first slice costs what a plain wait does (the coarse clock, no
   // stats read): most waits end in it, most without waiting at all.
   Deadline slice = std::min(deadline, transport::CoarseNowCeil() + kInterruptPoll);
-  Status st = links_.WaitForClocks(required, servers, clock_, why, slice, own_seq);
+  Status st = links_.WaitForClocks(required, servers, clock_, why, slice);
   // TimedOut at a slice's end (not the call's) means: not yet.
   if (st.code() != StatusCode::kTimedOut || slice >= deadline) return st;
   // That slice counted this wait in pull_waits; the next ones must not.
@@ -1023,7 +936,7 @@ Status ClientImpl::WaitForClocks(std::uint64_t required, const std::vector<std::
       break;
     }
     slice = std::min(deadline, transport::CoarseNowCeil() + kInterruptPoll);
-    st = links_.WaitForClocks(required, servers, clock_, why, slice, own_seq);
+    st = links_.WaitForClocks(required, servers, clock_, why, slice);
     if (st.code() != StatusCode::kTimedOut || slice >= deadline) break;
   }
   stats_.Update([&](ClientStats& s) { s.pull_waits = std::min(s.pull_waits, waits); });

@@ -159,24 +159,16 @@ Status PushWriter::PushRange(const RemoteTable& t, RowRange range, std::span<con
                              const transport::MemoryRegion* user_mr, std::uint64_t clock,
                              Deadline deadline) {
   const std::uint32_t S = links_->size();
-  std::vector<RowRange> parts(S);
+  const std::uint32_t dim = t.info.dim;
+  std::uint64_t copied = 0;
+  // Per server the remaining sub-range; each round sends one slot per server.
+  std::vector<RowRange> todo(S);
   for (std::uint32_t si = 0; si < S; ++si) {
     const ShardRemote& sh = t.shards[si];
     const std::uint64_t b = std::max(sh.begin, range.begin);
     const std::uint64_t e = std::min(sh.begin + sh.count, range.begin + range.count);
-    if (b < e) parts[si] = {b, e - b};
+    if (b < e) todo[si] = {b, e - b};
   }
-  return PushParts(t, range, parts, grads, user_mr, clock, deadline);
-}
-
-Status PushWriter::PushParts(const RemoteTable& t, RowRange range,
-                             const std::vector<RowRange>& parts, std::span<const float> grads,
-                             const transport::MemoryRegion* user_mr, std::uint64_t clock,
-                             Deadline deadline) {
-  const std::uint32_t dim = t.info.dim;
-  std::uint64_t copied = 0;
-  // Per server the remaining sub-range; each round sends one slot per server.
-  std::vector<RowRange> todo = parts;
   auto has_more = [&](std::uint32_t si) { return todo[si].count > 0; };
   auto post_next = [&](ServerLink& s) {
     const std::uint32_t si = s.index;

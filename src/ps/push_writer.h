@@ -59,12 +59,6 @@ class PushWriter {
   Status PushRange(const RemoteTable& t, RowRange range, std::span<const float> grads,
                    const transport::MemoryRegion* user_mr, std::uint64_t clock,
                    transport::Deadline deadline);
-  // The same for per-server parts of `range`: parts[si] (table rows, within
-  // range and within server si's shard; count 0 for none). Sends the slots
-  // PushRange would send for those rows (they start at parts[si].begin).
-  Status PushParts(const RemoteTable& t, RowRange range, const std::vector<RowRange>& parts,
-                   std::span<const float> grads, const transport::MemoryRegion* user_mr,
-                   std::uint64_t clock, transport::Deadline deadline);
   // The same for row ids `rows` (each within the table; repeats apply once
   // each).
   Status PushRows(const RemoteTable& t, std::span<const std::uint64_t> rows,

@@ -280,13 +280,12 @@ Status ServerLinks::WaitTimedOut(std::uint64_t required, const std::vector<std::
 
 Status ServerLinks::WaitForClocks(std::uint64_t required, const std::vector<std::uint32_t>& servers,
                                   std::uint64_t clock, const std::function<std::string()>& why,
-                                  Deadline deadline, std::span<const std::uint64_t> own_seq) {
+                                  Deadline deadline) {
   auto pending = [&] {
     std::vector<std::uint32_t> p;
     for (std::uint32_t i : servers) {
       const ServerLink& s = servers_[i];
-      const std::uint64_t own = own_seq.empty() ? s.pushed_seq : own_seq[i];
-      if (s.min_clock < required || s.applied_seq < own) p.push_back(i);
+      if (s.min_clock < required || s.applied_seq < s.pushed_seq) p.push_back(i);
     }
     return p;
   };

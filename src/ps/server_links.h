@@ -186,14 +186,13 @@ class ServerLinks {
   Status CheckNoneDied(const std::vector<std::uint32_t>& servers, std::uint64_t required,
                        const std::string& what) const;
   // Polls the control blocks of `servers` until every worker's clock there
-  // is >= required and each has applied this worker's pushes (when
-  // `own_seq` is given, indexed by server: only up to own_seq[i]). TimedOut
+  // is >= required and each has applied this worker's pushes. TimedOut
   // naming the laggards (`why` says what waits, this worker being at
   // `clock`) at the deadline; Unavailable naming a worker that died below
   // `required`, at the first poll that sees it.
   Status WaitForClocks(std::uint64_t required, const std::vector<std::uint32_t>& servers,
                        std::uint64_t clock, const std::function<std::string()>& why,
-                       transport::Deadline deadline, std::span<const std::uint64_t> own_seq = {});
+                       transport::Deadline deadline);
   // WaitForClocks' TimedOut: names the workers behind `required` on the
   // pending servers, or else the first pending server as the one stuck.
   Status WaitTimedOut(std::uint64_t required, const std::vector<std::uint32_t>& pending,
