@@ -20,6 +20,10 @@ constexpr std::size_t kMaxOpsPerPost = 512;
 // Large pulls are cut into READs of at most this size, so checking the rows of
 // one overlaps the transfer of the next.
 constexpr std::size_t kMaxReadBytes = 256 * 1024;
+// Connections whose scattered READ carries fewer rows than this take "few
+// segments" per op (verbs: 16 SGEs, 5-8 rows; tcp and fake: 1024 segments,
+// 341-512 rows).
+constexpr std::uint64_t kFewSegmentsRows = 64;
 
 // Header and row-block strides of a piece's blocks where they land: inline
 // blocks in staging keep their remote layout (header, rows, padding); rows
@@ -165,9 +169,10 @@ struct PullReader::Pull {
 // which only rows under kBlockMinRowBytes get, always are). A scattered READ
 // carries at most max_segments() / (2 or 3, with padding) rows, so it is
 // chosen only when that takes no more ops than staging: always on tcp; on
-// verbs (16 segments) for runs of up to 8 rows. More ops cost more than the
-// copy on Soft-RoCE (64 rows of 1 KiB: 1.36x raw in 8 scattered READs, 1.19x
-// staged).
+// verbs (16 segments) for runs of 2 to 8 rows (a pull of one row is staged,
+// see below). More ops cost more than the copy on Soft-RoCE (64 rows of 1
+// KiB: 1.36x raw in 8 scattered READs, 1.19x staged).
+
 std::uint64_t PullReader::ScatterInline(const RemoteTable& t, const std::vector<Run>& runs) const {
   const std::size_t row_bytes = RowBytes(t.info.dim);
   static_assert(kScatterMinRowBytes >= kBlockMinRowBytes);
@@ -179,6 +184,13 @@ std::uint64_t PullReader::ScatterInline(const RemoteTable& t, const std::vector<
         rows_per_read, (*links_)[r.server].conn->max_segments() / segs_per_row);
   }
   if (runs.empty() || rows_per_read == 0) return 0;
+  // A single row over a connection with few segments per op (verbs: rxe
+  // walks each SGE in software) is staged: one contiguous READ and a copy of
+  // the row cost less there than one READ scattered into header and row (a
+  // 4 KiB row on Soft-RoCE: 1.23x a raw READ staged, 1.26-1.28x scattered;
+  // on an HCA the copy adds about 0.1 us to a 2-3 us READ). tcp (1024
+  // segments) scatters for free and keeps it.
+  if (runs.size() == 1 && runs[0].count == 1 && rows_per_read < kFewSegmentsRows) return 0;
   const std::uint64_t staged_rows_per_read =
       std::max<std::size_t>(1, kMaxReadBytes / t.block_stride);
   for (const Run& r : runs) {

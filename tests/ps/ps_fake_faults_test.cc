@@ -7,8 +7,12 @@
 // (ps_suite.h).
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <functional>
+#include <future>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "src/ps/test_hooks.h"
@@ -221,6 +225,77 @@ TEST(PsFakeFaultsTest, FewSegmentsPerOpGiveTheSameResults) {
         }
       }
     }
+  }
+}
+
+// A PushPull of 8 slots (the whole ring) while the server's apply is
+// paused: every slot is sent and the pull waits (read-my-writes). No READ of
+// rows reaches the server before the apply resumes (the split-READ hook sees
+// every READ of a row or more), and then each row holds its push.
+TEST(PsFakeFaultsTest, PushPullReadsNoRowBeforeItsPushIsApplied) {
+  auto c = StartCluster("fake", 1, 1, {MakeTable(1, "w", 32, 1000)});
+  ASSERT_EQ(c.clients.size(), 1u);
+  Client& cl = *c.clients[0];
+  Server& server = *c.servers[0];
+  std::atomic<bool> paused{true};
+  std::atomic<int> reads_while_paused{0}, row_reads{0};
+  auto f = SplitReads(internal::RowBytes(1000), 2, [&](const transport::fake::ReadPiece& p) {
+    if (p.copied != 1) return;
+    ++row_reads;
+    if (paused.load()) ++reads_while_paused;
+  });
+  ASSERT_TRUE(transport::fake::SetFaults(*internal::TEST_ServerEndpoint(server), f).ok());
+  std::vector<float> g(32 * 1000), out(32 * 1000, -1.0f);
+  for (std::size_t i = 0; i < g.size(); ++i) g[i] = static_cast<float>(i % 977);
+  ASSERT_TRUE(cl.RegisterBuffer(g).ok());
+  ASSERT_TRUE(cl.RegisterBuffer(out).ok());
+  internal::TEST_PauseApply(server, true);
+  auto pushpull = std::async(std::launch::async, [&] {
+    return cl.PushPull(1, RowRange{0, 32}, g, out);
+  });
+  // The pull waits for the slots (pull_waits counts it).
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (cl.stats().pull_waits == 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_GT(cl.stats().pull_waits, 0u);
+  EXPECT_EQ(pushpull.wait_for(std::chrono::seconds(0)), std::future_status::timeout);
+  paused = false;
+  internal::TEST_PauseApply(server, false);
+  const Status s = pushpull.get();
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(reads_while_paused.load(), 0);
+  EXPECT_GT(row_reads.load(), 0);
+  // Zeros minus lr 1 times the gradient.
+  for (std::size_t i = 0; i < out.size(); ++i) ASSERT_EQ(out[i], -g[i]) << i;
+  EXPECT_EQ(server.stats().pushes_applied, 8u);
+}
+
+// A registered pull of ONE row of an inline table (rows of 1 KiB or more)
+// is staged on a connection of few segments per op (verbs-like: 16), one
+// contiguous READ and a copy, and scattered into the caller's buffer where
+// segments are plenty (tcp-like: 1024); two rows are scattered on both.
+TEST(PsFakeFaultsTest, OneRowIsStagedWhereSegmentsAreFew) {
+  for (std::size_t max_segments : {16u, 0u}) {
+    SCOPED_TRACE("max_segments " + std::to_string(max_segments));
+    auto c =
+        StartCluster("fake", 1, 1, {InlineTable(1, "emb", 8, 1024, Initializer::Constant(2.0f))});
+    ASSERT_EQ(c.clients.size(), 1u);
+    Client& cl = *c.clients[0];
+    transport::fake::Faults f;
+    f.max_segments = max_segments;
+    ASSERT_TRUE(transport::fake::SetFaults(*internal::TEST_ClientEndpoint(cl), f).ok());
+    std::vector<float> out(2 * 1024, -1.0f);
+    ASSERT_TRUE(cl.RegisterBuffer(out).ok());
+    std::uint64_t staged = cl.stats().bytes_staged;
+    ASSERT_TRUE(cl.Pull(1, RowRange{3, 1}, std::span<float>(out).subspan(0, 1024)).ok());
+    EXPECT_EQ(cl.stats().bytes_staged - staged, max_segments == 16 ? 4096u : 0u);
+    for (std::size_t i = 0; i < 1024; ++i) ASSERT_EQ(out[i], 2.0f) << i;
+    staged = cl.stats().bytes_staged;
+    std::fill(out.begin(), out.end(), -1.0f);
+    ASSERT_TRUE(cl.Pull(1, RowRange{5, 2}, out).ok());
+    EXPECT_EQ(cl.stats().bytes_staged - staged, 0u);
+    for (std::size_t i = 0; i < out.size(); ++i) ASSERT_EQ(out[i], 2.0f) << i;
   }
 }
 

@@ -200,6 +200,65 @@ TEST_P(PsTest, PipelinedLargePushesApplyEverySlotOnce) {
   for (auto& s : c.servers) EXPECT_EQ(s->stats().protocol_errors, 0u);
 }
 
+// A PushPull of many slots per server (its push pipelined, its pull behind
+// it) returns what Push, Flush and Pull of the same gradients return on a
+// twin table, bit for bit, for a range that starts inside server 0's shard
+// and ends inside server 1's, from registered and staged buffers, dense and
+// inline; and it applies as many slots.
+TEST_P(PsTest, PushPullEqualsPushFlushPull) {
+  // 16 KiB slots carry 4 rows of 1000 floats (dense) or 13 of 300 (inline):
+  // 12-19 slots per server, more than the ring's 8.
+  TableOptions inl_a = InlineTable(3, "inl_a", 300, 300);
+  TableOptions inl_b = InlineTable(4, "inl_b", 300, 300);
+  for (TableOptions* t : {&inl_a, &inl_b}) t->optimizer = OptimizerOptions::Sgd(0.5f);
+  auto c = StartCluster(
+      transport(), 2, 1,
+      {MakeTable(1, "dense_a", 160, 1000, kAsp, Initializer::Zeros(), OptimizerOptions::Sgd(0.5f)),
+       MakeTable(2, "dense_b", 160, 1000, kAsp, Initializer::Zeros(), OptimizerOptions::Sgd(0.5f)),
+       inl_a, inl_b});
+  ASSERT_EQ(c.clients.size(), 1u);
+  Client& cl = *c.clients[0];
+  auto applied = [&] {
+    std::uint64_t n = 0;
+    for (auto& s : c.servers) n += s->stats().pushes_applied;
+    return n;
+  };
+  struct Case {
+    std::uint32_t pushpull, twin, dim;
+    RowRange range;
+  };
+  for (const Case& k : {Case{1, 2, 1000, RowRange{7, 147}}, Case{3, 4, 300, RowRange{3, 290}}}) {
+    const std::size_t n = k.range.count * k.dim;
+    std::vector<float> reg_g(n), reg_out(n), g(n), out(n), want(n);
+    ASSERT_TRUE(cl.RegisterBuffer(reg_g).ok());
+    ASSERT_TRUE(cl.RegisterBuffer(reg_out).ok());
+    for (int round = 1; round <= 6; ++round) {
+      SCOPED_TRACE("table " + std::to_string(k.pushpull) + " round " + std::to_string(round));
+      const bool registered = round % 2 == 0;
+      std::vector<float>& grads = registered ? reg_g : g;
+      std::vector<float>& dst = registered ? reg_out : out;
+      for (std::size_t i = 0; i < n; ++i) {
+        grads[i] = static_cast<float>((i * 7 + round * 13) % 101) * 0.25f - 10.0f;
+      }
+      const std::uint64_t before = applied();
+      ASSERT_TRUE(cl.Push(k.twin, k.range, grads).ok());
+      ASSERT_TRUE(cl.Flush().ok());
+      ASSERT_TRUE(cl.Pull(k.twin, k.range, want).ok());
+      ASSERT_TRUE(cl.Flush().ok());
+      const std::uint64_t push_slots = applied() - before;
+      std::fill(dst.begin(), dst.end(), -1.0f);
+      ASSERT_TRUE(cl.PushPull(k.pushpull, k.range, grads, dst).ok());
+      ASSERT_TRUE(cl.Flush().ok());
+      EXPECT_EQ(applied() - before - push_slots, push_slots);
+      for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(dst[i], want[i]) << i;
+    }
+    ASSERT_TRUE(cl.UnregisterBuffer(reg_g).ok());
+    ASSERT_TRUE(cl.UnregisterBuffer(reg_out).ok());
+  }
+  EXPECT_EQ(cl.stats().torn_retries, 0u);
+  for (auto& s : c.servers) EXPECT_EQ(s->stats().protocol_errors, 0u);
+}
+
 // Under ASP a pull never waits for other workers; Barrier() still makes
 // every push made before it visible to every pull after it. Worker 0 pushes
 // while the server's apply is paused; worker 1's barrier cannot complete
