@@ -69,11 +69,9 @@ Status JoinIfFree(ServerLinks& links, PushWriter& push, std::uint64_t* clock, El
   return Status::OK();
 }
 
-Status ElasticBarrier(ServerLinks& links, PushWriter& push, ElasticState* state,
-                      transport::Deadline deadline) {
-  const std::uint64_t generation = state->barriers + 1;
+Status SlotBarrier(ServerLinks& links, PushWriter& push, std::uint64_t generation, bool fixed,
+                   transport::Deadline deadline) {
   RDMAPS_RETURN_IF_ERROR(push.SendControlSlot(SlotKind::kBarrier, generation, deadline));
-  state->barriers = generation;
   Backoff backoff;
   while (true) {
     RDMAPS_RETURN_IF_ERROR(links.ReadControl({0}, deadline));
@@ -81,6 +79,12 @@ Status ElasticBarrier(ServerLinks& links, PushWriter& push, ElasticState* state,
     std::string late;
     for (std::uint32_t w = 0; w < s.clocks.size(); ++w) {
       if (s.clocks[w].barriers < generation) late += " " + std::to_string(w);
+    }
+    if (!late.empty() && fixed) {
+      RDMAPS_RETURN_IF_ERROR(links.CheckNoneDied({0}, kClockDone,
+                                                 "Barrier " + std::to_string(generation) +
+                                                     " of worker " +
+                                                     std::to_string(links.worker_id())));
     }
     if (late.empty()) return Status::OK();
     if (std::chrono::steady_clock::now() >= deadline) {

@@ -30,10 +30,15 @@ struct ElasticState {
 Status JoinIfFree(ServerLinks& links, PushWriter& push, std::uint64_t* clock, ElasticState* state,
                   transport::Deadline deadline);
 
-// Barrier() in elastic mode (the caller flushed first): kBarrier of the next
-// generation to every server, then polls server 0 until every member has
-// reached it. TimedOut naming the members that have not, at the deadline.
-Status ElasticBarrier(ServerLinks& links, PushWriter& push, ElasticState* state,
-                      transport::Deadline deadline);
+// Barrier() through the push rings (the caller flushed first): in elastic
+// mode, and with ClientOptions::failover (a kBarrier slot is logged to a
+// replicated shard's backup like any slot, so a barrier under way survives
+// a failover of server 0). Sends kBarrier of `generation` to every server
+// (a resend under Failsafe reuses the slot's seq: applied once), then polls
+// server 0 until every member has reached it. TimedOut naming the members
+// that have not, at the deadline; with `fixed` (every slot is a member for
+// good) Unavailable as soon as server 0 says one of them died.
+Status SlotBarrier(ServerLinks& links, PushWriter& push, std::uint64_t generation, bool fixed,
+                   transport::Deadline deadline);
 
 }  // namespace rdmaps::internal

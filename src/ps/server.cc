@@ -676,7 +676,7 @@ bool ServerImpl::ApplySlot(std::uint32_t w, const SlotHeader& h, const std::byte
     return true;
   }
   if (kind == SlotKind::kBarrier) {
-    if (!membership_->elastic()) return false;
+    // Elastic workers, and fixed ones with ClientOptions::failover.
     membership_->Barrier(w, h.clock);
     MutexLock lock(mu_);
     ++stats_.barrier_arrivals;
