@@ -141,12 +141,13 @@ class ServerImpl final : public Server {
   // Replication (src/ps/replication.h). A backup: a notification of its
   // primary's connection (a log record, or the primary lost). Apply thread.
   void HandleLog(const transport::Notification& n) RDMAPS_REQUIRES(apply_mu_);
-  // A primary of a replicated shard, before the batch is applied: forwards
-  // at once the slots whose apply order is known (data slots in
-  // notification order, no cut holding any), one round trip for all of
-  // them, and notes for each notification it covered whether it is of the
-  // worker's bound connection (prebound_), so that the loop applies
-  // exactly those. Returns how many notifications it covered.
+  // A primary of a replicated shard, before the batch is applied: posts at
+  // once the forwards of the slots whose apply order is known (data slots
+  // in notification order, no cut holding any), and notes for each
+  // notification it covered whether it is of the worker's bound connection
+  // (prebound_) and its log record (held_index_), so that the loop applies
+  // exactly those, each once the backup holds it. Returns how many
+  // notifications it covered.
   std::size_t PreForward(std::span<const transport::Notification> batch) RDMAPS_REQUIRES(apply_mu_);
   std::size_t UsedBytes(const SlotHeader& h) const;
   // False while this server must acknowledge nothing: a backup not
@@ -214,6 +215,7 @@ class ServerImpl final : public Server {
   std::vector<std::uint64_t> forward_next_;
   std::vector<internal::LogSender::Item> forward_items_;
   std::vector<bool> prebound_;
+  std::vector<std::uint64_t> held_index_;  // per covered notification: its log record (0: none)
 
   // Apply thread only. apply_mu_ guards the shards' contents (behind
   // tables_[].memory, which the analysis does not see) against ReadLocal
@@ -920,6 +922,9 @@ void ServerImpl::ApplyLoop() {
           continue;
         }
         if (n.connection != workers_[w].conn) NewSession(w, n.connection, n.imm);
+        // A slot PreForward posted is applied only once the backup holds
+        // it. (Failed: fenced, HandleSlot applies nothing; or alone.)
+        if (i < covered && held_index_[i] != 0) (void)log_sender_->WaitHeld(held_index_[i]);
         TakeSlot(w, n.imm);
         // A long batch republishes as it goes, so a pipelining worker gets
         // its credits (and a Flush its answer) before the batch ends.
@@ -1013,6 +1018,7 @@ std::size_t ServerImpl::PreForward(std::span<const transport::Notification> batc
   forward_next_.resize(W);
   for (std::uint32_t w = 0; w < W; ++w) forward_next_[w] = workers_[w].next_seq;
   prebound_.assign(batch.size(), false);
+  held_index_.assign(batch.size(), 0);
   std::size_t covered = 0;
   for (; covered < batch.size(); ++covered) {
     const transport::Notification& n = batch[covered];
@@ -1030,9 +1036,12 @@ std::size_t ServerImpl::PreForward(std::span<const transport::Notification> batc
                       h.kind == static_cast<std::uint32_t>(SlotKind::kRows);
     if (n.imm != internal::ImmOfSeq(seq) || h.seq != seq || !data) break;
     items.push_back({w, base, UsedBytes(h), ring_mrs_[w].get()});
+    held_index_[covered] = log_sender_->posted() + items.size();
     forward_next_[w] = seq + 1;
   }
-  if (items.empty() || !log_sender_->ForwardBatch(items).ok()) return 0;
+  // Posted, not waited for: the loop applies each slot once the backup
+  // holds it, while the later ones are still on their way.
+  if (items.empty() || !log_sender_->Post(items).ok()) return 0;
   for (std::uint32_t w = 0; w < W; ++w) {
     if (forward_next_[w] > workers_[w].next_seq) forwarded_seq_[w] = forward_next_[w] - 1;
   }
