@@ -1006,8 +1006,9 @@ std::size_t ServerImpl::UsedBytes(const SlotHeader& h) const {
 
 std::size_t ServerImpl::PreForward(std::span<const transport::Notification> batch) {
   // Only where the apply order is known ahead: no cut holds a slot, and
-  // up to the first slot that is not data (a Clock may arm a cut; a
-  // Checkpoint request does), each forwarded by HandleSlot itself after.
+  // up to the first slot that may change it (with checkpoint_dir, the
+  // first that is not data: a Clock may arm a cut, a Checkpoint request
+  // does), each later one forwarded by HandleSlot itself.
   if (log_sender_->alone() || log_sender_->fenced() || cut_->armed()) return 0;
   for (const auto& held : cut_->held()) {
     if (!held.empty()) return 0;
@@ -1032,9 +1033,16 @@ std::size_t ServerImpl::PreForward(std::span<const transport::Notification> batc
         rings_[w].get() + (seq - 1) % options_.push_slots * options_.push_slot_bytes;
     SlotHeader h;
     std::memcpy(&h, base, sizeof(h));
-    const bool data = h.kind == static_cast<std::uint32_t>(SlotKind::kRange) ||
-                      h.kind == static_cast<std::uint32_t>(SlotKind::kRows);
-    if (n.imm != internal::ImmOfSeq(seq) || h.seq != seq || !data) break;
+    const auto kind = static_cast<SlotKind>(h.kind);
+    // Without checkpoint_dir (and every) no cut holds a slot (a Clock arms none,
+    // a Checkpoint request or relayed cut is refused or ignored), so a
+    // Clock, Bye, Barrier or Checkpoint slot changes no order either.
+    const bool orderly =
+        kind == SlotKind::kRange || kind == SlotKind::kRows ||
+        (options_.checkpoint_dir.empty() && options_.checkpoint_every == 0 &&
+         (kind == SlotKind::kClock || kind == SlotKind::kBye || kind == SlotKind::kBarrier ||
+          kind == SlotKind::kCheckpoint || kind == SlotKind::kCut));
+    if (n.imm != internal::ImmOfSeq(seq) || h.seq != seq || !orderly) break;
     items.push_back({w, base, UsedBytes(h), ring_mrs_[w].get()});
     held_index_[covered] = log_sender_->posted() + items.size();
     forward_next_[w] = seq + 1;
