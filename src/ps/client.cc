@@ -1145,12 +1145,15 @@ Status ClientImpl::Barrier() {
     const std::uint64_t generation = elastic_.barriers + 1;
     const auto start = SteadyClock::now();
     const std::uint64_t before = links_[0].pushed_seq;
+    bool interrupted = false;
     Status st = Failsafe(deadline, [&]() RDMAPS_REQUIRES(mu_) {
-      return internal::SlotBarrier(links_, push_, generation, !elastic_.elastic, deadline);
+      return internal::SlotBarrier(
+          links_, push_, generation, !elastic_.elastic,
+          [this]() RDMAPS_REQUIRES(mu_) { return Interrupted(); }, &interrupted, deadline);
     });
-    // Arrived once its slot was sent (a later failure is the wait's): the
-    // next Barrier() is the next generation.
-    if (links_[0].pushed_seq > before) elastic_.barriers = generation;
+    // Arrived once its slot was sent: the next Barrier() is the next
+    // generation, unless this one was interrupted (it waits again).
+    if (links_[0].pushed_seq > before && !interrupted) elastic_.barriers = generation;
     stats_.AddBlocked(SteadyClock::now() - start);
     return st;
   }

@@ -70,6 +70,7 @@ Status JoinIfFree(ServerLinks& links, PushWriter& push, std::uint64_t* clock, El
 }
 
 Status SlotBarrier(ServerLinks& links, PushWriter& push, std::uint64_t generation, bool fixed,
+                   const std::function<bool()>& interrupted, bool* was_interrupted,
                    transport::Deadline deadline) {
   RDMAPS_RETURN_IF_ERROR(push.SendControlSlot(SlotKind::kBarrier, generation, deadline));
   Backoff backoff;
@@ -87,6 +88,14 @@ Status SlotBarrier(ServerLinks& links, PushWriter& push, std::uint64_t generatio
                                                      std::to_string(links.worker_id())));
     }
     if (late.empty()) return Status::OK();
+    if (interrupted && interrupted()) {
+      *was_interrupted = true;
+      return CancelledError("Barrier " + std::to_string(generation) + " of worker " +
+                            std::to_string(links.worker_id()) +
+                            " was interrupted (Client::Interrupt) while waiting for" + late +
+                            " (arrived; its next Barrier() waits for the others); the client "
+                            "stays usable");
+    }
     if (std::chrono::steady_clock::now() >= deadline) {
       return TimedOutError("Barrier " + std::to_string(generation) + " of worker " +
                            std::to_string(links.worker_id()) +

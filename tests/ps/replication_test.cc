@@ -270,6 +270,41 @@ TEST_P(ReplicationTest, BarrierCompletesAcrossAFailoverOfServer0) {
   EXPECT_EQ(c.backups[0]->stats().barrier_arrivals, 4u);
 }
 
+// With failover a Barrier() interrupted after it arrived keeps its
+// generation: its next Barrier() waits for the same one (else worker 0
+// would wait for a generation worker 1 never reaches).
+TEST_P(ReplicationTest, InterruptedBarrierWaitsForTheSameGenerationNext) {
+  Replicated c;
+  Start(&c, GetParam(), 1, 2, {MakeTable(1, "count", 8, 2)});
+  ASSERT_FALSE(HasFatalFailure());
+  const std::uint64_t records = c.backups[0]->stats().log_records;
+  Status first;
+  std::thread t([&] { first = c.clients[0]->Barrier(); });
+  const bool arrived = Eventually([&] { return c.backups[0]->stats().log_records > records; });
+  // Interrupt until the call has ended (an Interrupt() before it began
+  // waiting would not cut it short).
+  std::atomic<bool> ended{false};
+  std::thread stopper([&] {
+    while (!ended.load()) {
+      c.clients[0]->Interrupt();
+      std::this_thread::sleep_for(milliseconds(5));
+    }
+  });
+  t.join();
+  ended.store(true);
+  stopper.join();
+  ASSERT_TRUE(arrived);
+  ASSERT_EQ(first.code(), StatusCode::kCancelled) << first;
+  for (int round = 0; round < 2; ++round) {
+    Status again;
+    std::thread t2([&] { again = c.clients[0]->Barrier(); });
+    const Status other = c.clients[1]->Barrier();
+    t2.join();
+    ASSERT_TRUE(again.ok()) << "round " << round << ": " << again;
+    ASSERT_TRUE(other.ok()) << "round " << round << ": " << other;
+  }
+}
+
 // A Checkpoint under way when server 0's primary dies: the cut dies with it
 // (a backup takes none), so each worker's call either completes or fails
 // with Unavailable naming the failover, and a retry at the same clock
