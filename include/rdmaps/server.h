@@ -40,7 +40,8 @@ struct ServerStats {
   // Elastic mode: +1 on every join and leave; the workers counted now.
   std::uint32_t membership_epoch = 0;
   std::uint32_t members = 0;
-  std::uint64_t barrier_arrivals = 0;  // elastic mode: Barrier() arrivals applied
+  std::uint64_t barrier_arrivals =
+      0;  // Barrier() arrivals applied (elastic mode, or with failover)
   std::uint32_t workers_connected = 0;
   std::uint32_t workers_done = 0;            // said goodbye (Client::Close)
   std::vector<std::uint32_t> dead_workers;   // disconnected without goodbye

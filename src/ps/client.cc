@@ -964,16 +964,38 @@ Result<CheckpointInfo> ClientImpl::Checkpoint() {
   }
   const Deadline deadline = CallDeadline();
   const std::uint64_t want = clock_ + 1;
-  RDMAPS_RETURN_IF_ERROR(push_.SendControlSlot(SlotKind::kCheckpoint, clock_, deadline));
+  // With failover: a shard whose primary is lost before its part is seen
+  // durable lost the cut with it (a backup takes none, it only passes the
+  // request on), so the call fails, retryably; the servers that took the
+  // cut answer the retry at once (docs/ps.md, "Replication and failover").
+  std::vector<std::uint64_t> epochs(links_.size());
+  std::vector<bool> durable(links_.size(), false);
+  for (std::uint32_t i = 0; i < links_.size(); ++i) epochs[i] = links_[i].epoch;
+  RDMAPS_RETURN_IF_ERROR(Failsafe(deadline, [&]() RDMAPS_REQUIRES(mu_) {
+    return push_.SendControlSlot(SlotKind::kCheckpoint, clock_, deadline);
+  }));
   std::vector<std::uint32_t> all(links_.size());
   for (std::uint32_t i = 0; i < all.size(); ++i) all[i] = i;
   const auto start = SteadyClock::now();
   internal::Backoff backoff;
   while (true) {
-    RDMAPS_RETURN_IF_ERROR(links_.ReadControl(all, deadline));
+    RDMAPS_RETURN_IF_ERROR(Failsafe(
+        deadline, [&]() RDMAPS_REQUIRES(mu_) { return links_.ReadControl(all, deadline); }));
     std::string pending;
     for (const ServerLink& s : links_.servers()) {
-      if (s.ckpt.durable_plus1 >= want) continue;
+      if (!durable[s.index] && s.epoch != epochs[s.index]) {
+        stats_.AddBlocked(SteadyClock::now() - start);
+        return UnavailableError(
+            "checkpoint at clock " + std::to_string(clock_) + ": shard " + std::to_string(s.index) +
+            " failed over (epoch " + std::to_string(epochs[s.index]) + " -> " +
+            std::to_string(s.epoch) +
+            ") before its part was durable, and the cut was lost with its primary; call "
+            "Checkpoint() again (every worker, still at this clock): the retry completes");
+      }
+      if (s.ckpt.durable_plus1 >= want) {
+        durable[s.index] = true;
+        continue;
+      }
       if (s.ckpt.failed_plus1 == want) {
         stats_.AddBlocked(SteadyClock::now() - start);
         return FailedPreconditionError(
@@ -1113,11 +1135,25 @@ Status ClientImpl::Barrier() {
   call_epoch_ = epoch;
   RDMAPS_RETURN_IF_ERROR(Usable());
   const Deadline deadline = CallDeadline();
-  if (elastic_.elastic) {  // counts the current members (src/ps/join.h)
+  if (elastic_.elastic || options_.failover) {
+    // Counted through the push rings (src/ps/join.h): the current members
+    // in elastic mode; with failover, so that a replicated server 0's
+    // backup holds every arrival (the atomics counter is not replicated).
     // Arrive only once this worker's pushes are applied (see below).
-    RDMAPS_RETURN_IF_ERROR(FlushLocked(deadline));
+    RDMAPS_RETURN_IF_ERROR(
+        Failsafe(deadline, [&]() RDMAPS_REQUIRES(mu_) { return FlushLocked(deadline); }));
+    const std::uint64_t generation = elastic_.barriers + 1;
     const auto start = SteadyClock::now();
-    Status st = internal::ElasticBarrier(links_, push_, &elastic_, deadline);
+    const std::uint64_t before = links_[0].pushed_seq;
+    bool interrupted = false;
+    Status st = Failsafe(deadline, [&]() RDMAPS_REQUIRES(mu_) {
+      return internal::SlotBarrier(
+          links_, push_, generation, !elastic_.elastic,
+          [this]() RDMAPS_REQUIRES(mu_) { return Interrupted(); }, &interrupted, deadline);
+    });
+    // Arrived once its slot was sent: the next Barrier() is the next
+    // generation, unless this one was interrupted (it waits again).
+    if (links_[0].pushed_seq > before && !interrupted) elastic_.barriers = generation;
     stats_.AddBlocked(SteadyClock::now() - start);
     return st;
   }

@@ -69,11 +69,10 @@ Status JoinIfFree(ServerLinks& links, PushWriter& push, std::uint64_t* clock, El
   return Status::OK();
 }
 
-Status ElasticBarrier(ServerLinks& links, PushWriter& push, ElasticState* state,
-                      transport::Deadline deadline) {
-  const std::uint64_t generation = state->barriers + 1;
+Status SlotBarrier(ServerLinks& links, PushWriter& push, std::uint64_t generation, bool fixed,
+                   const std::function<bool()>& interrupted, bool* was_interrupted,
+                   transport::Deadline deadline) {
   RDMAPS_RETURN_IF_ERROR(push.SendControlSlot(SlotKind::kBarrier, generation, deadline));
-  state->barriers = generation;
   Backoff backoff;
   while (true) {
     RDMAPS_RETURN_IF_ERROR(links.ReadControl({0}, deadline));
@@ -82,7 +81,21 @@ Status ElasticBarrier(ServerLinks& links, PushWriter& push, ElasticState* state,
     for (std::uint32_t w = 0; w < s.clocks.size(); ++w) {
       if (s.clocks[w].barriers < generation) late += " " + std::to_string(w);
     }
+    if (!late.empty() && fixed) {
+      RDMAPS_RETURN_IF_ERROR(links.CheckNoneDied({0}, kClockDone,
+                                                 "Barrier " + std::to_string(generation) +
+                                                     " of worker " +
+                                                     std::to_string(links.worker_id())));
+    }
     if (late.empty()) return Status::OK();
+    if (interrupted && interrupted()) {
+      *was_interrupted = true;
+      return CancelledError("Barrier " + std::to_string(generation) + " of worker " +
+                            std::to_string(links.worker_id()) +
+                            " was interrupted (Client::Interrupt) while waiting for" + late +
+                            " (arrived; its next Barrier() waits for the others); the client "
+                            "stays usable");
+    }
     if (std::chrono::steady_clock::now() >= deadline) {
       return TimedOutError("Barrier " + std::to_string(generation) + " of worker " +
                            std::to_string(links.worker_id()) +

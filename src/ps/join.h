@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 
 #include "rdmaps/status.h"
 #include "src/ps/push_writer.h"
@@ -30,10 +31,18 @@ struct ElasticState {
 Status JoinIfFree(ServerLinks& links, PushWriter& push, std::uint64_t* clock, ElasticState* state,
                   transport::Deadline deadline);
 
-// Barrier() in elastic mode (the caller flushed first): kBarrier of the next
-// generation to every server, then polls server 0 until every member has
-// reached it. TimedOut naming the members that have not, at the deadline.
-Status ElasticBarrier(ServerLinks& links, PushWriter& push, ElasticState* state,
-                      transport::Deadline deadline);
+// Barrier() through the push rings (the caller flushed first): in elastic
+// mode, and with ClientOptions::failover (a kBarrier slot is logged to a
+// replicated shard's backup like any slot, so a barrier under way survives
+// a failover of server 0). Sends kBarrier of `generation` to every server
+// (a resend under Failsafe reuses the slot's seq: applied once), then polls
+// server 0 until every member has reached it. TimedOut naming the members
+// that have not, at the deadline; with `fixed` (every slot is a member for
+// good) Unavailable as soon as server 0 says one of them died; between
+// polls, `interrupted()` true ends it with *interrupted set (the caller's
+// next Barrier() waits for the same generation; a resend is a no-op).
+Status SlotBarrier(ServerLinks& links, PushWriter& push, std::uint64_t generation, bool fixed,
+                   const std::function<bool()>& interrupted, bool* was_interrupted,
+                   transport::Deadline deadline);
 
 }  // namespace rdmaps::internal

@@ -121,12 +121,47 @@ Status LogSender::Register(const std::string& self, const std::string& backup_ad
   return Status::OK();
 }
 
-Status LogSender::WaitCredit(std::uint64_t need, Deadline deadline) {
+Status LogSender::Drain(std::uint64_t held, bool read, Deadline deadline) {
+  transport::Completion c[16];
+  while (held_ < held || (read && read_pending_)) {
+    auto r = conn_->Wait(c, deadline);
+    if (!r.ok()) return r.status();
+    if (*r == 0) return TimedOutError("no log write completion by the deadline");
+    for (std::size_t i = 0; i < *r; ++i) {
+      --outstanding_;
+      if (!c[i].status.ok()) return c[i].status;
+      if (c[i].context == kReadContext) {
+        read_pending_ = false;
+      } else if (c[i].context != 0) {
+        // In posting order: every record up to this one is in the ring.
+        held_ = std::max(held_, c[i].context);
+      }
+    }
+  }
+  return Status::OK();
+}
+
+Status LogSender::Flush(std::vector<Op>* ops) {
+  if (ops->empty()) return Status::OK();
+  RDMAPS_RETURN_IF_ERROR(conn_->Post(*ops));
+  outstanding_ += ops->size();
+  ops->clear();
+  return Status::OK();
+}
+
+Status LogSender::WaitCredit(std::uint64_t need, std::vector<Op>* ops, Deadline deadline) {
   while (next_index_ + need - 1 - acked_index_ > backup_.slots) {
+    RDMAPS_RETURN_IF_ERROR(Flush(ops));
+    // Room for the READ among the ops in flight.
+    if (outstanding_ + 1 > max_outstanding_) {
+      RDMAPS_RETURN_IF_ERROR(Drain(held_ + 1, false, deadline));
+    }
     std::byte* ctl = staging_.get() + kMaxBatch * kLogRecordBytes;
-    const Op op = Op::Read(ctl, staging_mr_.get(), sizeof(LogControl), backup_.control.addr,
-                           backup_.control.rkey);
-    RDMAPS_RETURN_IF_ERROR(ExecOps(*conn_, {&op, 1}, deadline));
+    ops->push_back(Op::Read(ctl, staging_mr_.get(), sizeof(LogControl), backup_.control.addr,
+                            backup_.control.rkey, kReadContext));
+    read_pending_ = true;
+    RDMAPS_RETURN_IF_ERROR(Flush(ops));
+    RDMAPS_RETURN_IF_ERROR(Drain(0, true, deadline));
     LogControl c;
     std::memcpy(&c, ctl, sizeof(c));
     acked_index_ = std::max(acked_index_, std::min(c.applied_index, next_index_ - 1));
@@ -144,50 +179,69 @@ Status LogSender::Forward(std::uint32_t w, const std::byte* slot, std::size_t by
 }
 
 Status LogSender::ForwardBatch(std::span<const Item> items) {
+  RDMAPS_RETURN_IF_ERROR(Post(items));
+  return WaitHeld(posted());
+}
+
+Status LogSender::Post(std::span<const Item> items) {
   if (fenced_.load()) return FailedPreconditionError("this primary is fenced");
   if (alone_ || items.empty()) return Status::OK();
   if (killed_.load()) return Lost(UnavailableError("killed"));
   const Deadline deadline = DeadlineAfter(op_timeout_);
   const std::size_t ops_per = conn_->max_segments() >= 2 ? 1 : 2;
-  // Records of one post: the ring's credits, the staging, the op limit.
-  const std::size_t chunk = std::max<std::size_t>(
-      1, std::min<std::size_t>({backup_.slots, kMaxBatch, conn_->max_outstanding() / ops_per}));
-  std::vector<Op> ops;
-  std::vector<transport::Segment> gather(2 * chunk);
-  for (std::size_t first = 0; first < items.size(); first += chunk) {
-    const std::size_t n = std::min(chunk, items.size() - first);
-    Status st = WaitCredit(n, deadline);
-    if (!st.ok()) return Lost(st);
-    ops.clear();
-    for (std::size_t k = 0; k < n; ++k) {
-      const Item& it = items[first + k];
-      const std::uint64_t index = next_index_ + k;
-      LogRecord rec{};
-      rec.magic = kLogMagic;
-      rec.worker = it.worker;
-      rec.epoch = epoch_.load();
-      rec.index = index;
-      rec.bytes = static_cast<std::uint32_t>(it.bytes);
-      std::byte* hdr = staging_.get() + k * kLogRecordBytes;
-      std::memcpy(hdr, &rec, sizeof(rec));
-      const std::uint64_t at =
-          backup_.ring.addr + (index - 1) % backup_.slots * std::uint64_t{backup_.record_bytes};
-      const std::uint32_t imm = static_cast<std::uint32_t>(index);
-      if (ops_per == 1) {
-        gather[2 * k] = {hdr, staging_mr_.get(), kLogRecordBytes};
-        gather[2 * k + 1] = {const_cast<std::byte*>(it.slot), it.mr,
-                             static_cast<std::uint32_t>(it.bytes)};
-        ops.push_back(Op::WriteWithImmGather({&gather[2 * k], 2}, at, backup_.ring.rkey, imm));
-      } else {
-        ops.push_back(Op::Write(it.slot, it.mr, it.bytes, at + kLogRecordBytes, backup_.ring.rkey));
-        ops.push_back(
-            Op::WriteWithImm(hdr, staging_mr_.get(), kLogRecordBytes, at, backup_.ring.rkey, imm));
+  max_outstanding_ = std::max<std::size_t>(ops_per + 1, conn_->max_outstanding());
+  std::vector<Op>& ops = ops_;
+  ops.clear();
+  for (const Item& it : items) {
+    const std::uint64_t index = next_index_;
+    // A free record in the backup's ring, a free staging header (the one
+    // of index - kMaxBatch is in flight until its WRITE completed), room
+    // among the ops in flight.
+    Status st = WaitCredit(1, &ops, deadline);
+    if (st.ok() && (index - 1 - held_ >= kMaxBatch ||
+                    outstanding_ + ops.size() + ops_per > max_outstanding_ - 1)) {
+      st = Flush(&ops);
+      if (st.ok()) {
+        st = Drain(std::max<std::uint64_t>(held_ + 1, index > kMaxBatch ? index - kMaxBatch : 0),
+                   false, deadline);
       }
     }
-    st = ExecOps(*conn_, ops, deadline);
     if (!st.ok()) return Lost(st);
-    next_index_ += n;
+    LogRecord rec{};
+    rec.magic = kLogMagic;
+    rec.worker = it.worker;
+    rec.epoch = epoch_.load();
+    rec.index = index;
+    rec.bytes = static_cast<std::uint32_t>(it.bytes);
+    const std::size_t k = (index - 1) % kMaxBatch;
+    std::byte* hdr = staging_.get() + k * kLogRecordBytes;
+    std::memcpy(hdr, &rec, sizeof(rec));
+    const std::uint64_t at =
+        backup_.ring.addr + (index - 1) % backup_.slots * std::uint64_t{backup_.record_bytes};
+    const std::uint32_t imm = static_cast<std::uint32_t>(index);
+    if (ops_per == 1) {
+      gather_[2 * k] = {hdr, staging_mr_.get(), kLogRecordBytes};
+      gather_[2 * k + 1] = {const_cast<std::byte*>(it.slot), it.mr,
+                            static_cast<std::uint32_t>(it.bytes)};
+      ops.push_back(Op::WriteWithImmGather({&gather_[2 * k], 2}, at, backup_.ring.rkey, imm));
+    } else {
+      ops.push_back(Op::Write(it.slot, it.mr, it.bytes, at + kLogRecordBytes, backup_.ring.rkey));
+      ops.push_back(
+          Op::WriteWithImm(hdr, staging_mr_.get(), kLogRecordBytes, at, backup_.ring.rkey, imm));
+    }
+    ops.back().context = index;
+    ++next_index_;
   }
+  if (Status st = Flush(&ops); !st.ok()) return Lost(st);
+  return Status::OK();
+}
+
+Status LogSender::WaitHeld(std::uint64_t index) {
+  if (fenced_.load()) return FailedPreconditionError("this primary is fenced");
+  if (alone_ || held_ >= index) return Status::OK();
+  if (killed_.load()) return Lost(UnavailableError("killed"));
+  Status st = Drain(std::min(index, posted()), false, DeadlineAfter(op_timeout_));
+  if (!st.ok()) return Lost(st);
   return Status::OK();
 }
 

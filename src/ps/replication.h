@@ -38,6 +38,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "rdmaps/failover.h"
 #include "rdmaps/status.h"
@@ -132,6 +133,16 @@ class LogSender {
     const transport::MemoryRegion* mr;
   };
   Status ForwardBatch(std::span<const Item> items);
+  // ForwardBatch in two halves, so that the caller applies each slot as
+  // soon as the backup holds it while the later ones are still on the way:
+  // Post posts the records (waiting only for credits, staging and the op
+  // limit) and returns; the k-th item posted since Connect is record
+  // posted() - items.size() + k + 1. WaitHeld(index) returns once every
+  // record up to `index` is in the backup's ring (WRITEs complete in
+  // posting order). Errors as Forward's; alone, both are OK at once.
+  Status Post(std::span<const Item> items);
+  Status WaitHeld(std::uint64_t index);
+  std::uint64_t posted() const { return next_index_ - 1; }
   // The backup's connection dropped (a notification): asks the decider
   // now, so that an idle primary learns that it was fenced.
   void OnBackupDisconnected();
@@ -149,8 +160,15 @@ class LogSender {
   }
 
  private:
-  // Until `need` more records fit the backup's ring.
-  Status WaitCredit(std::uint64_t need, transport::Deadline deadline);
+  // Until `need` more records fit the backup's ring (posts `ops` first).
+  Status WaitCredit(std::uint64_t need, std::vector<transport::Op>* ops,
+                    transport::Deadline deadline);
+  // Posts `ops` (then empty), counted in outstanding_.
+  Status Flush(std::vector<transport::Op>* ops);
+  // Takes completions until held_ >= held and, with `read`, the LogControl
+  // READ completed.
+  Status Drain(std::uint64_t held, bool read, transport::Deadline deadline);
+  static constexpr std::uint64_t kReadContext = ~std::uint64_t{0};
   Status Lost(const Status& why);
 
   transport::Endpoint* const endpoint_;
@@ -167,6 +185,12 @@ class LogSender {
   LogBootstrap backup_{};
   std::uint64_t next_index_ = 1;
   std::uint64_t acked_index_ = 0;  // LogControl::applied_index as last read
+  std::uint64_t held_ = 0;         // records whose WRITE completed
+  std::size_t outstanding_ = 0;    // ops posted, not completed
+  std::size_t max_outstanding_ = 0;
+  bool read_pending_ = false;
+  std::vector<transport::Op> ops_;            // Post's
+  transport::Segment gather_[2 * kMaxBatch];  // per staging header, until its WRITE completed
   bool alone_ = false;
   std::atomic<bool> fenced_{false};
   std::atomic<bool> killed_{false};

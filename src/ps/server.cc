@@ -141,12 +141,13 @@ class ServerImpl final : public Server {
   // Replication (src/ps/replication.h). A backup: a notification of its
   // primary's connection (a log record, or the primary lost). Apply thread.
   void HandleLog(const transport::Notification& n) RDMAPS_REQUIRES(apply_mu_);
-  // A primary of a replicated shard, before the batch is applied: forwards
-  // at once the slots whose apply order is known (data slots in
-  // notification order, no cut holding any), one round trip for all of
-  // them, and notes for each notification it covered whether it is of the
-  // worker's bound connection (prebound_), so that the loop applies
-  // exactly those. Returns how many notifications it covered.
+  // A primary of a replicated shard, before the batch is applied: posts at
+  // once the forwards of the slots whose apply order is known (data slots
+  // in notification order, no cut holding any), and notes for each
+  // notification it covered whether it is of the worker's bound connection
+  // (prebound_) and its log record (held_index_), so that the loop applies
+  // exactly those, each once the backup holds it. Returns how many
+  // notifications it covered.
   std::size_t PreForward(std::span<const transport::Notification> batch) RDMAPS_REQUIRES(apply_mu_);
   std::size_t UsedBytes(const SlotHeader& h) const;
   // False while this server must acknowledge nothing: a backup not
@@ -214,6 +215,7 @@ class ServerImpl final : public Server {
   std::vector<std::uint64_t> forward_next_;
   std::vector<internal::LogSender::Item> forward_items_;
   std::vector<bool> prebound_;
+  std::vector<std::uint64_t> held_index_;  // per covered notification: its log record (0: none)
 
   // Apply thread only. apply_mu_ guards the shards' contents (behind
   // tables_[].memory, which the analysis does not see) against ReadLocal
@@ -676,7 +678,7 @@ bool ServerImpl::ApplySlot(std::uint32_t w, const SlotHeader& h, const std::byte
     return true;
   }
   if (kind == SlotKind::kBarrier) {
-    if (!membership_->elastic()) return false;
+    // Elastic workers, and fixed ones with ClientOptions::failover.
     membership_->Barrier(w, h.clock);
     MutexLock lock(mu_);
     ++stats_.barrier_arrivals;
@@ -920,6 +922,9 @@ void ServerImpl::ApplyLoop() {
           continue;
         }
         if (n.connection != workers_[w].conn) NewSession(w, n.connection, n.imm);
+        // A slot PreForward posted is applied only once the backup holds
+        // it. (Failed: fenced, HandleSlot applies nothing; or alone.)
+        if (i < covered && held_index_[i] != 0) (void)log_sender_->WaitHeld(held_index_[i]);
         TakeSlot(w, n.imm);
         // A long batch republishes as it goes, so a pipelining worker gets
         // its credits (and a Flush its answer) before the batch ends.
@@ -1001,8 +1006,9 @@ std::size_t ServerImpl::UsedBytes(const SlotHeader& h) const {
 
 std::size_t ServerImpl::PreForward(std::span<const transport::Notification> batch) {
   // Only where the apply order is known ahead: no cut holds a slot, and
-  // up to the first slot that is not data (a Clock may arm a cut; a
-  // Checkpoint request does), each forwarded by HandleSlot itself after.
+  // up to the first slot that may change it (with checkpoint_dir, the
+  // first that is not data: a Clock may arm a cut, a Checkpoint request
+  // does), each later one forwarded by HandleSlot itself.
   if (log_sender_->alone() || log_sender_->fenced() || cut_->armed()) return 0;
   for (const auto& held : cut_->held()) {
     if (!held.empty()) return 0;
@@ -1013,6 +1019,7 @@ std::size_t ServerImpl::PreForward(std::span<const transport::Notification> batc
   forward_next_.resize(W);
   for (std::uint32_t w = 0; w < W; ++w) forward_next_[w] = workers_[w].next_seq;
   prebound_.assign(batch.size(), false);
+  held_index_.assign(batch.size(), 0);
   std::size_t covered = 0;
   for (; covered < batch.size(); ++covered) {
     const transport::Notification& n = batch[covered];
@@ -1026,13 +1033,23 @@ std::size_t ServerImpl::PreForward(std::span<const transport::Notification> batc
         rings_[w].get() + (seq - 1) % options_.push_slots * options_.push_slot_bytes;
     SlotHeader h;
     std::memcpy(&h, base, sizeof(h));
-    const bool data = h.kind == static_cast<std::uint32_t>(SlotKind::kRange) ||
-                      h.kind == static_cast<std::uint32_t>(SlotKind::kRows);
-    if (n.imm != internal::ImmOfSeq(seq) || h.seq != seq || !data) break;
+    const auto kind = static_cast<SlotKind>(h.kind);
+    // Without checkpoint_dir (and every) no cut holds a slot (a Clock arms none,
+    // a Checkpoint request or relayed cut is refused or ignored), so a
+    // Clock, Bye, Barrier or Checkpoint slot changes no order either.
+    const bool orderly =
+        kind == SlotKind::kRange || kind == SlotKind::kRows ||
+        (options_.checkpoint_dir.empty() && options_.checkpoint_every == 0 &&
+         (kind == SlotKind::kClock || kind == SlotKind::kBye || kind == SlotKind::kBarrier ||
+          kind == SlotKind::kCheckpoint || kind == SlotKind::kCut));
+    if (n.imm != internal::ImmOfSeq(seq) || h.seq != seq || !orderly) break;
     items.push_back({w, base, UsedBytes(h), ring_mrs_[w].get()});
+    held_index_[covered] = log_sender_->posted() + items.size();
     forward_next_[w] = seq + 1;
   }
-  if (items.empty() || !log_sender_->ForwardBatch(items).ok()) return 0;
+  // Posted, not waited for: the loop applies each slot once the backup
+  // holds it, while the later ones are still on their way.
+  if (items.empty() || !log_sender_->Post(items).ok()) return 0;
   for (std::uint32_t w = 0; w < W; ++w) {
     if (forward_next_[w] > workers_[w].next_seq) forwarded_seq_[w] = forward_next_[w] - 1;
   }

@@ -118,7 +118,9 @@
 // == Barrier ==
 // Server 0's atomics region holds a u64 counter touched only by transport
 // atomics: Barrier() FETCH_ADDs 1, then polls with COMPARE_SWAP(0, 0) (an
-// atomic read) until the counter reaches the end of its generation.
+// atomic read) until the counter reaches the end of its generation. With
+// ClientOptions::failover (and in elastic mode) it is not used: Barrier()
+// sends kBarrier slots instead (logged to a replicated shard's backup).
 #pragma once
 
 #include <bit>
@@ -481,8 +483,8 @@ enum class SlotKind : std::uint32_t {
   kBye = 4,
   kCheckpoint = 5,
   kJoin = 6,     // elastic: the first slot of a joining worker; clock = its start clock
-  kBarrier = 7,  // elastic: clock = the Barrier() generation the worker arrives at
-  kCut = 8,  // clock = a cut's clock, relayed from a server's ControlCheckpoint::cut_plus1
+  kBarrier = 7,  // elastic or failover: clock = the Barrier() generation it arrives at
+  kCut = 8,      // clock = a cut's clock, relayed from a server's ControlCheckpoint::cut_plus1
   // clock = the checkpoint a restarted server restored, first_row = the
   // recovery's id: the first slot of a worker's new session on a survivor,
   // which rewinds in place to that checkpoint (once per id).

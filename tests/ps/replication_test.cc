@@ -6,14 +6,17 @@
 #include "src/ps/replication.h"
 
 #include <gtest/gtest.h>
+#include <stdlib.h>
 
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <random>
 #include <thread>
 
 #include "rdmaps/failover.h"
+#include "src/ps/checkpoint.h"
 #include "src/ps/test_hooks.h"
 #include "tests/ps/ps_test_util.h"
 #include "transport/fake/fake_transport.h"
@@ -34,9 +37,11 @@ struct Replicated {
 
 // Per shard a backup, then its primary; then the workers.
 void Start(Replicated* c, const std::string& transport, std::uint32_t S, std::uint32_t W,
-           const std::vector<TableOptions>& tables, milliseconds wait_timeout = seconds(20)) {
+           const std::vector<TableOptions>& tables, milliseconds wait_timeout = seconds(20),
+           const std::string& checkpoint_dir = "") {
   for (std::uint32_t i = 0; i < S; ++i) {
     ServerOptions b = MakeServerOptions(transport, i, S, W, tables);
+    b.checkpoint_dir = checkpoint_dir;
     b.replicas = 2;
     b.replica_role = ReplicaRole::kBackup;
     b.failover = c->decider;
@@ -44,6 +49,7 @@ void Start(Replicated* c, const std::string& transport, std::uint32_t S, std::ui
     auto backup = Server::Start(b);
     ASSERT_TRUE(backup.ok()) << backup.status();
     ServerOptions p = MakeServerOptions(transport, i, S, W, tables);
+    p.checkpoint_dir = checkpoint_dir;
     p.replicas = 2;
     p.backup_address = (*backup)->address();
     p.failover = c->decider;
@@ -105,6 +111,9 @@ TEST_P(ReplicationTest, BackupEqualsPrimaryBitForBit) {
         std::vector<float> big(40 * 300);
         for (float& x : big) x = g(rng);
         if (results[w].ok()) results[w] = cl.Push(2, RowRange{0, 40}, big);
+        // Clocks inside the batches (ASP: none waits): forwarded with the
+        // data slots around them, in the same order.
+        if (results[w].ok() && it % 3 == 2) results[w] = cl.Clock().status();
       }
       if (results[w].ok()) results[w] = cl.Flush();
     });
@@ -216,6 +225,171 @@ INSTANTIATE_TEST_SUITE_P(Kills, KillPrimaryTest, ::testing::ValuesIn(KillCases()
                                   "_after" + std::to_string(p.param.kill_after);
                          });
 
+// Worker 0 arrives at a Barrier, server 0's primary dies while it waits,
+// then worker 1 arrives: both pass (worker 0's arrival reached the backup
+// through the log), both see every push made before the barrier, and the
+// next barrier counts from there. Without the ring barrier with failover
+// (the atomics counter is not replicated) worker 0 fails at the kill.
+TEST_P(ReplicationTest, BarrierCompletesAcrossAFailoverOfServer0) {
+  constexpr std::uint32_t W = 2;
+  Replicated c;
+  Start(&c, GetParam(), 2, W, {MakeTable(1, "count", 64, 4)});
+  ASSERT_FALSE(HasFatalFailure());
+  const std::vector<float> minus_one(4, -1.0f);
+  // Each worker's row on server 0 (rows [0, 32)) and on server 1.
+  for (std::uint32_t w = 0; w < W; ++w) {
+    ASSERT_TRUE(c.clients[w]->Push(1, RowRange{w, 1}, minus_one).ok());
+    const Status pushed = c.clients[w]->Push(1, RowRange{40 + w, 1}, minus_one);
+    ASSERT_TRUE(pushed.ok()) << pushed;
+  }
+  const std::uint64_t records = c.backups[0]->stats().log_records;
+  Status first;
+  std::thread t([&] { first = c.clients[0]->Barrier(); });
+  // Worker 0's arrival is in server 0's backup (forwarded before applied).
+  const bool arrived = Eventually([&] { return c.backups[0]->stats().log_records > records; });
+  internal::TEST_Kill(*c.primaries[0]);
+  const Status second = c.clients[1]->Barrier();
+  t.join();
+  ASSERT_TRUE(arrived);
+  ASSERT_TRUE(first.ok()) << first;
+  ASSERT_TRUE(second.ok()) << second;
+  EXPECT_EQ(c.decider->Current(0)->epoch, 2u);
+  for (std::uint32_t w = 0; w < W; ++w) {
+    std::vector<float> rows(64 * 4);
+    ASSERT_TRUE(c.clients[w]->Pull(1, RowRange{0, 64}, rows).ok());
+    for (std::uint64_t r : {0, 1, 40, 41}) EXPECT_EQ(rows[r * 4], 1.0f) << "row " << r;
+  }
+  // The next barrier: both arrive again (neither passes alone).
+  Status again;
+  std::thread t2([&] { again = c.clients[0]->Barrier(); });
+  ASSERT_TRUE(c.clients[1]->Barrier().ok());
+  t2.join();
+  ASSERT_TRUE(again.ok()) << again;
+  // Each arrival applied once: worker 0's first one (logged, then resent
+  // by its failover) is not counted twice.
+  EXPECT_EQ(c.backups[0]->stats().barrier_arrivals, 4u);
+}
+
+// With failover a Barrier() interrupted after it arrived keeps its
+// generation: its next Barrier() waits for the same one (else worker 0
+// would wait for a generation worker 1 never reaches).
+TEST_P(ReplicationTest, InterruptedBarrierWaitsForTheSameGenerationNext) {
+  Replicated c;
+  Start(&c, GetParam(), 1, 2, {MakeTable(1, "count", 8, 2)});
+  ASSERT_FALSE(HasFatalFailure());
+  const std::uint64_t records = c.backups[0]->stats().log_records;
+  Status first;
+  std::thread t([&] { first = c.clients[0]->Barrier(); });
+  const bool arrived = Eventually([&] { return c.backups[0]->stats().log_records > records; });
+  // Interrupt until the call has ended (an Interrupt() before it began
+  // waiting would not cut it short).
+  std::atomic<bool> ended{false};
+  std::thread stopper([&] {
+    while (!ended.load()) {
+      c.clients[0]->Interrupt();
+      std::this_thread::sleep_for(milliseconds(5));
+    }
+  });
+  t.join();
+  ended.store(true);
+  stopper.join();
+  ASSERT_TRUE(arrived);
+  ASSERT_EQ(first.code(), StatusCode::kCancelled) << first;
+  for (int round = 0; round < 2; ++round) {
+    Status again;
+    std::thread t2([&] { again = c.clients[0]->Barrier(); });
+    const Status other = c.clients[1]->Barrier();
+    t2.join();
+    ASSERT_TRUE(again.ok()) << "round " << round << ": " << again;
+    ASSERT_TRUE(other.ok()) << "round " << round << ": " << other;
+  }
+}
+
+// A Checkpoint under way when server 0's primary dies: the cut dies with it
+// (a backup takes none), so each worker's call either completes or fails
+// with Unavailable naming the failover, and a retry at the same clock
+// completes on every server; the checkpoint then holds every push.
+TEST_P(ReplicationTest, CheckpointAcrossAFailoverFailsRetryablyThenCompletes) {
+  constexpr std::uint32_t W = 2;
+  char tmpl[] = "/tmp/rdmaps-repl-ckpt-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  struct Remove {
+    std::string path;
+    ~Remove() {
+      std::error_code ec;
+      std::filesystem::remove_all(path, ec);
+    }
+  } remove{dir};
+  Replicated c;
+  Start(&c, GetParam(), 2, W, {MakeTable(1, "count", 64, 4, 0)}, seconds(20), dir);
+  ASSERT_FALSE(HasFatalFailure());
+  const std::vector<float> minus_one(64 * 4, -1.0f);
+  for (std::uint32_t w = 0; w < W; ++w) {
+    ASSERT_TRUE(c.clients[w]->Push(1, RowRange{0, 64}, minus_one).ok());
+  }
+  std::vector<Status> clocks(W);
+  {
+    std::vector<std::thread> ts;
+    for (std::uint32_t w = 0; w < W; ++w) {
+      ts.emplace_back([&, w] { clocks[w] = c.clients[w]->Clock().status(); });
+    }
+    for (auto& t : ts) t.join();
+  }
+  for (const Status& st : clocks) ASSERT_TRUE(st.ok()) << st;
+  const std::uint64_t records = c.backups[0]->stats().log_records;
+  Result<CheckpointInfo> first = UnavailableError("not run");
+  std::thread t([&] { first = c.clients[0]->Checkpoint(); });
+  // Worker 0's request is in server 0's backup; worker 1 has not asked, so
+  // the cut cannot be complete when the primary dies.
+  const bool asked = Eventually([&] { return c.backups[0]->stats().log_records > records; });
+  internal::TEST_Kill(*c.primaries[0]);
+  Result<CheckpointInfo> second = c.clients[1]->Checkpoint();
+  t.join();
+  ASSERT_TRUE(asked);
+  std::vector<Result<CheckpointInfo>*> results = {&first, &second};
+  int retried = 0;
+  for (std::uint32_t w = 0; w < W; ++w) {
+    if (results[w]->ok()) continue;
+    EXPECT_EQ(results[w]->status().code(), StatusCode::kUnavailable) << results[w]->status();
+    EXPECT_NE(results[w]->status().message().find("call Checkpoint() again"), std::string::npos)
+        << results[w]->status();
+    ++retried;
+  }
+  EXPECT_GE(retried, 1) << "worker 0's cut on server 0 died with its primary";
+  {
+    std::vector<std::thread> ts;
+    for (std::uint32_t w = 0; w < W; ++w) {
+      if (results[w]->ok()) continue;
+      ts.emplace_back([&, w] { *results[w] = c.clients[w]->Checkpoint(); });
+    }
+    for (auto& th : ts) th.join();
+  }
+  for (std::uint32_t w = 0; w < W; ++w) {
+    ASSERT_TRUE(results[w]->ok()) << "worker " << w << ": " << results[w]->status();
+    EXPECT_EQ((*results[w])->clock, 1u);
+  }
+  auto parts = internal::OpenCheckpoint(dir + "/" + first->name);
+  ASSERT_TRUE(parts.ok()) << parts.status();
+  EXPECT_EQ(parts->size(), 2u);
+  // Restored, it holds both workers' pushes of clock 0.
+  std::vector<std::unique_ptr<Server>> restored;
+  std::vector<std::string> addresses;
+  for (std::uint32_t i = 0; i < 2; ++i) {
+    ServerOptions o = MakeServerOptions(GetParam(), i, 2, W, {MakeTable(1, "count", 64, 4, 0)});
+    o.restore = dir + "/" + first->name;
+    auto s = Server::Start(o);
+    ASSERT_TRUE(s.ok()) << s.status();
+    restored.push_back(std::move(s).value());
+  }
+  for (std::uint32_t i = 0; i < 2; ++i) {
+    std::vector<float> local;
+    const Status read = restored[i]->ReadLocal(1, RowRange{i * 32, 32}, &local);
+    ASSERT_TRUE(read.ok()) << read;
+    for (float v : local) ASSERT_EQ(v, float{W});
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Transports, ReplicationTest, ::testing::Values("fake", "tcp"));
 
 // The primary acknowledges nothing while its log WRITE is not complete: a
@@ -251,6 +425,54 @@ TEST(ReplicationFakeTest, PushIsObservableOnlyOnceTheBackupHoldsIt) {
   EXPECT_EQ(local[0], 1.0f);
 }
 
+// Several records in flight at once (a push of several slots, a Clock, a
+// push): while the log WRITEs are held nothing is applied, though the
+// later ones are posted behind the first; released, each is applied once
+// the backup holds it, and the backup equals the primary bit for bit.
+TEST(ReplicationFakeTest, RecordsInFlightAreAppliedOnlyOnceTheBackupHoldsThem) {
+  Replicated c;
+  // 4 KiB rows in 16 KiB slots: a push of 8 rows takes 3 (7 of the 8 credits).
+  Start(&c, "fake", 1, 2, {MakeTable(1, "count", 64, 1024)}, milliseconds(300));
+  ASSERT_FALSE(HasFatalFailure());
+  transport::Endpoint* primary_ep = internal::TEST_ServerEndpoint(*c.primaries[0]);
+  transport::fake::Faults hold;
+  hold.hold_until_released = true;
+  ASSERT_TRUE(transport::fake::SetFaults(*primary_ep, hold).ok());
+  const std::vector<float> minus_one(64 * 1024, -1.0f);
+  for (int round = 0; round < 2; ++round) {
+    const Status pushed = c.clients[0]->Push(1, RowRange{0, 8}, {minus_one.data(), 8 * 1024});
+    ASSERT_TRUE(pushed.ok()) << pushed;
+    if (round == 0) {
+      const Status clocked = c.clients[0]->Clock().status();
+      ASSERT_TRUE(clocked.ok()) << clocked;
+    }
+  }
+  const Status held = c.clients[0]->Flush();
+  EXPECT_EQ(held.code(), StatusCode::kTimedOut) << held;
+  std::vector<float> seen(64 * 1024);
+  ASSERT_TRUE(c.clients[1]->Pull(1, RowRange{0, 64}, seen).ok());
+  for (std::size_t i = 0; i < seen.size(); i += 1000) {
+    ASSERT_EQ(seen[i], 0.0f) << "float " << i << ": applied before the backup held it";
+  }
+  ASSERT_TRUE(transport::fake::ReleaseHeldOps(*primary_ep).ok());
+  ASSERT_TRUE(transport::fake::SetFaults(*primary_ep, {}).ok());
+  ASSERT_TRUE(Eventually([&] { return c.clients[0]->Flush().ok(); }));
+  ASSERT_TRUE(c.clients[1]->Pull(1, RowRange{0, 64}, seen).ok());
+  for (std::size_t i = 0; i < seen.size(); ++i) {
+    ASSERT_EQ(seen[i], i < 8 * 1024 ? 2.0f : 0.0f) << "float " << i;
+  }
+  Server& p = *c.primaries[0];
+  Server& b = *c.backups[0];
+  EXPECT_GE(p.stats().log_records, 7u);  // 2 x 3 data slots and the Clock
+  ASSERT_TRUE(Eventually([&] { return b.stats().log_records == p.stats().log_records; }));
+  std::vector<float> prow, pstate, brow, bstate;
+  ASSERT_TRUE(internal::TEST_ShardState(p, 1, &prow, &pstate).ok());
+  ASSERT_TRUE(internal::TEST_ShardState(b, 1, &brow, &bstate).ok());
+  ASSERT_EQ(prow.size(), brow.size());
+  EXPECT_EQ(std::memcmp(prow.data(), brow.data(), prow.size() * 4), 0);
+  EXPECT_EQ(b.stats().protocol_errors, 0u);
+}
+
 // The primary is cut off from its backup but stays alive: the decider lets
 // exactly one of them go on, the other acknowledges nothing more, and the
 // worker's pushes all land once on the one that goes on.
@@ -273,6 +495,11 @@ TEST(ReplicationFakeTest, DroppedLinkLeavesOnePrimary) {
   const bool backup_won = a.primary == c.backups[0]->address();
   Server& winner = backup_won ? *c.backups[0] : *c.primaries[0];
   Server& loser = backup_won ? *c.primaries[0] : *c.backups[0];
+  // A losing backup may still be applying the records it got before the
+  // drop (all 10: the Flush saw them held), never one more.
+  if (!backup_won) {
+    ASSERT_TRUE(Eventually([&] { return loser.stats().pushes_applied >= 10; }));
+  }
   const std::uint64_t loser_applied = loser.stats().pushes_applied;
   for (int i = 0; i < 10; ++i) {
     ASSERT_TRUE(cl.Push(1, RowRange{0, 8}, minus_one).ok()) << "push " << i;
