@@ -214,8 +214,8 @@ Result<::rdmaps::ShardAssignment> CoordFailoverDecider::Register(std::uint32_t s
       lo.value = primary;
       lo.on_lost = [shard](const Status& why) {
         RDMAPS_LOG(ERROR) << "ps server " << shard << ": lost its primary lease (" << why
-                          << "); its backup takes over, and this primary is fenced at its next "
-                             "log write";
+                          << "); its backup takes over, and this primary stops at its next log "
+                             "write";
       };
       RDMAPS_ASSIGN_OR_RETURN(leases_[shard], LeaseKeeper::Start(coord_.get(), lo, deadline));
     }
