@@ -171,6 +171,10 @@ struct ClusterLayout {
   // connect_timeout use it, so a worker waits for its servers as long as
   // the servers wait for it.
   std::chrono::milliseconds startup_timeout{0};
+  // Copies of each shard: RDMAPS_REPLICAS (1 or 2; rdmaps-local --replicas
+  // gives it to every process), else 1. With 2, ClientOptions::FromCluster
+  // makes the worker follow the shard map in `coordinator` (failover).
+  int replicas = 1;
   // No secret: ClusterOptions::insecure or RDMAPS_INSECURE=1.
   bool insecure = false;
   // Where the secret came from, for logs ("RDMAPS_JOB_SECRET", "derived

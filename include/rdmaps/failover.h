@@ -9,15 +9,18 @@
 // one of them is lost the survivor asks the FailoverDecider; the decider
 // answers every question about a shard from one state, so that at most one
 // Server of a shard acknowledges pushes at any epoch. The job's Coordinator
-// (src/cluster/coordinator.h, etcd-backed across hosts) implements it;
-// NewEmbeddedFailoverDecider() is the in-process one (tests, one host).
+// (src/cluster/coordinator.h, etcd-backed across hosts) implements it
+// (OpenFailoverDecider); NewEmbeddedFailoverDecider() is the in-process one
+// (tests, one host).
 #pragma once
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
+#include "rdmaps/cluster.h"
 #include "rdmaps/status.h"
 
 namespace rdmaps {
@@ -40,6 +43,13 @@ struct ShardAssignment {
   std::uint32_t placement_version = kPlacementVersion;
   std::string primary;  // the address workers connect to
   std::string backup;   // the backup's address; empty: the shard has one copy
+};
+
+// Ends a FailoverDecider::WatchPrimary when destroyed (and waits for its
+// callback if one is running).
+class PrimaryWatch {
+ public:
+  virtual ~PrimaryWatch() = default;
 };
 
 class FailoverDecider {
@@ -69,10 +79,33 @@ class FailoverDecider {
   // it; TimedOut at `deadline`.
   virtual Result<ShardAssignment> WaitForEpochAfter(
       std::uint32_t shard, std::uint64_t epoch, std::chrono::steady_clock::time_point deadline) = 0;
+  // Detection beyond connection loss, for the backup of `shard`: calls
+  // `on_lost` once (on the watch's own thread) when the shard's primary,
+  // after it was seen holding its lease, stops holding it (hung, stopped,
+  // partitioned from the coordinator). The backup then drops its primary's
+  // connection, which asks ReportPrimaryLost. Deciders without leases
+  // return nullptr (connection loss is the only detection).
+  virtual Result<std::unique_ptr<PrimaryWatch>> WatchPrimary(std::uint32_t shard,
+                                                             std::function<void()> on_lost) {
+    (void)shard;
+    (void)on_lost;
+    return std::unique_ptr<PrimaryWatch>();
+  }
 };
 
 // An in-process decider (a mutex and a map): for tests and for jobs whose
 // servers and workers share one process.
 std::shared_ptr<FailoverDecider> NewEmbeddedFailoverDecider();
+
+// The decider kept in the job's coordinator (docs/coordination.md,
+// "Failover records"): every server and worker of a job that opens the same
+// coordinator (and prefix) decides from one state, across hosts with etcd.
+// A primary registered with a backup holds a lease of `lease_ttl` (the
+// detection bound of a primary that hangs with its connections open).
+// InvalidArgument for an empty or malformed address; Unavailable when the
+// coordinator cannot be reached.
+Result<std::shared_ptr<FailoverDecider>> OpenFailoverDecider(
+    const CoordinatorConfig& coordinator,
+    std::chrono::milliseconds lease_ttl = std::chrono::milliseconds(750));
 
 }  // namespace rdmaps

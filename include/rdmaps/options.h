@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "rdmaps/cluster.h"
 #include "rdmaps/table.h"
 
 namespace rdmaps {
@@ -196,6 +197,10 @@ struct ClientOptions {
   // resends what was not acknowledged and retries the call. Pull, Push,
   // PushPull, Clock and Flush fail over; Barrier and Checkpoint do not yet.
   std::shared_ptr<FailoverDecider> failover;
+  // Without `failover`: when this has an address, Connect opens the
+  // decider kept in that coordinator (rdmaps::OpenFailoverDecider) and uses
+  // it as `failover`. FromCluster sets it for a layout with replicas == 2.
+  CoordinatorConfig failover_coordinator;
 
   // The options a worker of a completed `layout` (role kWorker, after
   // CompleteCluster or ResolveWorkerCluster) connects with: the layout's

@@ -325,7 +325,8 @@ def _new_job_secret():
 
 def connect(servers=None, *, worker_id=None, num_workers=None, transport=None, job_token=None,
             tables=None, staleness=None, clock_waits=True, connect_timeout=30.0,
-            wait_timeout=60.0, op_timeout=None, staging_bytes=None, env=None, **cluster):
+            wait_timeout=60.0, op_timeout=None, staging_bytes=None, env=None, max_workers=None,
+            replicas=None, coordinator=None, **cluster):
     """Connects a worker to the servers; returns an rdmaps.Client.
 
     servers: a list of "host:port" (server index order), with worker_id and
@@ -338,6 +339,13 @@ def connect(servers=None, *, worker_id=None, num_workers=None, transport=None, j
     tables: when given, checked against the servers' (a list of rdmaps.Table,
     or tables JSON). staleness: 'bsp', 'asp' or s, tightening every table's.
     Timeouts are in seconds.
+    max_workers: the servers' max_workers (elastic mode, docs/ps.md "Elastic
+    workers"). replicas=2: the shards are replicated; the worker follows the
+    shard map in the job's coordinator (`coordinator`, e.g.
+    "etcd://HOST:PORT", else RDMAPS_COORDINATOR) and fails over to a
+    promoted backup (docs/ps.md, "Replication and failover"). A layout from
+    the environment with RDMAPS_REPLICAS=2 (rdmaps-local --replicas=2) does
+    this by itself.
     """
     if isinstance(servers, str):
         servers = [s for s in servers.split(",") if s]
@@ -347,7 +355,8 @@ def connect(servers=None, *, worker_id=None, num_workers=None, transport=None, j
         job_token = _job_secret(job_token)
     impl = _rdmaps.connect(servers, worker_id, num_workers, transport, job_token,
                            _table_list(tables), staleness, clock_waits, float(connect_timeout),
-                           float(wait_timeout), op_timeout, staging_bytes, env, cluster)
+                           float(wait_timeout), op_timeout, staging_bytes, env, cluster,
+                           max_workers, replicas, coordinator)
     return Client(impl)
 
 
@@ -358,18 +367,27 @@ class Server:
     num_workers=1, transport="tcp", ...): .address is what workers connect
     to; run() blocks until every worker is done (or timeout / Ctrl-C), stop()
     ends it. Usable as a context manager (stop() at exit).
+    max_workers: elastic mode (worker slots). replicas=2 with replica_role
+    "backup" (start it first) or "primary" with backup_address (the
+    backup's .address), both with the same server_index and `coordinator`
+    ("memory:NAME" in one process, "dir:/PATH", "etcd://HOST:PORT"), where
+    the shard map lives (docs/ps.md, "Replication and failover").
     """
 
     def __init__(self, tables, listen="127.0.0.1:0", *, server_index=0, num_servers=1,
                  num_workers=1, transport="tcp", job_token="", exit_when_workers_done=True,
-                 push_slots=None, push_slot_bytes=None, apply_threads=0, op_timeout=None):
+                 push_slots=None, push_slot_bytes=None, apply_threads=0, op_timeout=None,
+                 max_workers=0, replicas=1, replica_role="primary", backup_address="",
+                 coordinator="", coordinator_prefix="rdmaps/job/"):
         # The job secret workers must prove: as given, else from the
         # environment, else a new one (give it to the workers: .job_token).
         self.job_token = _job_secret(job_token) or _new_job_secret()
         self._s = _rdmaps.start_server(_table_list(tables), listen, server_index, num_servers,
                                        num_workers, transport, self.job_token,
                                        exit_when_workers_done,
-                                       push_slots, push_slot_bytes, apply_threads, op_timeout)
+                                       push_slots, push_slot_bytes, apply_threads, op_timeout,
+                                       max_workers, replicas, replica_role, backup_address,
+                                       coordinator, coordinator_prefix)
 
     @property
     def address(self):
@@ -440,21 +458,47 @@ class LocalCluster:
     .addresses lists the servers; .connect(worker_id=0, **kw) connects a
     worker (a Client); close() stops the servers. Context manager.
     Workers may also be other processes: give them .addresses.
+    max_workers: elastic mode (worker slots; workers connect with ids below
+    it). replicas=2: a backup (.backups[i]) and a primary (.servers[i]) per
+    shard, the shard map in an in-process coordinator (.coordinator);
+    .connect gives workers that fail over to a promoted backup.
     """
 
+    _next_id = 0
+
     def __init__(self, tables, servers=1, workers=1, transport="tcp", job_token="",
-                 host="127.0.0.1", **server_args):
+                 host="127.0.0.1", max_workers=0, replicas=1, **server_args):
+        if replicas not in (1, 2):
+            raise ValueError(f"replicas={replicas!r} is not 1 or 2")
         self.tables = _table_list(tables)
         self.num_workers = workers
+        self.max_workers = max_workers
+        self.replicas = replicas
         self.transport = transport
         self.job_token = _job_secret(job_token) or _new_job_secret()
+        self.coordinator = None
+        if replicas == 2:
+            LocalCluster._next_id += 1
+            self.coordinator = f"memory:rdmaps-local-cluster-{_os.getpid()}-{LocalCluster._next_id}"
         self.servers = []
+        self.backups = []
+        common = dict(num_servers=servers, num_workers=workers, transport=transport,
+                      job_token=self.job_token, exit_when_workers_done=False,
+                      max_workers=max_workers, **server_args)
         try:
             for i in range(servers):
+                backup_address = ""
+                if replicas == 2:
+                    self.backups.append(Server(self.tables, f"{host}:0", server_index=i,
+                                               replicas=2, replica_role="backup",
+                                               coordinator=self.coordinator, **common))
+                    backup_address = self.backups[-1].address
+                    extra = dict(replicas=2, backup_address=backup_address,
+                                 coordinator=self.coordinator)
+                else:
+                    extra = {}
                 self.servers.append(Server(self.tables, f"{host}:0", server_index=i,
-                                           num_servers=servers, num_workers=workers,
-                                           transport=transport, job_token=self.job_token,
-                                           exit_when_workers_done=False, **server_args))
+                                           **extra, **common))
         except BaseException:
             self.close()
             raise
@@ -467,6 +511,11 @@ class LocalCluster:
         """A Client for worker `worker_id` of this cluster."""
         connect_args.setdefault("transport", self.transport)
         connect_args.setdefault("job_token", self.job_token)
+        if self.max_workers:
+            connect_args.setdefault("max_workers", self.max_workers)
+        if self.replicas == 2:
+            connect_args.setdefault("replicas", 2)
+            connect_args.setdefault("coordinator", self.coordinator)
         return connect(self.addresses, worker_id=worker_id, num_workers=self.num_workers,
                        **connect_args)
 
@@ -478,9 +527,10 @@ class LocalCluster:
                 "RDMAPS_TRANSPORT": self.transport, "RDMAPS_JOB_SECRET": self.job_token}
 
     def close(self):
-        for s in self.servers:
+        for s in self.servers + self.backups:
             s.stop()
         self.servers = []
+        self.backups = []
 
     def __enter__(self):
         return self

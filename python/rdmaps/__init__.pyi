@@ -70,14 +70,19 @@ def connect(servers: Union[Sequence[str], str, None] = None, *, worker_id: Optio
             staleness: Union[str, int, None] = None, clock_waits: bool = True,
             connect_timeout: float = 30.0, wait_timeout: float = 60.0,
             op_timeout: Optional[float] = None, staging_bytes: Optional[int] = None,
-            env: Optional[Mapping[str, str]] = None, **cluster: Any) -> Client: ...
+            env: Optional[Mapping[str, str]] = None, max_workers: Optional[int] = None,
+            replicas: Optional[int] = None, coordinator: Optional[str] = None,
+            **cluster: Any) -> Client: ...
 
 class Server:
     def __init__(self, tables: Tables, listen: str = "127.0.0.1:0", *, server_index: int = 0,
                  num_servers: int = 1, num_workers: int = 1, transport: str = "tcp",
                  job_token: str = "", exit_when_workers_done: bool = True,
                  push_slots: Optional[int] = None, push_slot_bytes: Optional[int] = None,
-                 apply_threads: int = 0, op_timeout: Optional[float] = None) -> None: ...
+                 apply_threads: int = 0, op_timeout: Optional[float] = None,
+                 max_workers: int = 0, replicas: int = 1, replica_role: str = "primary",
+                 backup_address: str = "", coordinator: str = "",
+                 coordinator_prefix: str = "rdmaps/job/") -> None: ...
     @property
     def address(self) -> str: ...
     def run(self, timeout: Optional[float] = None) -> None: ...
@@ -96,10 +101,14 @@ def init(tables: Tables, *, env: Optional[Mapping[str, str]] = None,
 class LocalCluster:
     tables: List[Table]
     servers: List[Server]
+    backups: List[Server]
     num_workers: int
+    max_workers: int
+    replicas: int
+    coordinator: Optional[str]
     def __init__(self, tables: Tables, servers: int = 1, workers: int = 1,
                  transport: str = "tcp", job_token: str = "", host: str = "127.0.0.1",
-                 **server_args: Any) -> None: ...
+                 max_workers: int = 0, replicas: int = 1, **server_args: Any) -> None: ...
     @property
     def addresses(self) -> List[str]: ...
     def connect(self, worker_id: int = 0, **connect_args: Any) -> Client: ...

@@ -55,6 +55,7 @@
 
 #include "rdmaps/client.h"
 #include "rdmaps/cluster.h"
+#include "rdmaps/failover.h"
 #include "rdmaps/options.h"
 #include "rdmaps/server.h"
 #include "rdmaps/status.h"
@@ -1059,6 +1060,7 @@ py::dict ServerStatsDict(const ServerStats& s) {
   d["dead_workers"] = s.dead_workers;
   d["worker_clocks"] = s.worker_clocks;
   d["registered_bytes"] = s.registered_bytes;
+  d["log_records"] = s.log_records;
   return d;
 }
 
@@ -1392,7 +1394,9 @@ void DefineModule(py::module_& m) {
          std::optional<std::string> job_token, std::vector<TableOptions> tables,
          py::object staleness, bool clock_waits, double connect_timeout, double wait_timeout,
          std::optional<double> op_timeout, std::optional<std::size_t> staging_bytes,
-         std::optional<std::map<std::string, std::string>> env, py::dict cluster) {
+         std::optional<std::map<std::string, std::string>> env, py::dict cluster,
+         std::optional<std::uint32_t> max_workers, std::optional<std::uint32_t> replicas,
+         std::optional<std::string> coordinator) {
         ClientOptions o;
         if (servers) {
           o.servers = *servers;
@@ -1434,6 +1438,30 @@ void DefineModule(py::module_& m) {
         o.connect_timeout = Millis(connect_timeout, "connect_timeout");
         o.wait_timeout = Millis(wait_timeout, "wait_timeout");
         if (staging_bytes) o.staging_bytes = *staging_bytes;
+        if (max_workers) o.max_workers = *max_workers;
+        if (replicas && *replicas != 1 && *replicas != 2) {
+          Raise(InvalidArgumentError("replicas=" + std::to_string(*replicas) + " is not 1 or 2"));
+        }
+        if (replicas && *replicas == 1) o.failover_coordinator = {};
+        if ((replicas && *replicas == 2) || coordinator) {
+          // Follow the shard map in the job's coordinator (failover).
+          const Environment e = MakeEnv(env);
+          auto find = [&](const char* k) -> std::string {
+            auto it = e.find(k);
+            return it == e.end() ? std::string() : it->second;
+          };
+          CoordinatorConfig c = o.failover_coordinator;
+          if (coordinator) c.address = *coordinator;
+          if (c.address.empty()) c.address = find("RDMAPS_COORDINATOR");
+          if (c.job_prefix.empty()) c.job_prefix = find("RDMAPS_COORDINATOR_PREFIX");
+          if (c.job_prefix.empty()) c.job_prefix = "rdmaps/job/";
+          if (c.address.empty()) {
+            Raise(InvalidArgumentError(
+                "replicas=2 needs the job's coordinator, where the shard map lives: pass "
+                "coordinator=\"etcd://HOST:PORT\" (or \"dir:/PATH\") or set RDMAPS_COORDINATOR"));
+          }
+          o.failover_coordinator = c;
+        }
         // What "auto" picks, resolved here so that register() knows it.
         if (o.transport.transport == "auto") o.transport.transport = AutoTransport();
         Result<std::unique_ptr<Client>> client = [&] {
@@ -1448,7 +1476,9 @@ void DefineModule(py::module_& m) {
       py::arg("staleness") = py::none(), py::arg("clock_waits") = true,
       py::arg("connect_timeout") = 30.0, py::arg("wait_timeout") = 60.0,
       py::arg("op_timeout") = py::none(), py::arg("staging_bytes") = py::none(),
-      py::arg("env") = py::none(), py::arg("cluster") = py::dict());
+      py::arg("env") = py::none(), py::arg("cluster") = py::dict(),
+      py::arg("max_workers") = py::none(), py::arg("replicas") = py::none(),
+      py::arg("coordinator") = py::none());
 
   py::class_<PyServer>(m, "Server")
       .def_property_readonly("address", &PyServer::address)
@@ -1464,7 +1494,10 @@ void DefineModule(py::module_& m) {
          std::uint32_t num_servers, std::uint32_t num_workers, const std::string& transport,
          const std::string& job_token, bool exit_when_workers_done,
          std::optional<std::uint32_t> push_slots, std::optional<std::uint32_t> push_slot_bytes,
-         std::uint32_t apply_threads, std::optional<double> op_timeout) {
+         std::uint32_t apply_threads, std::optional<double> op_timeout, std::uint32_t max_workers,
+         std::uint32_t replicas, const std::string& replica_role,
+         const std::string& backup_address, const std::string& coordinator,
+         const std::string& coordinator_prefix) {
         ServerOptions o;
         o.transport = MakeTransport(transport, job_token, op_timeout);
         o.listen_address = listen;
@@ -1476,6 +1509,25 @@ void DefineModule(py::module_& m) {
         if (push_slots) o.push_slots = *push_slots;
         if (push_slot_bytes) o.push_slot_bytes = *push_slot_bytes;
         o.apply_threads = apply_threads;
+        o.max_workers = max_workers;
+        o.replicas = replicas;
+        if (replica_role != "primary" && replica_role != "backup") {
+          Raise(InvalidArgumentError("replica_role='" + replica_role +
+                                     "' is not 'primary' or 'backup'"));
+        }
+        o.replica_role = replica_role == "backup" ? ReplicaRole::kBackup : ReplicaRole::kPrimary;
+        o.backup_address = backup_address;
+        if (replicas == 2) {
+          if (coordinator.empty()) {
+            Raise(InvalidArgumentError(
+                "replicas=2 needs the job's coordinator, where the shard map lives: pass "
+                "coordinator=\"etcd://HOST:PORT\", \"dir:/PATH\" or \"memory:NAME\""));
+          }
+          CoordinatorConfig c;
+          c.address = coordinator;
+          c.job_prefix = coordinator_prefix;
+          o.failover = ValueOrRaise(OpenFailoverDecider(c));
+        }
         Result<std::unique_ptr<Server>> s = [&] {
           py::gil_scoped_release release;
           return Server::Start(o);
@@ -1486,7 +1538,10 @@ void DefineModule(py::module_& m) {
       py::arg("num_servers") = 1, py::arg("num_workers") = 1, py::arg("transport") = "tcp",
       py::arg("job_token") = "", py::arg("exit_when_workers_done") = true,
       py::arg("push_slots") = py::none(), py::arg("push_slot_bytes") = py::none(),
-      py::arg("apply_threads") = 0, py::arg("op_timeout") = py::none());
+      py::arg("apply_threads") = 0, py::arg("op_timeout") = py::none(),
+      py::arg("max_workers") = 0, py::arg("replicas") = 1, py::arg("replica_role") = "primary",
+      py::arg("backup_address") = "", py::arg("coordinator") = "",
+      py::arg("coordinator_prefix") = "rdmaps/job/");
 
   // A server of the launcher's layout: start, join the rendezvous when the
   // source needs one, serve until every worker is done.

@@ -757,6 +757,14 @@ Result<ClusterLayout> ResolveCluster(const ClusterOptions& options, const Enviro
     }
     layout.startup_timeout = std::chrono::seconds(*v);
   }
+  if (const auto* r = Find(env, "RDMAPS_REPLICAS")) {
+    if (*r != "1" && *r != "2") {
+      return InvalidArgumentError("RDMAPS_REPLICAS=" + Quote(*r) +
+                                  " is not 1 or 2 (copies of each shard: 2 for a primary and a "
+                                  "backup)");
+    }
+    layout.replicas = *r == "2" ? 2 : 1;
+  }
   {
     std::string kind, identity;
     const bool named = internal::LauncherJobIdentity(env, &kind, &identity);

@@ -1299,6 +1299,11 @@ void TEST_Abandon(Client& client) { static_cast<ClientImpl&>(client).TEST_Abando
 
 Result<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
   try {
+    if (!options.failover && !options.failover_coordinator.address.empty()) {
+      ClientOptions with = options;
+      RDMAPS_ASSIGN_OR_RETURN(with.failover, OpenFailoverDecider(with.failover_coordinator));
+      return Connect(with);
+    }
     auto client = std::make_unique<ClientImpl>(options);
     RDMAPS_RETURN_IF_ERROR(client->Init());
     return std::unique_ptr<Client>(std::move(client));

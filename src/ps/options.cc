@@ -31,6 +31,7 @@ ClientOptions ClientOptions::FromCluster(const ClusterLayout& layout) {
   options.num_workers = static_cast<std::uint32_t>(layout.num_workers);
   options.servers = layout.servers;
   if (layout.startup_timeout.count() > 0) options.connect_timeout = layout.startup_timeout;
+  if (layout.replicas == 2) options.failover_coordinator = layout.coordinator;
   return options;
 }
 

@@ -208,6 +208,11 @@ class ServerImpl final : public Server {
   // (apply thread, after Init); a backup takes the log.
   std::unique_ptr<internal::LogSender> log_sender_;
   std::unique_ptr<internal::LogReceiver> log_receiver_;
+  // A backup's watch of its primary's lease (FailoverDecider::WatchPrimary):
+  // a primary that hangs with its connections open loses its lease, and the
+  // watch drops its log connection, which promotes this backup as a lost
+  // connection does (HandleLog). Ended first in Stop.
+  std::unique_ptr<PrimaryWatch> primary_watch_;
   std::atomic<bool> killed_{false};  // TEST_Kill
   // Apply thread only: per worker the newest seq forwarded to the backup,
   // and PreForward's scratch.
@@ -403,6 +408,12 @@ Status ServerImpl::Init() {
   RDMAPS_ASSIGN_OR_RETURN(address_, endpoint_->Listen(options_.listen_address));
   if (log_receiver_) log_receiver_->set_self(address_);
   if (log_sender_) RDMAPS_RETURN_IF_ERROR(log_sender_->Register(address_, options_.backup_address));
+  if (log_receiver_) {
+    RDMAPS_ASSIGN_OR_RETURN(primary_watch_,
+                            options_.failover->WatchPrimary(options_.server_index, [this] {
+                              if (!killed_.load()) log_receiver_->CloseConnection();
+                            }));
+  }
   running_.store(2);
   accept_thread_ = std::thread([this] {
     AcceptLoop();
@@ -1410,6 +1421,7 @@ Status ServerImpl::RunUntil(Deadline deadline) {
 
 void ServerImpl::Stop() {
   MutexLock stop_lock(stop_mu_);
+  primary_watch_.reset();  // waits for a callback that runs
   {
     MutexLock lock(mu_);
     stopped_ = true;

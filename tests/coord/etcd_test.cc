@@ -21,9 +21,11 @@
 #include <thread>
 #include <vector>
 
+#include "src/cluster/coord_failover.h"
 #include "src/cluster/etcd_coordinator.h"
 #include "src/cluster/lease_keeper.h"
 #include "src/cluster/shard_map.h"
+#include "tests/coord/failover_cases.h"
 
 #ifndef RDMAPS_ETCD_BIN
 #define RDMAPS_ETCD_BIN ""
@@ -362,6 +364,27 @@ TEST_F(EtcdTest, AuthenticatedEtcd) {
   chmod(wrong.c_str(), 0600);
   auto bad = OpenCoordinator(Opts("etcd://" + endpoint_, "", "root", wrong));
   EXPECT_EQ(bad.status().code(), StatusCode::kPermissionDenied) << bad.status();
+}
+
+// The coordinator-backed FailoverDecider across handles of one real etcd
+// (each one a process of the job): one decision per epoch, waiters wake, the
+// primary's lease is watched (tests/coord/failover_cases.h).
+TEST_F(EtcdTest, FailoverDeciderOnEtcd) {
+  auto open = [&]() -> std::shared_ptr<FailoverDecider> {
+    std::shared_ptr<Coordinator> c = Open("failover-job/");
+    if (!c) return nullptr;
+    CoordFailoverOptions o;
+    o.lease_ttl = milliseconds(1000);  // etcd's minimum here (whole seconds)
+    return std::make_shared<CoordFailoverDecider>(c, o);
+  };
+  failover_cases::ConcurrentReportsMakeOneDecision(open);
+  failover_cases::WaiterWakesOnPromotion(open);
+  failover_cases::WatchFiresWhenThePrimaryLeaseGoes(open);
+  // The records are the documented text (etcdctl shows them).
+  auto c = Open("failover-job/");
+  auto r = c->Get(FailoverShardKey(3), In(seconds(5)));
+  ASSERT_TRUE(r.ok() && r->kv) << r.status();
+  EXPECT_EQ(r->kv->value, "rdmaps failover shard v1\nepoch 2\nprimary q:2\nbackup -\n");
 }
 
 }  // namespace

@@ -18,6 +18,7 @@ namespace rdmaps::local {
 struct Job::Child {
   std::string name;
   bool server = false;
+  bool replicated = false;
   pid_t pid = -1;
   Fd out_fd;    // merged stdout+stderr
   Fd ready_fd;  // ready_pipe: fd 3 of the child
@@ -155,6 +156,7 @@ Result<Job::ChildId> Job::Spawn(const ChildSpec& spec) {
   auto c = std::make_unique<Child>();
   c->name = spec.name;
   c->server = spec.server;
+  c->replicated = spec.replicated;
   c->pid = pid;
   c->out_fd = std::move(out_read);
   fcntl(c->out_fd.get(), F_SETFL, O_NONBLOCK);
@@ -222,7 +224,11 @@ void Job::Reap() {
     c.exit_code = ExitCodeOf(status);
     c.signaled = WIFSIGNALED(status);
     c.how = Describe(status);
-    Say(c.name + " (pid " + std::to_string(c.pid) + ") " + c.how);
+    Say(c.name + " (pid " + std::to_string(c.pid) + ") " + c.how +
+        (c.replicated && c.exit_code != 0 && !stopping_
+             ? " (a copy of a replicated shard: the other copy serves it)"
+             : ""));
+    if (c.replicated) continue;
     if (c.exit_code != 0 && (!first || cause_of(c) > cause_of(*first))) first = &c;
   }
   if (!first || stopping_) return;
@@ -265,6 +271,11 @@ void Job::FlushLines(Child& c, bool all) {
     Emit("[" + c.name + "] " + c.out_buf);
     c.out_buf.clear();
   }
+}
+
+void Job::Signal(ChildId id, int sig) {
+  Child& c = *children_[id];
+  if (!c.exit_code) kill(c.pid, sig);
 }
 
 void Job::KillAndForget(const std::vector<ChildId>& ids) {

@@ -63,6 +63,10 @@ struct ChildSpec {
   // A server's failure is taken as the cause of workers' failures around it
   // (see Job::Cause and Job::kSettle).
   bool server = false;
+  // One copy of a replicated shard (rdmaps-local --replicas=2): its death is
+  // said but is not the job's failure (the other copy takes over; when
+  // both go, the workers fail and that is the failure).
+  bool replicated = false;
   // Fd 3 of the child is a pipe to the Job; its first line is ready_line().
   bool ready_pipe = false;
 };
@@ -134,6 +138,9 @@ class Job {
   // kKillWait) until they are reaped; then forgets failure() (their exits
   // and the one that caused this are handled). For restarting some children.
   void KillAndForget(const std::vector<ChildId>& ids);
+
+  // Sends `sig` to the child `id` if it still runs.
+  void Signal(ChildId id, int sig);
 
   // "received SIGINT; stopping every process", StopAll (SIGHUP is forwarded
   // as SIGTERM); returns 128 + sig, the launcher's exit code.

@@ -86,6 +86,7 @@ void AddLayoutEnv(const LaunchOptions& o, std::map<std::string, std::string>& en
     env["TF_CONFIG"] = TfConfig(o, ps, server ? "ps" : "worker", index);
     return;
   }
+  if (o.replicas == 2) env["RDMAPS_REPLICAS"] = "2";
   env["RDMAPS_ROLE"] = server ? "ps" : "worker";
   env["RDMAPS_TASK_INDEX"] = std::to_string(index);
   env["RDMAPS_PS_HOSTS"] = JoinHosts(ps);
@@ -143,6 +144,15 @@ Outcome CheckOptions(const LaunchOptions& o) {
     std::cerr << "rdmaps-local: --max_workers=" << o.max_workers << " must be 0 or at least "
               << "--workers + --join_workers (" << o.workers + o.join_workers
               << "), and --join_workers needs --max_workers (elastic mode)\n";
+    return kExitConfig;
+  }
+  if (o.replicas != 1 && o.replicas != 2) {
+    std::cerr << "rdmaps-local: --replicas must be 1 or 2 (got " << o.replicas << ")\n";
+    return kExitConfig;
+  }
+  if (o.replicas == 2 && (o.restart_servers > 0 || o.layout_env != "rdmaps")) {
+    std::cerr << "rdmaps-local: --replicas=2 works with --layout_env=rdmaps and without "
+                 "--restart_servers (a replicated shard fails over instead of restarting)\n";
     return kExitConfig;
   }
   if (o.layout_env != "rdmaps" && o.layout_env != "tf_config") {
@@ -240,7 +250,47 @@ class Launcher {
 
   // Servers, each to report its address on fd 3. A restart (ps_ known) of
   // server `only` listens on its address and restores the latest checkpoint.
-  Outcome StartServers() { return StartServersOf(-1); }
+  Outcome StartServers() {
+    if (o_.replicas == 2) {
+      if (Outcome rc = StartBackups()) return rc;
+      if (Outcome rc = WaitForReady(backups_, "backups")) return rc;
+      for (ChildId id : backups_) backup_addresses_.push_back(*job_.ready_line(id));
+      job_.Say("backups ready: " + JoinHosts(backup_addresses_));
+    }
+    return StartServersOf(-1);
+  }
+
+  // --replicas=2: the backup of every shard, before its primary.
+  Outcome StartBackups() {
+    const std::vector<std::string> placeholder(static_cast<std::size_t>(o_.servers),
+                                               o_.host + ":0");
+    const std::string binary = ServerBinary(o_);
+    for (int i = 0; i < o_.servers; ++i) {
+      ChildSpec spec{.name = "ps" + std::to_string(i) + "b",
+                     .argv = {binary, "--tables=" + tables_path_, "--ready_fd=3",
+                              "--startup_timeout_s=" + std::to_string(o_.startup_timeout.count()),
+                              "--replicas=2", "--replica_role=backup"},
+                     .env = BaseEnv(),
+                     .server = true,
+                     .replicated = true,
+                     .ready_pipe = true};
+      AddLayoutEnv(o_, spec.env, true, i, placeholder, token_);
+      AddCoordinatorEnv(spec.env);
+      for (auto& arg : SplitArgs(o_.server_args)) spec.argv.push_back(std::move(arg));
+      if (o_.max_workers > 0)
+        spec.argv.push_back("--max_workers=" + std::to_string(o_.max_workers));
+      auto id = job_.Spawn(spec);
+      if (!id.ok()) {
+        job_.Say(id.status().ToString());
+        job_.StopAll();
+        return 1;
+      }
+      backups_.push_back(*id);
+      job_.Say(spec.name + " pid=" + std::to_string(job_.pid(*id)) + " started (backup of shard " +
+               std::to_string(i) + ")");
+    }
+    return std::nullopt;
+  }
   Outcome StartServersOf(int only) {
     const bool restart = !ps_.empty();
     const std::vector<std::string> placeholder(static_cast<std::size_t>(o_.servers),
@@ -254,9 +304,14 @@ class Launcher {
                               "--startup_timeout_s=" + std::to_string(o_.startup_timeout.count())},
                      .env = BaseEnv(),
                      .server = true,
+                     .replicated = o_.replicas == 2,
                      .ready_pipe = true};
       AddLayoutEnv(o_, spec.env, true, i, placeholder, token_);
       AddCoordinatorEnv(spec.env);
+      if (o_.replicas == 2) {
+        spec.argv.push_back("--replicas=2");
+        spec.argv.push_back("--backup_address=" + backup_addresses_[static_cast<std::size_t>(i)]);
+      }
       // Workers reconnect after a server's restart: the others wait for them.
       if (o_.restart_servers > 0) spec.argv.push_back("--rejoin_timeout_s=60");
       for (auto& arg : SplitArgs(o_.server_args)) spec.argv.push_back(std::move(arg));
@@ -279,38 +334,7 @@ class Launcher {
   }
 
   Outcome WaitForAddresses() {
-    auto all_ready = [&] {
-      for (ChildId id : servers_) {
-        if (!job_.ready_line(id)) return false;
-      }
-      return true;
-    };
-    auto one_exited = [&] {
-      for (ChildId id : servers_) {
-        if (job_.exit_code(id)) return true;
-      }
-      return false;
-    };
-    // The job deadline (--timeout_s) counts only once the servers are ready.
-    auto wake = job_.WaitUntil(startup_deadline_, [&] { return all_ready() || one_exited(); });
-    if (wake.reason == Job::Wake::kSignal) return job_.StopForSignal(wake.signal);
-    if (!all_ready()) {
-      for (ChildId id : servers_) {
-        if (auto rc = job_.exit_code(id)) {
-          job_.Say(job_.name(id) + " exited (" + job_.how(id) + ") before it was ready; stopping");
-          job_.StopAll();
-          return *rc != 0 ? *rc : 1;
-        }
-      }
-      std::string missing;
-      for (ChildId id : servers_) {
-        if (!job_.ready_line(id)) missing += " " + job_.name(id);
-      }
-      job_.Say("start-up deadline (" + std::to_string(o_.startup_timeout.count()) +
-               " s) passed; servers never ready:" + missing);
-      job_.StopAll();
-      return kExitTimeout;
-    }
+    if (Outcome rc = WaitForReady(servers_, "servers")) return rc;
     std::vector<std::string> ps;
     for (ChildId id : servers_) ps.push_back(*job_.ready_line(id));
     if (!ps_.empty() && ps != ps_) {
@@ -321,6 +345,43 @@ class Launcher {
     }
     ps_ = ps;
     job_.Say("servers ready: " + JoinHosts(ps_));
+    return std::nullopt;
+  }
+
+  // Until every child of `ids` has written its ready line.
+  Outcome WaitForReady(const std::vector<ChildId>& ids, const std::string& what) {
+    auto all_ready = [&] {
+      for (ChildId id : ids) {
+        if (!job_.ready_line(id)) return false;
+      }
+      return true;
+    };
+    auto one_exited = [&] {
+      for (ChildId id : ids) {
+        if (job_.exit_code(id)) return true;
+      }
+      return false;
+    };
+    // The job deadline (--timeout_s) counts only once the servers are ready.
+    auto wake = job_.WaitUntil(startup_deadline_, [&] { return all_ready() || one_exited(); });
+    if (wake.reason == Job::Wake::kSignal) return job_.StopForSignal(wake.signal);
+    if (!all_ready()) {
+      for (ChildId id : ids) {
+        if (auto rc = job_.exit_code(id)) {
+          job_.Say(job_.name(id) + " exited (" + job_.how(id) + ") before it was ready; stopping");
+          job_.StopAll();
+          return *rc != 0 ? *rc : 1;
+        }
+      }
+      std::string missing;
+      for (ChildId id : ids) {
+        if (!job_.ready_line(id)) missing += " " + job_.name(id);
+      }
+      job_.Say("start-up deadline (" + std::to_string(o_.startup_timeout.count()) + " s) passed; " +
+               what + " never ready:" + missing);
+      job_.StopAll();
+      return kExitTimeout;
+    }
     return std::nullopt;
   }
 
@@ -419,6 +480,9 @@ class Launcher {
 
   // Servers exit by themselves once every worker has closed.
   int TearDown() {
+    // A backup that was never promoted has no workers to wait for, and a
+    // promoted one may wait for workers that finished before it served.
+    for (ChildId id : backups_) job_.Signal(id, SIGTERM);
     const auto servers_by = std::min(job_deadline_, Clock::now() + o_.grace);
     auto wake = job_.WaitUntil(servers_by, [&] { return job_.Live() == 0; });
     if (wake.reason == Job::Wake::kSignal) return job_.StopForSignal(wake.signal);
@@ -448,7 +512,9 @@ class Launcher {
   // Set by the phases, in order.
   std::string tables_path_;
   std::vector<ChildId> servers_;
-  std::vector<std::string> ps_;  // the servers' addresses
+  std::vector<std::string> ps_;   // the servers' addresses
+  std::vector<ChildId> backups_;  // --replicas=2: shard i's backup
+  std::vector<std::string> backup_addresses_;
   std::vector<ChildId> workers_;
   Clock::time_point workers_started_;
   int restarts_ = 0;

@@ -71,6 +71,14 @@ struct LaunchOptions {
   int max_workers = 0;
   int join_workers = 0;
   std::chrono::seconds join_after{0};
+  // Copies of each shard (docs/ps.md, "Replication and failover"): 2 starts
+  // per shard a backup (rdmaps-server --replicas=2 --replica_role=backup)
+  // and then its primary (--backup_address=the backup's address); every
+  // process gets RDMAPS_REPLICAS=2, so workers follow the shard map in the
+  // job's coordinator. A server that dies is then not the end of the job:
+  // the other copy serves its shard. Backups still running when the last
+  // worker has exited are stopped (SIGTERM) at once.
+  int replicas = 1;
   // Print the layout the workers would get, start nothing.
   bool print_layout = false;
   // The worker command.

@@ -42,6 +42,9 @@ DEFINE_int32(restart_servers, 0,
              "give --checkpoint_dir in --server_args) up to this many times; the workers must "
              "reconnect (rdmaps-train --max_recoveries)");
 DEFINE_int32(omit_worker, -1, "fault drill: do not start this worker (its slot stays empty)");
+DEFINE_int32(replicas, 1,
+             "copies of each shard: 2 starts a backup and a primary per shard (rdmaps-server "
+             "--replicas=2); a server that dies is replaced by its shard's other copy");
 DEFINE_bool(print_layout, false, "print the layout the workers would get and exit");
 DEFINE_int32(max_workers, 0,
              "elastic mode: servers keep slots for this many workers, who may join and leave "
@@ -101,6 +104,7 @@ int main(int argc, char** argv) {
   options.max_workers = FLAGS_max_workers;
   options.join_workers = FLAGS_join_workers;
   options.join_after = std::chrono::seconds(FLAGS_join_after_s);
+  options.replicas = FLAGS_replicas;
   options.print_layout = FLAGS_print_layout;
   // No exception reaches std::terminate (tools/common/exit.h).
   return rdmaps::tools::GuardedMain("rdmaps-local", [&] { return rdmaps::local::Launch(options); });

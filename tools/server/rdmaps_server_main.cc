@@ -59,6 +59,7 @@
 #include <vector>
 
 #include "rdmaps/cluster.h"
+#include "rdmaps/failover.h"
 #include "rdmaps/server.h"
 #include "rdmaps/tables_json.h"
 #include "src/base/fd.h"
@@ -128,10 +129,79 @@ DEFINE_string(restore, "",
               "start from a checkpoint: its ckpt-<clock> folder, latest (the newest complete "
               "one under --checkpoint_dir) or auto (latest if there is one, else start fresh); "
               "any number of servers may have written it");
+// Replication and failover (docs/ps.md, "Replication and failover").
+DEFINE_uint32(replicas, 0,
+              "copies of this server's shard: 1, or 2 for a primary and a backup (two "
+              "rdmaps-server processes with the same index; start the backup first). 0: "
+              "$RDMAPS_REPLICAS, else 1");
+DEFINE_string(replica_role, "primary",
+              "with --replicas=2: primary (serves workers, forwards every push to its backup) "
+              "or backup (applies the primary's log; serves once promoted)");
+DEFINE_string(backup_address, "",
+              "a primary with --replicas=2: HOST:PORT of its backup (the backup's ready line)");
+DEFINE_string(coordinator, "",
+              "the job's coordinator, where the shard map and the primaries' leases live: "
+              "etcd://HOST:PORT[,...], dir:/PATH (one machine) (default: $RDMAPS_COORDINATOR)");
+DEFINE_int32(lease_ttl_ms, 750,
+             "a replicated primary's lease: one that stops renewing it (hung, SIGSTOPped) is "
+             "replaced by its backup within about this long");
+// Re-protection (a replacement server becoming the new backup): its
+// ServerOptions fields get their flags here.
 DEFINE_int32(ready_fd, -1, "write \"host:port\\n\" to this fd when ready (used by rdmaps-local)");
 DEFINE_int32(run_timeout_s, 0, "give up (exit 1) after this long serving; 0: no limit");
 
 namespace {
+
+// --replicas, --replica_role, --backup_address, --coordinator and
+// --lease_ttl_ms onto ServerOptions (replicas, replica_role,
+// backup_address, failover); InvalidArgument naming the flag to fix.
+rdmaps::Status ApplyReplicationFlags(const rdmaps::ClusterLayout& layout,
+                                     rdmaps::ServerOptions* so) {
+  const std::uint32_t replicas =
+      FLAGS_replicas != 0 ? FLAGS_replicas : static_cast<std::uint32_t>(layout.replicas);
+  if (replicas != 1 && replicas != 2) {
+    return rdmaps::InvalidArgumentError("--replicas=" + std::to_string(replicas) +
+                                        " is not 1 or 2");
+  }
+  const bool role_given = !gflags::GetCommandLineFlagInfoOrDie("replica_role").is_default;
+  if (FLAGS_replica_role != "primary" && FLAGS_replica_role != "backup") {
+    return rdmaps::InvalidArgumentError("--replica_role=" + FLAGS_replica_role +
+                                        " is not primary or backup");
+  }
+  if (replicas == 1) {
+    if (role_given || !FLAGS_backup_address.empty()) {
+      return rdmaps::InvalidArgumentError(
+          "--replica_role and --backup_address need --replicas=2 (or RDMAPS_REPLICAS=2)");
+    }
+    return rdmaps::Status::OK();
+  }
+  so->replicas = 2;
+  so->replica_role =
+      FLAGS_replica_role == "backup" ? rdmaps::ReplicaRole::kBackup : rdmaps::ReplicaRole::kPrimary;
+  if (so->replica_role == rdmaps::ReplicaRole::kPrimary && FLAGS_backup_address.empty()) {
+    return rdmaps::InvalidArgumentError(
+        "a primary with --replicas=2 needs --backup_address=HOST:PORT of its backup (start the "
+        "backup first, with --replica_role=backup; its ready line is its address)");
+  }
+  if (so->replica_role == rdmaps::ReplicaRole::kBackup && !FLAGS_backup_address.empty()) {
+    return rdmaps::InvalidArgumentError("--backup_address is a primary's flag, not a backup's");
+  }
+  so->backup_address = FLAGS_backup_address;
+  rdmaps::CoordinatorConfig coordinator = layout.coordinator;
+  if (!FLAGS_coordinator.empty()) coordinator.address = FLAGS_coordinator;
+  if (coordinator.job_prefix.empty()) coordinator.job_prefix = "rdmaps/job/";
+  auto decider =
+      rdmaps::OpenFailoverDecider(coordinator, std::chrono::milliseconds(FLAGS_lease_ttl_ms));
+  if (!decider.ok()) return decider.status().WithContext("--replicas=2");
+  so->failover = std::move(*decider);
+  LOG(INFO) << "replicated shard " << so->server_index << ": "
+            << (so->replica_role == rdmaps::ReplicaRole::kBackup
+                    ? std::string("backup")
+                    : "primary, backup at " + so->backup_address)
+            << ", shard map in " << coordinator.address << " (prefix " << coordinator.job_prefix
+            << "), lease " << FLAGS_lease_ttl_ms << " ms";
+  return rdmaps::Status::OK();
+}
 
 using rdmaps::ClusterLayout;
 using rdmaps::Environment;
@@ -483,6 +553,10 @@ int RealMain(SignalThread& signals) {
   }
   so.restore = FLAGS_restore;
   so.rejoin_timeout = std::chrono::seconds(std::max(0, FLAGS_rejoin_timeout_s));
+  if (rdmaps::Status rs = ApplyReplicationFlags(layout, &so); !rs.ok()) {
+    LOG(ERROR) << rs;
+    return kExitConfig;
+  }
 
   std::unique_ptr<rdmaps::Server> server;
   if (layout.needs_rendezvous && layout.index < 0) {
@@ -642,8 +716,9 @@ int RealMain(SignalThread& signals) {
     close(FLAGS_ready_fd);
   }
 
-  // Start-up deadline: every worker must connect in time.
-  while (signals.received() == 0) {
+  // Start-up deadline: every worker must connect in time (not to a backup:
+  // workers come to it once it is promoted).
+  while (signals.received() == 0 && so.replica_role != rdmaps::ReplicaRole::kBackup) {
     auto st = server->stats();
     if (st.workers_connected >= so.num_workers) break;
     if (std::chrono::steady_clock::now() >= startup_deadline) {
@@ -659,7 +734,7 @@ int RealMain(SignalThread& signals) {
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  if (signals.received() == 0) {
+  if (signals.received() == 0 && so.replica_role != rdmaps::ReplicaRole::kBackup) {
     LOG(INFO) << layout.name() << ": all " << so.num_workers << " workers connected";
   }
 

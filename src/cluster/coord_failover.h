@@ -1,0 +1,112 @@
+// The FailoverDecider (rdmaps/failover.h) kept in the job's Coordinator, so
+// that the servers and workers of many hosts decide from one state (etcd
+// across hosts, "dir:" on one machine, "memory:" in tests).
+//
+// == Records ==
+// Each shard has one record under "failover/shard/<i>":
+//
+//   rdmaps failover shard v1
+//   epoch 3
+//   primary 10.0.0.5:7470
+//   backup 10.0.0.6:7470        ("backup -" when the shard has one copy)
+//
+// Exactly these lines, each ending in '\n'; the epoch a decimal without sign
+// or leading zeros, >= 1; an address 1..kMaxFailoverAddressBytes printable
+// characters without spaces. A record that does not parse is DataLoss
+// (naming the key), never a guess.
+//
+// Every decision (a promotion, a primary going on alone) is ONE
+// compare-and-swap on the record's mod_revision, derived from the record at
+// the epoch the reporter knows: two reporters that saw the same epoch can
+// never both win (the loser re-reads and gets the winner's entry). Epochs
+// are per shard: a failover of shard 0 does not move shard 1.
+//
+// == Leases (detection beyond connection loss) ==
+// The primary of a replicated shard (Register with a backup) holds a lease
+// (LeaseKeeper, TTL `lease_ttl`, default 750 ms) with the key
+// "failover/lease/<i>" = its address. A primary that hangs with its
+// connections open (SIGSTOP, a pause) stops renewing; the key vanishes
+// within the TTL, and the backup's WatchPrimary fires: the backup then
+// drops its primary's connection, which runs the same decision as a lost
+// connection (ReportPrimaryLost). When the hung primary resumes, the backup
+// has closed its log connection and deregistered its ring: its next log
+// write fails, it asks the decider, and the entry names another primary, so
+// it is fenced (acknowledges nothing more). Its lease keeper has lost the
+// lease too (logged).
+//
+// Thread safety: safe for concurrent use by many threads.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "rdmaps/failover.h"
+#include "src/base/mutex.h"
+#include "src/cluster/coordinator.h"
+#include "src/cluster/lease_keeper.h"
+
+namespace rdmaps::internal {
+
+inline constexpr std::size_t kMaxFailoverAddressBytes = 256;
+
+std::string FailoverShardKey(std::uint32_t shard);
+std::string FailoverLeaseKey(std::uint32_t shard);
+std::string EncodeFailoverRecord(const ::rdmaps::ShardAssignment& a);
+// `shard` is the record's shard (not stored in the text).
+Result<::rdmaps::ShardAssignment> ParseFailoverRecord(std::uint32_t shard, std::string_view text);
+
+struct CoordFailoverOptions {
+  // Each coordinator call's deadline.
+  std::chrono::milliseconds call_timeout{5000};
+  // The primary's lease (the detection bound of a hung primary).
+  std::chrono::milliseconds lease_ttl = kDefaultLeaseTtl;
+};
+
+class CoordFailoverDecider final : public FailoverDecider {
+ public:
+  CoordFailoverDecider(std::shared_ptr<Coordinator> coord, CoordFailoverOptions options = {});
+  ~CoordFailoverDecider() override;
+
+  Result<::rdmaps::ShardAssignment> Register(std::uint32_t shard, const std::string& primary,
+                                             const std::string& backup) override;
+  Result<::rdmaps::ShardAssignment> Current(std::uint32_t shard) override;
+  Result<::rdmaps::ShardAssignment> ReportPrimaryLost(std::uint32_t shard, std::uint64_t epoch,
+                                                      const std::string& reporter) override;
+  Result<::rdmaps::ShardAssignment> ReportBackupLost(std::uint32_t shard, std::uint64_t epoch,
+                                                     const std::string& reporter) override;
+  Result<::rdmaps::ShardAssignment> WaitForEpochAfter(
+      std::uint32_t shard, std::uint64_t epoch,
+      std::chrono::steady_clock::time_point deadline) override;
+  Result<std::unique_ptr<PrimaryWatch>> WatchPrimary(std::uint32_t shard,
+                                                     std::function<void()> on_lost) override;
+
+  Coordinator& coordinator() { return *coord_; }
+
+ private:
+  struct Read {
+    std::optional<::rdmaps::ShardAssignment> entry;
+    std::int64_t mod_revision = 0;
+    std::int64_t revision = 0;
+  };
+  Result<Read> ReadEntry(std::uint32_t shard, CoordDeadline deadline);
+  // The CAS loop of both reports: `decide` changes the entry (true) or
+  // leaves it (false: the answer is the entry as it is).
+  Result<::rdmaps::ShardAssignment> Decide(
+      std::uint32_t shard, const std::function<bool(::rdmaps::ShardAssignment&)>& decide);
+  CoordDeadline CallDeadline() const { return CoordClock::now() + options_.call_timeout; }
+
+  // Constant after construction.
+  const std::shared_ptr<Coordinator> coord_;
+  const CoordFailoverOptions options_;
+
+  Mutex mu_;
+  // The leases of the primaries this process registered, by shard.
+  std::map<std::uint32_t, std::unique_ptr<LeaseKeeper>> leases_ RDMAPS_GUARDED_BY(mu_);
+};
+
+}  // namespace rdmaps::internal

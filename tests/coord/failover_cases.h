@@ -1,0 +1,118 @@
+// Cases of the coordinator-backed FailoverDecider that run the same on every
+// Coordinator (the memory store in coord_failover_test, a real etcd in
+// coord_etcd_test). `open` gives a new decider on a new handle of the same
+// store, as another process of the job would have.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "rdmaps/failover.h"
+
+namespace rdmaps::internal::failover_cases {
+
+using OpenDecider = std::function<std::shared_ptr<FailoverDecider>()>;
+
+// Both survivors of shard 0 and several copies of each report at once at
+// epoch 1: exactly one decision is made (epoch 2, not 3), every reporter
+// gets that one entry, and shard 1 does not move.
+inline void ConcurrentReportsMakeOneDecision(const OpenDecider& open) {
+  auto first = open();
+  ASSERT_TRUE(first);
+  ASSERT_TRUE(first->Register(0, "a:1", "b:2").ok());
+  ASSERT_TRUE(first->Register(1, "b:2", "a:1").ok());
+  constexpr int kReporters = 6;  // even: primaries, odd: backups
+  std::vector<std::shared_ptr<FailoverDecider>> deciders;
+  for (int i = 0; i < kReporters; ++i) deciders.push_back(open());
+  std::vector<::rdmaps::ShardAssignment> answers(kReporters);
+  std::vector<std::string> errors(kReporters);
+  std::atomic<int> ready{0};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kReporters; ++i) {
+    threads.emplace_back([&, i] {
+      ++ready;
+      while (ready.load() < kReporters) std::this_thread::yield();
+      auto r = i % 2 == 0 ? deciders[i]->ReportBackupLost(0, 1, "a:1")
+                          : deciders[i]->ReportPrimaryLost(0, 1, "b:2");
+      if (r.ok()) {
+        answers[i] = *r;
+      } else {
+        errors[i] = r.status().ToString();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (const auto& e : errors) EXPECT_EQ(e, "");
+  auto now = first->Current(0);
+  ASSERT_TRUE(now.ok()) << now.status();
+  EXPECT_EQ(now->epoch, 2u);
+  EXPECT_TRUE(now->backup.empty());
+  EXPECT_TRUE(now->primary == "a:1" || now->primary == "b:2") << now->primary;
+  for (const auto& a : answers) {
+    EXPECT_EQ(a.epoch, 2u);
+    EXPECT_EQ(a.primary, now->primary);
+    EXPECT_EQ(a.backup, "");
+  }
+  // A report at the old epoch changes nothing any more.
+  auto late = open()->ReportPrimaryLost(0, 1, "b:2");
+  ASSERT_TRUE(late.ok()) << late.status();
+  EXPECT_EQ(late->epoch, 2u);
+  auto other = first->Current(1);
+  ASSERT_TRUE(other.ok());
+  EXPECT_EQ(other->epoch, 1u);
+  EXPECT_EQ(other->primary, "b:2");
+}
+
+// A worker waiting for a new epoch wakes on another process's decision.
+inline void WaiterWakesOnPromotion(const OpenDecider& open) {
+  auto server = open();
+  auto worker = open();
+  ASSERT_TRUE(server->Register(3, "p:1", "q:2").ok());
+  auto before = worker->WaitForEpochAfter(
+      3, 1, std::chrono::steady_clock::now() + std::chrono::milliseconds(50));
+  EXPECT_EQ(before.status().code(), StatusCode::kTimedOut) << before.status();
+  Result<::rdmaps::ShardAssignment> woke = InternalError("not run");
+  std::thread waiter([&] {
+    woke = worker->WaitForEpochAfter(3, 1,
+                                     std::chrono::steady_clock::now() + std::chrono::seconds(20));
+  });
+  auto promoted = open()->ReportPrimaryLost(3, 1, "q:2");
+  waiter.join();
+  ASSERT_TRUE(promoted.ok()) << promoted.status();
+  ASSERT_TRUE(woke.ok()) << woke.status();
+  EXPECT_EQ(woke->epoch, 2u);
+  EXPECT_EQ(woke->primary, "q:2");
+}
+
+// The primary's lease: a backup's watch fires once the primary stops
+// holding it (here: its process's decider goes, which revokes it).
+inline void WatchFiresWhenThePrimaryLeaseGoes(const OpenDecider& open) {
+  auto primary = open();
+  auto backup = open();
+  ASSERT_TRUE(primary->Register(5, "p:1", "q:2").ok());
+  std::atomic<int> fired{0};
+  auto watch = backup->WatchPrimary(5, [&] { ++fired; });
+  ASSERT_TRUE(watch.ok()) << watch.status();
+  ASSERT_TRUE(*watch);
+  // Not while the lease is held (it is renewed across several TTLs).
+  auto held = backup->WaitForEpochAfter(
+      5, 1, std::chrono::steady_clock::now() + std::chrono::milliseconds(1600));
+  EXPECT_EQ(held.status().code(), StatusCode::kTimedOut);
+  EXPECT_EQ(fired.load(), 0);
+  primary.reset();
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (fired.load() == 0 && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));  // polling a flag, with a deadline
+  }
+  EXPECT_EQ(fired.load(), 1);
+  watch->reset();
+  EXPECT_EQ(fired.load(), 1);
+}
+
+}  // namespace rdmaps::internal::failover_cases
