@@ -1532,6 +1532,12 @@ void ServerImpl::CatchupStep() {
   // In sync: every record the primary sent is applied; from now on each
   // is applied as it comes. The primary may count this server now.
   c.phase = Phase::kSynced;
+  const double secs =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - c.start).count();
+  {
+    MutexLock lock(mu_);  // (before the primary can name this server)
+    stats_.catchup_seconds = secs;
+  }
   std::byte* word = c.region.get() + sizeof(internal::RejoinOffer) + 96;
   const std::uint64_t applied = log_receiver_->applied();
   std::memcpy(word, &applied, sizeof(applied));
@@ -1544,12 +1550,6 @@ void ServerImpl::CatchupStep() {
     c.phase = Phase::kApplying;  // (FailCatchup's precondition)
     FailCatchup(st.WithContext("telling the primary it is in sync"));
     return;
-  }
-  const double secs =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - c.start).count();
-  {
-    MutexLock lock(mu_);
-    stats_.catchup_seconds = secs;
   }
   RDMAPS_LOG(INFO) << "ps server " << options_.server_index
                    << ": replacement backup in sync at log "
