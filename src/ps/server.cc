@@ -1271,7 +1271,7 @@ void ServerImpl::ServeRejoin() {
         for (std::uint64_t r = 0; r < t.shard.count; ++r) std::memcpy(p + r * rb, t.data(r), rb);
       }
       p += t.shard.count * rb;
-      std::memcpy(p, t.state.data(), t.state.size() * sizeof(float));
+      if (!t.state.empty()) std::memcpy(p, t.state.data(), t.state.size() * sizeof(float));
       p += t.state.size() * sizeof(float);
     }
     if (!log_sender_->AttachCandidate(in->conn, in->offer.log, address).ok()) {
@@ -1487,8 +1487,10 @@ bool ServerImpl::CatchupLog(const transport::Notification& n) {
   // primary sent), so that applying it reads nothing outside.
   const std::size_t want = UsedBytes(rec.header) - sizeof(SlotHeader);
   Catchup::Stashed s{rec.worker, rec.header, std::vector<std::byte>(want)};
-  std::memcpy(s.payload.data(), rec.payload,
-              std::min<std::size_t>(want, rec.bytes - sizeof(SlotHeader)));
+  if (want > 0) {
+    std::memcpy(s.payload.data(), rec.payload,
+                std::min<std::size_t>(want, rec.bytes - sizeof(SlotHeader)));
+  }
   log_receiver_->Release();
   c.stash_bytes += want + sizeof(s);
   c.stash.push_back(std::move(s));
@@ -1589,7 +1591,7 @@ Status ServerImpl::LoadSnapshot(const std::byte* snap) {
       for (std::uint64_t r = 0; r < t.shard.count; ++r) std::memcpy(t.data(r), p + r * rb, rb);
     }
     p += t.shard.count * rb;
-    std::memcpy(t.state.data(), p, t.state.size() * sizeof(float));
+    if (!t.state.empty()) std::memcpy(t.state.data(), p, t.state.size() * sizeof(float));
     p += t.state.size() * sizeof(float);
     for (std::uint64_t b = 0; b < t.geometry.blocks(); ++b) t.Seal(b);
   }
