@@ -40,7 +40,7 @@ std::vector<TableOptions> Tables() {
   // "count": SGD lr 1, every push adds 1 (the counting table); "adam": state
   // beside the rows, which the replacement must copy and then keep equal.
   return {MakeTable(1, "count", kRows, kDim),
-          MakeTable(2, "adam", 200, 16, kAsp, Initializer::Normal(0, 0.1f, 5),
+          MakeTable(2, "adam", 100, 16, kAsp, Initializer::Normal(0, 0.1f, 5),
                     OptimizerOptions::Adam(0.01f))};
 }
 
@@ -83,13 +83,13 @@ class Job {
         Client& cl = *clients[w];
         const std::vector<float> minus_one(kRows * kDim, -1.0f);
         const std::vector<std::uint64_t> ids = {3};
-        std::vector<float> g(200 * 16);
+        std::vector<float> g(100 * 16);
         Status st;
         for (int it = 0; it < iters && st.ok(); ++it) {
           for (std::size_t i = 0; i < g.size(); ++i) g[i] = float((i * 7 + it + w) % 13) - 6;
           st = cl.Push(1, RowRange{0, kRows}, minus_one);
           if (st.ok()) st = cl.Push(1, ids, {minus_one.data(), kDim});
-          if (st.ok()) st = cl.Push(2, RowRange{0, 200}, g);
+          if (st.ok()) st = cl.Push(2, RowRange{0, 100}, g);
           if (st.ok() && it % 8 == 7) st = cl.Clock().status();
           if (st.ok() && it % 16 == 15) st = cl.Flush();
         }
@@ -168,7 +168,7 @@ TEST_P(ReprotectTest, ReplacementCatchesUpBecomesBackupAndTakesOver) {
   job.Start(2);
   ASSERT_FALSE(HasFatalFailure());
   // 1. The primary dies under load; the backup serves alone (epoch 2).
-  job.Push(120);
+  job.Push(80);
   Server& first = *job.servers[0];
   ASSERT_TRUE(Eventually([&] { return first.stats().pushes_applied >= 60; }));
   internal::TEST_Kill(first);
@@ -192,7 +192,7 @@ TEST_P(ReprotectTest, ReplacementCatchesUpBecomesBackupAndTakesOver) {
   EXPECT_EQ(protected_at.primary, promoted.address());
   // (Counted just after the decision.)
   EXPECT_TRUE(Eventually([&] { return promoted.stats().reprotections == 1; }));
-  EXPECT_GT(replacement.stats().catchup_bytes, 200u * 16 * 4 * 3);  // rows, m, v at least
+  EXPECT_GT(replacement.stats().catchup_bytes, 100u * 16 * 4 * 3);  // rows, m, v at least
   EXPECT_GT(replacement.stats().catchup_seconds, 0.0);
   job.Join();
   ASSERT_FALSE(HasFatalFailure());
@@ -203,7 +203,7 @@ TEST_P(ReprotectTest, ReplacementCatchesUpBecomesBackupAndTakesOver) {
   // 4. More pushes, during which the new primary dies: the replacement
   //    takes over with every acknowledged push.
   const std::uint64_t before = promoted.stats().pushes_applied;
-  job.Push(120);
+  job.Push(80);
   ASSERT_TRUE(Eventually([&] { return promoted.stats().pushes_applied >= before + 200; }));
   internal::TEST_Kill(promoted);
   job.Join();
@@ -222,7 +222,7 @@ TEST_P(ReprotectTest, ReplacementKilledDuringCatchUpLeavesThePrimaryServing) {
   internal::TEST_Kill(*job.servers[0]);
   Server& promoted = *job.servers[1];
   // (The first push meets the dead primary and fails over.)
-  job.Push(40);
+  job.Push(24);
   job.Join();
   ASSERT_FALSE(HasFatalFailure());
   ASSERT_EQ(job.decider->Current(0)->primary, promoted.address());
@@ -233,7 +233,7 @@ TEST_P(ReprotectTest, ReplacementKilledDuringCatchUpLeavesThePrimaryServing) {
   ASSERT_TRUE(r.ok()) << r.status();
   // Pushes are acknowledged meanwhile (each waits for the candidate's ring,
   // which it drains into its stash).
-  job.Push(40);
+  job.Push(24);
   job.Join();
   ASSERT_FALSE(HasFatalFailure());
   EXPECT_EQ((*r)->stats().log_records, 0u) << "a held replacement applied records";
@@ -243,7 +243,7 @@ TEST_P(ReprotectTest, ReplacementKilledDuringCatchUpLeavesThePrimaryServing) {
   internal::TEST_Kill(**r);
   internal::TEST_HoldCatchup(false);
   // The primary goes on alone; nothing is lost, nothing is decided.
-  job.Push(40);
+  job.Push(24);
   job.Join();
   ASSERT_FALSE(HasFatalFailure());
   job.ExpectCounted();
