@@ -276,8 +276,8 @@ bool IsRemoteAccessError(const Status& s);
 // Who is on the other end of a Connection, from the handshake.
 struct PeerInfo {
   std::uint32_t peer_id = 0;
-  // Names this connection among the endpoint's (non-zero on the accepting
-  // side): its notifications carry the same value, so a consumer attributes
+  // Names this connection among the endpoint's (non-zero on both sides on
+  // every backend): its notifications carry the same value, so a consumer attributes
   // an immediate or a disconnect to the connection it authenticated, not to
   // whichever connection claimed the same peer_id.
   std::uint64_t connection = 0;

@@ -75,6 +75,17 @@ class FailoverDecider {
   // not named in it is fenced and must acknowledge nothing more.
   virtual Result<ShardAssignment> ReportBackupLost(std::uint32_t shard, std::uint64_t epoch,
                                                    const std::string& reporter) = 0;
+  // Re-protection: the primary `primary` of `shard`, serving alone at
+  // `epoch`, has a new backup `backup` whose state equals its own (copied,
+  // then caught up from the log): when that is still the current entry
+  // (`primary` named, no backup) it gets `backup` at epoch + 1. Returns the
+  // entry after the decision; the backup counts only when it names it.
+  // The default: NotSupported (a decider that cannot re-protect).
+  virtual Result<ShardAssignment> AddBackup(std::uint32_t shard, std::uint64_t epoch,
+                                            const std::string& primary, const std::string& backup) {
+    (void)shard, (void)epoch, (void)primary, (void)backup;
+    return NotSupportedError("this FailoverDecider cannot add a backup (re-protection)");
+  }
   // Waits until the entry of `shard` has an epoch above `epoch` and returns
   // it; TimedOut at `deadline`.
   virtual Result<ShardAssignment> WaitForEpochAfter(

@@ -137,6 +137,14 @@ struct ServerOptions {
   // asks who serves next (the job's coordinator, or
   // rdmaps::NewEmbeddedFailoverDecider() in one process).
   std::shared_ptr<FailoverDecider> failover;
+  // Re-protection (docs/ps.md, "Re-protection"): a replacement backup
+  // (replica_role = kBackup, replicas = 2, `failover` set) of a shard that
+  // runs with one copy after a failover: the address of the shard's
+  // current primary. The replacement connects to it, copies the shard
+  // from a snapshot the primary takes at a log index, catches up from the
+  // log and, once equal, becomes the shard's backup (a new epoch in the
+  // shard map). Empty: an initial backup, which its primary connects to.
+  std::string rejoin_as_backup_of;
 
   // The options a server of `layout` (role kServer) starts with: the
   // layout's transport (when it names one) and job token, listen_address,

@@ -50,6 +50,13 @@ struct ServerStats {
   // Replication: slots forwarded to the backup (a primary) or applied from
   // the primary's log (a backup).
   std::uint64_t log_records = 0;
+  // Re-protection, on a replacement backup: bytes of shard state (rows,
+  // optimizer state, worker words) copied from the primary's snapshot, and
+  // the time from its Start until it was in sync (0 until then).
+  std::uint64_t catchup_bytes = 0;
+  double catchup_seconds = 0;
+  // On a primary: re-protections that completed (a new backup counts).
+  std::uint32_t reprotections = 0;
 };
 
 class Server {

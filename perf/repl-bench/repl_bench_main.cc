@@ -7,6 +7,15 @@
 //            alternating, --repeat times; median pushes/s of each and the
 //            ratio replicated / unreplicated. Each run ends with a Flush,
 //            so every push counted is acknowledged.
+//   catchup  --catchup_repeat times: a replicated shard of an Adam table of
+//            --catchup_mib MiB of rows loses its primary; the promoted
+//            backup serves alone while a worker keeps pushing; a
+//            replacement backup (ServerOptions::rejoin_as_backup_of) is
+//            started and timed until the shard map names it (copied and
+//            caught up). Reported: bytes of shard state copied (rows,
+//            optimizer state, worker words) per second until in sync, and
+//            a memcpy of the same bytes measured in the same run; pushes
+//            acknowledged during the catch-up.
 //   failover --drills times: a replicated shard and a worker pushing 1 KiB;
 //            the primary Server is destroyed (its connections close, as
 //            when its process dies); the time from then until the worker's
@@ -16,12 +25,15 @@
 #include <gflags/gflags.h>
 
 #include <algorithm>
+#include <atomic>
 #include <charconv>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "rdmaps/client.h"
@@ -34,6 +46,8 @@ DEFINE_string(push_bytes_list, "4194304,1024", "push sizes to measure, in bytes 
 DEFINE_double(seconds, 1.0, "target duration of each push run");
 DEFINE_int32(repeat, 3, "push runs of each kind (median reported)");
 DEFINE_int32(drills, 20, "failover drills");
+DEFINE_int32(catchup_mib, 64, "catch-up: MiB of table rows (Adam: the state doubles it); 0 skips");
+DEFINE_int32(catchup_repeat, 3, "catch-up runs (median reported)");
 DEFINE_bool(json, false, "print one JSON object instead of a table");
 
 namespace {
@@ -156,6 +170,91 @@ double Drill() {
   return ms;
 }
 
+struct Catchup {
+  // seconds: from Server::Start of the replacement (its own tables
+  // allocated and initialised first) until the shard map names it;
+  // sync_seconds: from its connect to the primary until it was in sync.
+  double bytes = 0, seconds = 0, sync_seconds = 0, memcpy_bytes_per_s = 0;
+  std::uint64_t pushes_during = 0;
+};
+
+// Bytes per second of memcpy of `bytes` (both buffers faulted in first), best of 3.
+double MemcpyRate(std::size_t bytes) {
+  std::vector<char> src(bytes, 1), dst(bytes, 0);
+  double best = 0;
+  for (int i = 0; i < 3; ++i) {
+    const auto t0 = Clock::now();
+    std::memcpy(dst.data(), src.data(), bytes);
+    const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+    best = std::max(best, static_cast<double>(bytes) / secs);
+    src[i] = dst[bytes - 1 - i];  // (keeps the copies observable)
+  }
+  return best;
+}
+
+// Primary lost, a replacement copies the shard while a worker pushes.
+Catchup CatchupRun() {
+  rdmaps::TableOptions t;
+  t.id = 1;
+  t.name = "t";
+  t.dim = 256;
+  t.rows = std::uint64_t(FLAGS_catchup_mib) * (1 << 20) / (t.dim * 4);
+  t.layout = rdmaps::RowLayout::kDense;
+  t.optimizer = rdmaps::OptimizerOptions::Adam(0.001f);
+  Shard s = StartShard(t, true);
+  const std::vector<float> g(16 * 256, 1e-3f);
+  for (int i = 0; i < 4; ++i) {
+    if (auto st = s.client->Push(1, {0, 16}, g); !st.ok()) Die("Push", st);
+  }
+  if (auto st = s.client->Flush(); !st.ok()) Die("Flush", st);
+  s.primary.reset();  // the backup takes over; the shard has one copy
+  if (auto st = s.client->Push(1, {0, 16}, g); !st.ok()) Die("Push after the kill", st);
+  if (auto st = s.client->Flush(); !st.ok()) Die("Flush after the kill", st);
+  const std::string primary = Must(s.decider->Current(0), "reading the shard map").primary;
+  // Training goes on: 16 KiB pushes over the rows, Flush every 16.
+  std::atomic<bool> stop{false};
+  std::atomic<std::uint64_t> acked{0};
+  std::thread worker([&] {
+    for (std::uint64_t i = 0; !stop.load(); ++i) {
+      const std::uint64_t first = (i * 16) % (t.rows - 16);
+      if (auto st = s.client->Push(1, {first, 16}, g); !st.ok()) Die("Push during catch-up", st);
+      if (i % 16 == 15) {
+        if (auto st = s.client->Flush(); !st.ok()) Die("Flush during catch-up", st);
+        acked.store(i + 1);
+      }
+    }
+  });
+  ServerOptions r;
+  r.transport.transport = FLAGS_transport;
+  r.transport.job_token = "repl-bench";
+  r.listen_address = Listen();
+  r.tables = {t};
+  r.exit_when_workers_done = false;
+  r.replicas = 2;
+  r.replica_role = rdmaps::ReplicaRole::kBackup;
+  r.failover = s.decider;
+  r.rejoin_as_backup_of = primary;
+  const std::uint64_t acked0 = acked.load();
+  const auto t0 = Clock::now();
+  auto replacement = Must(Server::Start(r), "starting the replacement");
+  while (Must(s.decider->Current(0), "reading the shard map").backup != replacement->address()) {
+    if (Clock::now() - t0 > std::chrono::seconds(120)) {
+      Die("catch-up", rdmaps::TimedOutError("the replacement was not in sync within 120 s"));
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+  Catchup c;
+  c.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  c.pushes_during = acked.load() - acked0;
+  stop.store(true);
+  worker.join();
+  c.bytes = static_cast<double>(replacement->stats().catchup_bytes);
+  c.sync_seconds = replacement->stats().catchup_seconds;
+  c.memcpy_bytes_per_s = MemcpyRate(replacement->stats().catchup_bytes);
+  (void)s.client->Close();
+  return c;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -192,6 +291,18 @@ int main(int argc, char** argv) {
     }
     rows.push_back({b, Median(plain), Median(repl)});
   }
+  std::vector<Catchup> catchups;
+  for (int i = 0; FLAGS_catchup_mib > 0 && i < FLAGS_catchup_repeat; ++i) {
+    catchups.push_back(CatchupRun());
+  }
+  std::sort(catchups.begin(), catchups.end(), [](const Catchup& a, const Catchup& b) {
+    return a.bytes / a.seconds < b.bytes / b.seconds;
+  });
+  const Catchup cu = catchups.empty() ? Catchup{} : catchups[catchups.size() / 2];
+  const double cu_rate = cu.seconds > 0 ? cu.bytes / cu.seconds : 0;
+  const double cu_ratio = cu.memcpy_bytes_per_s > 0 ? cu_rate / cu.memcpy_bytes_per_s : 0;
+  const double sync_rate = cu.sync_seconds > 0 ? cu.bytes / cu.sync_seconds : 0;
+  const double sync_ratio = cu.memcpy_bytes_per_s > 0 ? sync_rate / cu.memcpy_bytes_per_s : 0;
   std::vector<double> drills;
   for (int i = 0; i < FLAGS_drills; ++i) drills.push_back(Drill());
   std::sort(drills.begin(), drills.end());
@@ -206,7 +317,13 @@ int main(int argc, char** argv) {
           i ? "," : "", static_cast<unsigned long long>(rows[i].bytes), rows[i].plain,
           rows[i].replicated, rows[i].replicated / rows[i].plain);
     }
-    std::printf("],\"failover\":{\"drills\":%zu,\"p50_ms\":%.2f,\"max_ms\":%.2f}}\n", drills.size(),
+    std::printf(
+        "],\"catchup\":{\"runs\":%zu,\"bytes\":%.0f,\"seconds\":%.4f,\"bytes_per_s\":%.0f,"
+        "\"sync_seconds\":%.4f,\"sync_bytes_per_s\":%.0f,\"sync_ratio\":%.4f,"
+        "\"memcpy_bytes_per_s\":%.0f,\"ratio\":%.4f,\"pushes_during\":%llu}",
+        catchups.size(), cu.bytes, cu.seconds, cu_rate, cu.sync_seconds, sync_rate, sync_ratio,
+        cu.memcpy_bytes_per_s, cu_ratio, static_cast<unsigned long long>(cu.pushes_during));
+    std::printf(",\"failover\":{\"drills\":%zu,\"p50_ms\":%.2f,\"max_ms\":%.2f}}\n", drills.size(),
                 p50, max);
     return 0;
   }
@@ -217,6 +334,16 @@ int main(int argc, char** argv) {
   for (const Row& r : rows) {
     std::printf("%12llu %18.1f %18.1f %8.3f\n", static_cast<unsigned long long>(r.bytes), r.plain,
                 r.replicated, r.replicated / r.plain);
+  }
+  if (!catchups.empty()) {
+    std::printf(
+        "catch-up of a replacement backup (median of %zu): %.1f MiB of shard state; memcpy of "
+        "the same bytes %.2f GB/s\n"
+        "  Start -> in the shard map %.3f s = %.3f GB/s (ratio %.3f); connect -> in sync %.3f s "
+        "= %.3f GB/s (ratio %.3f); %llu pushes acknowledged meanwhile\n",
+        catchups.size(), cu.bytes / (1 << 20), cu.memcpy_bytes_per_s / 1e9, cu.seconds,
+        cu_rate / 1e9, cu_ratio, cu.sync_seconds, sync_rate / 1e9, sync_ratio,
+        static_cast<unsigned long long>(cu.pushes_during));
   }
   std::printf(
       "failover (kill -> first acknowledged push at the new primary), %zu drills: "

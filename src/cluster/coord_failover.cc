@@ -205,19 +205,49 @@ Result<::rdmaps::ShardAssignment> CoordFailoverDecider::Register(std::uint32_t s
     }
     a = now;
   }
-  if (!a.backup.empty()) {
-    MutexLock lock(mu_);
-    if (leases_.count(shard) == 0) {
-      LeaseKeeperOptions lo;
-      lo.ttl = options_.lease_ttl;
-      lo.key = FailoverLeaseKey(shard);
-      lo.value = primary;
-      lo.on_lost = [shard](const Status& why) {
-        RDMAPS_LOG(ERROR) << "ps server " << shard << ": lost its primary lease (" << why
-                          << "); its backup takes over, and this primary stops at its next log "
-                             "write";
-      };
-      RDMAPS_ASSIGN_OR_RETURN(leases_[shard], LeaseKeeper::Start(coord_.get(), lo, deadline));
+  if (!a.backup.empty()) RDMAPS_RETURN_IF_ERROR(HoldLease(shard, primary, deadline));
+  return a;
+}
+
+Status CoordFailoverDecider::HoldLease(std::uint32_t shard, const std::string& primary,
+                                       CoordDeadline deadline) {
+  MutexLock lock(mu_);
+  if (leases_.count(shard) != 0) return Status::OK();
+  LeaseKeeperOptions lo;
+  lo.ttl = options_.lease_ttl;
+  lo.key = FailoverLeaseKey(shard);
+  lo.value = primary;
+  lo.on_lost = [shard](const Status& why) {
+    RDMAPS_LOG(ERROR) << "ps server " << shard << ": lost its primary lease (" << why
+                      << "); its backup takes over, and this primary stops at its next log "
+                         "write";
+  };
+  RDMAPS_ASSIGN_OR_RETURN(leases_[shard], LeaseKeeper::Start(coord_.get(), lo, deadline));
+  return Status::OK();
+}
+
+Result<::rdmaps::ShardAssignment> CoordFailoverDecider::AddBackup(std::uint32_t shard,
+                                                                  std::uint64_t epoch,
+                                                                  const std::string& primary,
+                                                                  const std::string& backup) {
+  RDMAPS_RETURN_IF_ERROR(CheckAddress("backup", backup));
+  RDMAPS_ASSIGN_OR_RETURN(::rdmaps::ShardAssignment a,
+                          Decide(shard, [&](::rdmaps::ShardAssignment& e) {
+                            if (e.epoch != epoch || e.primary != primary || !e.backup.empty() ||
+                                backup == primary || e.epoch == UINT64_MAX) {
+                              return false;
+                            }
+                            e.backup = backup;
+                            ++e.epoch;
+                            return true;
+                          }));
+  if (a.primary == primary && a.backup == backup && a.epoch == epoch + 1) {
+    // A promoted primary held no lease (only a primary registered with a
+    // backup does): from now on its backup watches one. Without it the
+    // backup still takes over when the connection drops.
+    if (Status st = HoldLease(shard, primary, CallDeadline()); !st.ok()) {
+      RDMAPS_LOG(WARNING) << "ps server " << shard << ": re-protected without a primary lease ("
+                          << st << "): a hung primary is detected by connection loss only";
     }
   }
   return a;

@@ -79,6 +79,11 @@ class CoordFailoverDecider final : public FailoverDecider {
                                                       const std::string& reporter) override;
   Result<::rdmaps::ShardAssignment> ReportBackupLost(std::uint32_t shard, std::uint64_t epoch,
                                                      const std::string& reporter) override;
+  // Re-protection: one CAS from (epoch, primary, no backup) to epoch + 1
+  // with `backup`; then this process holds the primary's lease.
+  Result<::rdmaps::ShardAssignment> AddBackup(std::uint32_t shard, std::uint64_t epoch,
+                                              const std::string& primary,
+                                              const std::string& backup) override;
   Result<::rdmaps::ShardAssignment> WaitForEpochAfter(
       std::uint32_t shard, std::uint64_t epoch,
       std::chrono::steady_clock::time_point deadline) override;
@@ -99,6 +104,9 @@ class CoordFailoverDecider final : public FailoverDecider {
   Result<::rdmaps::ShardAssignment> Decide(
       std::uint32_t shard, const std::function<bool(::rdmaps::ShardAssignment&)>& decide);
   CoordDeadline CallDeadline() const { return CoordClock::now() + options_.call_timeout; }
+  // Starts this process's lease on `shard`'s primary key (once per shard).
+  Status HoldLease(std::uint32_t shard, const std::string& primary, CoordDeadline deadline)
+      RDMAPS_EXCLUDES(mu_);
 
   // Constant after construction.
   const std::shared_ptr<Coordinator> coord_;

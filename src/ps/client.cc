@@ -543,9 +543,10 @@ Status ClientImpl::Recover(Deadline deadline) {
   for (ServerLink& s : links_.servers()) {
     auto a = options_.failover->Current(s.index);
     if (!a.ok()) return a.status().WithContext("failover: reading the shard map");
-    if (a->epoch == s.epoch && !s.conn->health().ok()) {
-      // Its server is lost: wait for the decision about its shard.
-      a = options_.failover->WaitForEpochAfter(s.index, s.epoch, deadline);
+    if (!s.conn->health().ok() && (a->epoch == s.epoch || a->primary == s.address)) {
+      // Its server is lost: wait for the decision about its shard (the map
+      // may have moved on with the same primary: a re-protection).
+      a = options_.failover->WaitForEpochAfter(s.index, a->epoch, deadline);
       if (!a.ok()) {
         return a.status().WithContext("failover: " + ServerName(s) + " is lost");
       }
@@ -569,6 +570,16 @@ Status ClientImpl::Recover(Deadline deadline) {
     if (st.ok()) st = ReadDirectory(s, deadline);
     if (st.ok()) {
       s.applied_seq = 0;
+      st = links_.ReadControl({s.index}, deadline);
+    }
+    // A server re-protected since the map was read serves at a newer
+    // epoch; one whose decision is a moment old may not have published it.
+    if (st.ok() && s.replica.serving == 1 && s.replica.epoch > s.epoch) s.epoch = s.replica.epoch;
+    const Deadline publish_by =
+        std::min(deadline, transport::DeadlineAfter(std::chrono::milliseconds(100)));
+    while (st.ok() && s.replica.serving == 1 && s.replica.epoch < s.epoch &&
+           std::chrono::steady_clock::now() < publish_by) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
       st = links_.ReadControl({s.index}, deadline);
     }
     if (st.ok() && (s.replica.serving == 0 || s.replica.epoch != s.epoch)) {

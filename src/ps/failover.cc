@@ -72,6 +72,22 @@ class EmbeddedDecider final : public FailoverDecider {
     return a;
   }
 
+  Result<ShardAssignment> AddBackup(std::uint32_t shard, std::uint64_t epoch,
+                                    const std::string& primary,
+                                    const std::string& backup) override {
+    MutexLock lock(mu_);
+    auto it = map_.find(shard);
+    if (it == map_.end()) return NotFoundError("shard " + std::to_string(shard) + " is unknown");
+    ShardAssignment& a = it->second;
+    if (a.epoch == epoch && a.primary == primary && a.backup.empty() && !backup.empty() &&
+        backup != primary) {
+      a.backup = backup;
+      ++a.epoch;
+      cv_.notify_all();
+    }
+    return a;
+  }
+
   Result<ShardAssignment> WaitForEpochAfter(
       std::uint32_t shard, std::uint64_t epoch,
       std::chrono::steady_clock::time_point deadline) override {

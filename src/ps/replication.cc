@@ -20,8 +20,10 @@ WireRegion Wire(const transport::MemoryRegion& mr) {
   return {reinterpret_cast<std::uint64_t>(mr.data()), mr.size(), mr.rkey(), 0};
 }
 
+}  // namespace
+
 // Posts `ops` on `conn` and waits for all their completions.
-Status ExecOps(transport::Connection& conn, std::span<const Op> ops, Deadline deadline) {
+Status PostAndWait(transport::Connection& conn, std::span<const Op> ops, Deadline deadline) {
   RDMAPS_RETURN_IF_ERROR(conn.Post(ops));
   transport::Completion c[4];
   std::size_t got = 0;
@@ -38,8 +40,6 @@ Status ExecOps(transport::Connection& conn, std::span<const Op> ops, Deadline de
   return first;
 }
 
-}  // namespace
-
 std::size_t UsedSlotBytes(const SlotHeader& h, std::uint32_t dim, std::uint32_t slot_bytes) {
   std::uint64_t per_row = 0;
   if (h.kind == static_cast<std::uint32_t>(SlotKind::kRange)) per_row = RowBytes(dim);
@@ -51,16 +51,23 @@ std::size_t UsedSlotBytes(const SlotHeader& h, std::uint32_t dim, std::uint32_t 
 
 // ---- primary -------------------------------------------------------------------
 
-Status LogSender::Connect(const std::string& backup_address, Deadline deadline) {
-  boot_ = AllocateRegionMemory(sizeof(LogBootstrap));
+Status LogSender::AllocateStaging() {
+  if (staging_) return Status::OK();
   staging_ = AllocateRegionMemory(kMaxBatch * kLogRecordBytes + sizeof(LogControl));
-  if (!boot_ || !staging_) return ResourceExhaustedError("allocating the log staging failed");
-  RDMAPS_ASSIGN_OR_RETURN(
-      boot_mr_, endpoint_->Register(boot_.get(), sizeof(LogBootstrap), transport::kRemoteWrite));
+  if (!staging_) return ResourceExhaustedError("allocating the log staging failed");
   RDMAPS_ASSIGN_OR_RETURN(
       staging_mr_,
       endpoint_->Register(staging_.get(), kMaxBatch * kLogRecordBytes + sizeof(LogControl),
                           transport::kAccessNone));
+  return Status::OK();
+}
+
+Status LogSender::Connect(const std::string& backup_address, Deadline deadline) {
+  boot_ = AllocateRegionMemory(sizeof(LogBootstrap));
+  if (!boot_) return ResourceExhaustedError("allocating the log staging failed");
+  RDMAPS_ASSIGN_OR_RETURN(
+      boot_mr_, endpoint_->Register(boot_.get(), sizeof(LogBootstrap), transport::kRemoteWrite));
+  RDMAPS_RETURN_IF_ERROR(AllocateStaging());
   ReplHello hello{kReplHelloMagic, static_cast<std::uint32_t>(epoch_.load()),
                   reinterpret_cast<std::uint64_t>(boot_.get()), boot_mr_->rkey(), shard_};
   transport::ConnectOptions copts;
@@ -97,12 +104,16 @@ Status LogSender::Connect(const std::string& backup_address, Deadline deadline) 
     if (got) break;
   }
   std::memcpy(&backup_, boot_.get(), sizeof(backup_));
+  return CheckLogBootstrap(backup_, shard_, push_slot_bytes_, backup_address);
+}
+
+Status CheckLogBootstrap(const LogBootstrap& b, std::uint32_t shard, std::uint32_t push_slot_bytes,
+                         const std::string& backup_address) {
   // The backup's words: checked before they address anything.
-  if (backup_.magic != kLogBootMagic || backup_.shard != shard_ || backup_.slots == 0 ||
-      backup_.record_bytes != kLogRecordBytes + push_slot_bytes_ ||
-      backup_.ring.length / backup_.record_bytes < backup_.slots ||
-      backup_.control.length < sizeof(LogControl)) {
-    return FailedPreconditionError("ps server " + std::to_string(shard_) + ": the backup at " +
+  if (b.magic != kLogBootMagic || b.shard != shard || b.slots == 0 ||
+      b.record_bytes != kLogRecordBytes + push_slot_bytes ||
+      b.ring.length / b.record_bytes < b.slots || b.control.length < sizeof(LogControl)) {
+    return FailedPreconditionError("ps server " + std::to_string(shard) + ": the backup at " +
                                    backup_address +
                                    " describes a log ring that does not fit this server (another "
                                    "shard, or other push_slot_bytes?)");
@@ -254,11 +265,17 @@ Status LogSender::Lost(const Status& why) {
     fenced_.store(true);
     return UnavailableError("this primary was killed (test)");
   }
+  if (candidate_) {
+    // Not in the shard map yet: only the replacement is lost.
+    DropCandidate(why);
+    return Status::OK();
+  }
   auto a = decider_->ReportBackupLost(shard_, epoch_.load(), self_);
   if (a.ok() && a->primary == self_ && a->epoch > epoch_.load() && a->backup.empty()) {
     RDMAPS_LOG(WARNING) << "ps server " << shard_ << ": lost its backup (" << why
                         << "); goes on alone at epoch " << a->epoch
-                        << ": the shard now has one copy (re-protection is not built yet)";
+                        << ": the shard now has one copy until a replacement backup catches up "
+                           "(ServerOptions::rejoin_as_backup_of)";
     epoch_.store(a->epoch);
     alone_ = true;
     if (conn_) conn_->Close();
@@ -275,6 +292,79 @@ Status LogSender::Lost(const Status& why) {
 }
 
 void LogSender::Kill() { killed_.store(true); }
+
+bool LogSender::Owns(const transport::Notification& n) const {
+  if (!conn_ || alone_) return false;
+  const std::uint64_t id = conn_->peer().connection;
+  return id == 0 || id == n.connection;
+}
+
+void LogSender::SetAlone(const std::string& self, std::uint64_t epoch) {
+  self_ = self;
+  epoch_.store(epoch);
+  alone_ = true;
+}
+
+Status LogSender::AttachCandidate(std::unique_ptr<transport::Connection>& conn,
+                                  const LogBootstrap& ring, const std::string& address) {
+  if (!alone_ || candidate_ || fenced_.load() || killed_.load()) {
+    return FailedPreconditionError("ps server " + std::to_string(shard_) +
+                                   " is not serving alone; it takes no replacement backup");
+  }
+  RDMAPS_RETURN_IF_ERROR(CheckLogBootstrap(ring, shard_, push_slot_bytes_, address));
+  RDMAPS_RETURN_IF_ERROR(AllocateStaging());
+  if (conn_) conn_->Close();
+  conn_ = std::move(conn);
+  backup_ = ring;
+  acked_index_ = next_index_ - 1;
+  // A fresh connection: nothing of it is in flight (records posted while
+  // alone went nowhere, and the old backup's completions died with it).
+  held_ = next_index_ - 1;
+  outstanding_ = 0;
+  read_pending_ = false;
+  candidate_address_ = address;
+  candidate_ = true;
+  alone_ = false;
+  return Status::OK();
+}
+
+Status LogSender::SendToCandidate(std::span<const Op> ops) {
+  if (!candidate_) return FailedPreconditionError("no replacement backup is catching up");
+  // Only right after AttachCandidate (the answer): no record is in flight on
+  // the connection yet, so these are the only completions to wait for.
+  if (outstanding_ != 0) return InternalError("SendToCandidate with log records in flight");
+  return PostAndWait(*conn_, ops, DeadlineAfter(op_timeout_));
+}
+
+Status LogSender::CandidateSynced() {
+  if (!candidate_) return FailedPreconditionError("no replacement backup is catching up");
+  auto a = decider_->AddBackup(shard_, epoch_.load(), self_, candidate_address_);
+  if (!a.ok() || a->primary != self_ || a->backup != candidate_address_ ||
+      a->epoch != epoch_.load() + 1) {
+    const Status why =
+        a.ok() ? FailedPreconditionError("the shard map moved on: primary " + a->primary +
+                                         " at epoch " + std::to_string(a->epoch))
+               : a.status();
+    DropCandidate(why);
+    return why;
+  }
+  epoch_.store(a->epoch);
+  candidate_ = false;
+  RDMAPS_LOG(WARNING) << "ps server " << shard_ << " (" << self_ << "): re-protected at epoch "
+                      << a->epoch << ": " << candidate_address_
+                      << " is its backup again (copied and caught up after " << next_index_ - 1
+                      << " log records)";
+  return Status::OK();
+}
+
+void LogSender::DropCandidate(const Status& why) {
+  RDMAPS_LOG(WARNING) << "ps server " << shard_ << ": the replacement backup " << candidate_address_
+                      << " was lost before it caught up (" << why
+                      << "); the shard still has one copy (start another replacement)";
+  candidate_ = false;
+  alone_ = true;
+  if (conn_) conn_->Close();
+}
 
 // ---- backup ----------------------------------------------------------------------
 
@@ -331,7 +421,7 @@ bool LogReceiver::MaybeAccept(std::unique_ptr<transport::Connection>& conn) {
   bound_.store(peer.connection);
   const Op op = Op::WriteWithImm(boot_msg_.get(), boot_msg_mr_.get(), sizeof(LogBootstrap),
                                  hello.boot_addr, hello.boot_rkey, kLogBootImm);
-  Status s = ExecOps(*conn, {&op, 1}, DeadlineAfter(std::chrono::seconds(10)));
+  Status s = PostAndWait(*conn, {&op, 1}, DeadlineAfter(std::chrono::seconds(10)));
   if (!s.ok()) {
     RDMAPS_LOG(WARNING) << "backup of shard " << shard_ << ": log bootstrap failed: " << s;
     bound_.store(0);
@@ -346,8 +436,27 @@ bool LogReceiver::MaybeAccept(std::unique_ptr<transport::Connection>& conn) {
 }
 
 bool LogReceiver::Owns(const transport::Notification& n) const {
-  return n.peer_id == kServerPeerBase + shard_ && n.connection != 0 &&
-         n.connection == bound_.load();
+  return n.peer_id == primary_peer_.load() && n.connection != 0 && n.connection == bound_.load();
+}
+
+void LogReceiver::AttachPrimary(std::unique_ptr<transport::Connection> conn) {
+  MutexLock lock(mu_);
+  primary_peer_.store(conn->peer().peer_id);
+  bound_.store(conn->peer().connection);
+  primary_ = std::move(conn);
+}
+
+void LogReceiver::StartAt(std::uint64_t epoch, std::uint64_t index) {
+  epoch_.store(epoch);
+  applied_index_ = index;
+  const LogControl c{applied_index_, 0};
+  std::memcpy(control_.get(), &c, sizeof(c));
+}
+
+Status LogReceiver::SendToPrimary(std::span<const Op> ops, Deadline deadline) {
+  MutexLock lock(mu_);
+  if (!primary_) return UnavailableError("no primary connection");
+  return PostAndWait(*primary_, ops, deadline);
 }
 
 bool LogReceiver::Take(std::uint32_t imm, Logged* out) {
@@ -357,14 +466,18 @@ bool LogReceiver::Take(std::uint32_t imm, Logged* out) {
   LogRecord rec;
   std::memcpy(&rec, rec_at, sizeof(rec));
   if (imm != static_cast<std::uint32_t>(index) || rec.magic != kLogMagic || rec.index != index ||
-      rec.epoch != epoch_.load() || rec.bytes < sizeof(SlotHeader) ||
+      rec.epoch < epoch_.load() || rec.bytes < sizeof(SlotHeader) ||
       rec.bytes > record_bytes_ - kLogRecordBytes) {
     RDMAPS_LOG_EVERY_N(WARNING, 100)
         << "backup of shard " << shard_ << ": dropping log record (expected index " << index
         << ", record says " << rec.index << ", epoch " << rec.epoch << ")";
     return false;
   }
+  // The bound primary moved to a newer epoch (it re-protected the shard
+  // with this backup): its records carry it from then on.
+  if (rec.epoch > epoch_.load()) epoch_.store(rec.epoch);
   out->worker = rec.worker;
+  out->bytes = rec.bytes;
   std::memcpy(&out->header, rec_at + kLogRecordBytes, sizeof(SlotHeader));
   out->payload = rec_at + kLogRecordBytes + sizeof(SlotHeader);
   return true;
@@ -400,7 +513,13 @@ bool LogReceiver::OnPrimaryLost() {
       r->decided_.notify_all();
     }
   } decided{this};
-  auto a = decider_->ReportPrimaryLost(shard_, epoch_.load(), self_);
+  // A replacement that became the backup with an epoch its primary had no
+  // record to tell it of yet reports the epoch that names it.
+  std::uint64_t epoch = epoch_.load();
+  if (auto cur = decider_->Current(shard_); cur.ok() && cur->backup == self_) {
+    epoch = std::max(epoch, cur->epoch);
+  }
+  auto a = decider_->ReportPrimaryLost(shard_, epoch, self_);
   if (!a.ok()) {
     RDMAPS_LOG(ERROR) << "backup of shard " << shard_
                       << ": lost its primary and cannot ask the shard map: " << a.status();

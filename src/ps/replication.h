@@ -20,6 +20,26 @@
 // only after the log WRITE completed: the backup holds every push any
 // worker saw acknowledged.
 //
+// == Re-protection (a replacement backup) ==
+// A replacement (ServerOptions::rejoin_as_backup_of) registers its log ring
+// and a RejoinOffer region (its LogBootstrap and address; remote read and
+// write), then connects to the primary with a RejoinHello as user data.
+// The primary READs the offer, captures its shard into a registered
+// snapshot (RejoinSnapshotHead, RejoinWorker per worker slot, then per
+// table its rows and optimizer state) between two apply batches at log
+// index i, from then on forwards every slot to the replacement's ring
+// (index i + 1, ...) exactly as to a backup (the acknowledgement waits for
+// it: a "candidate"), and WRITE_WITH_IMMs a RejoinAnswer (epoch, i, the
+// snapshot region, its mailbox) into the offer region. The replacement
+// READs the snapshot on a thread of its own while its apply thread stashes
+// the records (releasing their ring places), loads the snapshot, applies
+// the stash in index order, and once the stash is empty WRITE_WITH_IMMs
+// its applied index into the primary's mailbox (kRejoinSyncedImm). The
+// primary then asks the decider (AddBackup: epoch + 1, the replacement as
+// backup); only from then on does a lost replacement count as a lost
+// backup. A candidate lost before that is dropped: the primary goes on
+// alone, as before.
+//
 // == Fencing ==
 // A record carries the epoch the primary serves at; the backup drops a
 // record of another epoch. When the backup is promoted it closes the
@@ -34,6 +54,7 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <span>
@@ -89,6 +110,76 @@ struct LogRecord {  // then `bytes` of the slot (SlotHeader + payload)
 inline constexpr std::size_t kLogRecordBytes = 64;
 static_assert(std::is_trivially_copyable_v<LogRecord> && sizeof(LogRecord) == kLogRecordBytes);
 
+inline constexpr std::uint32_t kRejoinHelloMagic = 0x4e494a52;   // "RJIN"
+inline constexpr std::uint32_t kRejoinOfferMagic = 0x52464f52;   // "ROFR"
+inline constexpr std::uint32_t kRejoinAnswerMagic = 0x534e4152;  // "RANS"
+inline constexpr std::uint32_t kRejoinSnapMagic = 0x504e5352;    // "RSNP"
+inline constexpr std::uint32_t kRejoinSyncedImm = 0xC0000001u;
+// A replacement stashes at most this many bytes of log records while it
+// copies the snapshot; more, and it gives up (the primary goes on alone).
+inline constexpr std::size_t kMaxRejoinStashBytes = std::size_t{1} << 30;
+
+struct RejoinHello {  // ConnectOptions::user_data of a replacement, 24 bytes
+  std::uint32_t magic;
+  std::uint32_t shard;
+  std::uint64_t offer_addr;  // kRejoinRegionBytes: RejoinOffer, then RejoinAnswer
+  std::uint32_t offer_rkey;
+  std::uint32_t pad;
+};
+static_assert(std::is_trivially_copyable_v<RejoinHello> && sizeof(RejoinHello) == 24);
+
+struct RejoinOffer {  // 192 bytes, READ by the primary
+  std::uint32_t magic;
+  std::uint32_t shard;
+  LogBootstrap log;  // the replacement's log ring
+  std::uint32_t address_len;
+  std::uint32_t pad;
+  char address[96];  // the replacement's Server::address(), the shard map's name of it
+};
+static_assert(std::is_trivially_copyable_v<RejoinOffer> && sizeof(RejoinOffer) == 192);
+
+enum class RejoinRefusal : std::uint32_t {
+  kNone = 0,
+  kHasBackup = 1,   // the shard has a backup (or a replacement is catching up)
+  kNotServing = 2,  // fenced, or not a primary
+  kElastic = 3,     // elastic jobs are not re-protected (not built)
+  kBadOffer = 4,    // the offer does not fit this shard
+  kNoMemory = 5,    // the snapshot could not be allocated or registered
+};
+
+struct RejoinAnswer {  // 64 bytes, written by the primary after the offer
+  std::uint32_t magic;
+  std::uint32_t refusal;  // RejoinRefusal
+  std::uint64_t epoch;    // the primary's; its records carry it
+  std::uint64_t index;    // the snapshot holds log records 1..index; the next is index + 1
+  WireRegion snapshot;    // remote-read
+  WireRegion mailbox;     // 8 bytes, remote-write: kRejoinSyncedImm
+};
+// (The mailbox's length and rkey are all the replacement uses of it.)
+static_assert(std::is_trivially_copyable_v<RejoinAnswer> && sizeof(RejoinAnswer) == 72);
+inline constexpr std::size_t kRejoinRegionBytes = sizeof(RejoinOffer) + 128;
+
+struct RejoinSnapshotHead {  // 64 bytes, then RejoinWorker per slot, then the tables
+  std::uint32_t magic;
+  std::uint32_t shard;
+  std::uint64_t index;
+  std::uint64_t epoch;
+  std::uint32_t worker_slots;
+  std::uint32_t tables;
+  std::uint64_t bytes;  // the whole snapshot
+  std::uint8_t pad[24];
+};
+static_assert(std::is_trivially_copyable_v<RejoinSnapshotHead> && sizeof(RejoinSnapshotHead) == 64);
+
+struct RejoinWorker {  // 32 bytes
+  std::uint64_t next_seq;
+  std::uint64_t clock;
+  std::uint32_t done;
+  std::uint32_t pad;
+  std::uint64_t reserved;
+};
+static_assert(std::is_trivially_copyable_v<RejoinWorker> && sizeof(RejoinWorker) == 32);
+
 struct LogControl {
   std::uint64_t applied_index;  // records applied by the backup
   std::uint64_t pad;
@@ -98,6 +189,17 @@ static_assert(sizeof(LogControl) == 16);
 // Bytes of slot `h` a primary forwards (header and payload): rows of
 // `dim` floats (0: not a data slot of a known table), at most slot_bytes.
 std::size_t UsedSlotBytes(const SlotHeader& h, std::uint32_t dim, std::uint32_t slot_bytes);
+
+// Posts `ops` on `conn` and waits for all their completions; the first
+// failed one's status.
+Status PostAndWait(transport::Connection& conn, std::span<const transport::Op> ops,
+                   transport::Deadline deadline);
+
+// FailedPrecondition unless a backup's LogBootstrap `b` fits a primary of
+// `shard` with `push_slot_bytes` (its words are the backup's: checked
+// before they address anything).
+Status CheckLogBootstrap(const LogBootstrap& b, std::uint32_t shard, std::uint32_t push_slot_bytes,
+                         const std::string& backup_address);
 
 // The primary's side. Apply thread only, after Connect (Init).
 class LogSender {
@@ -146,6 +248,27 @@ class LogSender {
   // The backup's connection dropped (a notification): asks the decider
   // now, so that an idle primary learns that it was fenced.
   void OnBackupDisconnected();
+  // Whether notification `n` (of the backup's peer id) is of the current
+  // backup's or candidate's connection (not of one closed before).
+  bool Owns(const transport::Notification& n) const;
+
+  // Re-protection. A server that may come to serve alone without having
+  // connected (a backup, which may be promoted): who it is and its epoch.
+  void SetAlone(const std::string& self, std::uint64_t epoch);
+  // A replacement `address` connected on `conn` with its log ring `ring`:
+  // from the next Forward on, every slot goes to it (from index
+  // forwarded() + 1) and waits for it, but a failure only drops it
+  // (alone again, logged), until CandidateSynced. Only when alone; `conn`
+  // is taken only when it returns OK.
+  Status AttachCandidate(std::unique_ptr<transport::Connection>& conn, const LogBootstrap& ring,
+                         const std::string& address);
+  bool candidate() const { return candidate_; }
+  // Posts `ops` on the candidate's connection and waits for them.
+  Status SendToCandidate(std::span<const transport::Op> ops);
+  // The candidate says it applied everything up to its log: asks the
+  // decider to make it the backup (epoch + 1). An error: it was dropped.
+  Status CandidateSynced();
+  void DropCandidate(const Status& why);
   bool fenced() const { return fenced_.load(); }
   bool alone() const { return alone_; }
   std::uint64_t epoch() const { return epoch_.load(); }
@@ -170,6 +293,7 @@ class LogSender {
   Status Drain(std::uint64_t held, bool read, transport::Deadline deadline);
   static constexpr std::uint64_t kReadContext = ~std::uint64_t{0};
   Status Lost(const Status& why);
+  Status AllocateStaging();
 
   transport::Endpoint* const endpoint_;
   const std::uint32_t shard_;
@@ -192,6 +316,8 @@ class LogSender {
   std::vector<transport::Op> ops_;            // Post's
   transport::Segment gather_[2 * kMaxBatch];  // per staging header, until its WRITE completed
   bool alone_ = false;
+  bool candidate_ = false;  // a replacement catching up (not in the shard map)
+  std::string candidate_address_;
   std::atomic<bool> fenced_{false};
   std::atomic<bool> killed_{false};
   std::atomic<std::uint64_t> epoch_{1};
@@ -207,6 +333,7 @@ class LogReceiver {
     std::uint32_t worker = 0;
     SlotHeader header{};
     const std::byte* payload = nullptr;
+    std::uint32_t bytes = 0;  // header and payload, as the primary forwarded them
   };
 
   LogReceiver(transport::Endpoint* endpoint, std::uint32_t shard, std::uint32_t slots,
@@ -215,7 +342,8 @@ class LogReceiver {
         shard_(shard),
         slots_(slots),
         record_bytes_(kLogRecordBytes + push_slot_bytes),
-        decider_(std::move(decider)) {}
+        decider_(std::move(decider)),
+        primary_peer_(kServerPeerBase + shard) {}
 
   // Allocates and registers the ring, LogControl and the bootstrap message.
   Status Register(std::size_t* registered);
@@ -226,6 +354,16 @@ class LogReceiver {
   // one is bound, or any after promotion, is refused (true, conn closed).
   bool MaybeAccept(std::unique_ptr<transport::Connection>& conn) RDMAPS_EXCLUDES(mu_);
 
+  // A replacement (re-protection): `conn` is its connection to the
+  // primary, which will write into its ring. Before the apply thread runs.
+  void AttachPrimary(std::unique_ptr<transport::Connection> conn) RDMAPS_EXCLUDES(mu_);
+  // Apply thread: the primary's answer came: its records carry `epoch`,
+  // the first is index + 1.
+  void StartAt(std::uint64_t epoch, std::uint64_t index);
+  // Posts `ops` on the primary's connection and waits (the replacement's
+  // snapshot READs, on its copy thread, then its synced message).
+  Status SendToPrimary(std::span<const transport::Op> ops, transport::Deadline deadline)
+      RDMAPS_EXCLUDES(mu_);
   // Apply thread: whether `n` is of the primary's bound connection.
   bool Owns(const transport::Notification& n) const;
   // Apply thread: takes the next record (imm = its index) into *out; the
@@ -250,6 +388,12 @@ class LogReceiver {
   }
   std::uint64_t epoch() const { return epoch_.load(); }
   std::uint64_t applied() const { return applied_index_; }
+  // What the primary is told of the ring (constant after Register).
+  LogBootstrap bootstrap() const {
+    LogBootstrap b;
+    std::memcpy(&b, boot_msg_.get(), sizeof(b));
+    return b;
+  }
 
  private:
   transport::Endpoint* const endpoint_;
@@ -266,6 +410,8 @@ class LogReceiver {
   std::unique_ptr<transport::MemoryRegion> boot_msg_mr_;
   std::uint64_t applied_index_ = 0;      // apply thread only
   std::atomic<std::uint64_t> bound_{0};  // PeerInfo::connection of the primary
+  // The primary's peer id: its server id, or a promoted backup's.
+  std::atomic<std::uint32_t> primary_peer_{0};
   std::atomic<std::uint64_t> epoch_{0};  // the primary's (from its hello), then ours
   std::atomic<bool> serving_{false};
   mutable Mutex mu_;

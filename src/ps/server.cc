@@ -15,6 +15,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
+#include <deque>
 #include <optional>
 #include <random>
 #include <span>
@@ -55,6 +56,9 @@ constexpr std::size_t kParallelFloats = 1 << 16;
 // The apply thread republishes the control block at least every this many
 // slots of a batch (and at its end).
 constexpr std::size_t kPublishEverySlots = 8;
+
+// TEST_HoldCatchup: replacements in this process do not load their copy.
+std::atomic<bool> g_hold_catchup{false};
 
 internal::WireRegion Wire(const transport::MemoryRegion& mr) {
   return {reinterpret_cast<std::uint64_t>(mr.data()), mr.size(), mr.rkey(), 0};
@@ -150,6 +154,36 @@ class ServerImpl final : public Server {
   // notifications it covered.
   std::size_t PreForward(std::span<const transport::Notification> batch) RDMAPS_REQUIRES(apply_mu_);
   std::size_t UsedBytes(const SlotHeader& h) const;
+  // What a backup does with log record `rec` of worker w, in log order:
+  // what the primary's HandleSlot did with that slot. Apply thread.
+  void ApplyLogRecord(std::uint32_t w, const SlotHeader& h, const std::byte* payload)
+      RDMAPS_REQUIRES(apply_mu_);
+  // A notification of the backup's peer id on a primary: its (or a
+  // replacement's) connection dropped, or a replacement is in sync.
+  void OnBackupNotification(const transport::Notification& n) RDMAPS_REQUIRES(apply_mu_);
+
+  // ---- Re-protection (docs/ps.md, "Re-protection") ----
+  // Bytes of a RejoinSnapshot of this server's shards.
+  std::size_t SnapshotBytes() const;
+  // Primary, accept thread: a replacement's RejoinHello on `conn`: READs
+  // its offer and hands it to the apply thread (true: conn taken).
+  bool MaybeAcceptRejoin(std::unique_ptr<transport::Connection>& conn) RDMAPS_EXCLUDES(mu_);
+  // Primary, apply thread, between batches: captures the snapshot for an
+  // offer handed over and makes the replacement the candidate.
+  void ServeRejoin() RDMAPS_REQUIRES(apply_mu_);
+  // Replacement, Init: registers the offer and connects to the primary.
+  Status StartRejoin();
+  // Replacement, apply thread: the primary's notifications until in sync
+  // (its answer, records to stash, its loss). True when handled.
+  bool CatchupLog(const transport::Notification& n) RDMAPS_REQUIRES(apply_mu_);
+  // Replacement, apply thread, every loop: loads the copied snapshot,
+  // applies the stash, says it is in sync.
+  void CatchupStep() RDMAPS_REQUIRES(apply_mu_);
+  Status LoadSnapshot(const std::byte* snap) RDMAPS_REQUIRES(apply_mu_);
+  void FailCatchup(const Status& why) RDMAPS_REQUIRES(apply_mu_);
+  // Whether the apply loop should not wait for notifications (a stash
+  // to apply, a copy about to finish).
+  bool CatchupBusy() const;
   // False while this server must acknowledge nothing: a backup not
   // promoted, a fenced or killed primary.
   bool Serving() const;
@@ -221,6 +255,45 @@ class ServerImpl final : public Server {
   std::vector<internal::LogSender::Item> forward_items_;
   std::vector<bool> prebound_;
   std::vector<std::uint64_t> held_index_;  // per covered notification: its log record (0: none)
+  // Re-protection on a primary: an offer the accept thread took (a
+  // replacement's connection, its offer, the snapshot memory), and the one
+  // whose candidate is catching up (its snapshot stays until then).
+  struct RejoinIn {
+    std::unique_ptr<transport::Connection> conn;
+    internal::RejoinHello hello{};
+    internal::RejoinOffer offer{};
+    AlignedBuffer snap;
+    std::unique_ptr<transport::MemoryRegion> snap_mr;
+    AlignedBuffer box;  // the offer as READ, the answer to send, the mailbox
+    std::unique_ptr<transport::MemoryRegion> box_mr;
+  };
+  std::unique_ptr<RejoinIn> rejoin_offer_ RDMAPS_GUARDED_BY(mu_);
+  std::unique_ptr<RejoinIn> rejoin_serving_;  // apply thread
+  // On a replacement (rejoin_as_backup_of): its catch-up. Apply thread,
+  // except `copier` (which writes copy_status, then copied) and Stop.
+  struct Catchup {
+    enum class Phase { kAwaitAnswer, kCopying, kApplying, kSynced, kFailed };
+    Phase phase = Phase::kAwaitAnswer;
+    AlignedBuffer region;  // RejoinOffer, then the RejoinAnswer
+    std::unique_ptr<transport::MemoryRegion> region_mr;
+    internal::RejoinAnswer answer{};
+    AlignedBuffer snap;  // the copy, READ from the primary
+    std::unique_ptr<transport::MemoryRegion> snap_mr;
+    std::size_t snap_bytes = 0;
+    std::thread copier;
+    std::atomic<bool> copied{false};
+    std::atomic<bool> stop{false};
+    Status copy_status;  // the copier's, before copied
+    struct Stashed {
+      std::uint32_t worker;
+      SlotHeader header;
+      std::vector<std::byte> payload;
+    };
+    std::deque<Stashed> stash;
+    std::size_t stash_bytes = 0;
+    std::chrono::steady_clock::time_point start;
+  };
+  std::unique_ptr<Catchup> catchup_;  // set in Init
 
   // Apply thread only. apply_mu_ guards the shards' contents (behind
   // tables_[].memory, which the analysis does not see) against ReadLocal
@@ -270,6 +343,9 @@ class ServerImpl final : public Server {
   // serves them (CheckpointNow waits for it).
   std::uint64_t triggers_served_ RDMAPS_GUARDED_BY(mu_) = 0;
   std::uint64_t trigger_clock_ RDMAPS_GUARDED_BY(mu_) = 0;
+  // A replacement's Init waits for the primary's answer (or a failure).
+  bool rejoin_answered_ RDMAPS_GUARDED_BY(mu_) = false;
+  Status rejoin_status_ RDMAPS_GUARDED_BY(mu_);
 
   std::atomic<bool> stop_{false};
   std::atomic<bool> test_paused_{false};  // TEST_PauseApply
@@ -318,6 +394,11 @@ Status ValidateServerOptions(const ServerOptions& o) {
     return InvalidArgumentError(
         "ServerOptions.replicas is 2 but backup_address is empty: start the backup first and "
         "give its Server::address()");
+  }
+  if (!o.rejoin_as_backup_of.empty() && o.replica_role != ReplicaRole::kBackup) {
+    return InvalidArgumentError(
+        "ServerOptions.rejoin_as_backup_of is set but replica_role is not kBackup: a "
+        "replacement backup is started with replica_role = kBackup and replicas = 2");
   }
   if (o.tables.size() > (1u << 20) ||
       internal::DirectoryBytes(static_cast<std::uint32_t>(o.tables.size()),
@@ -370,13 +451,18 @@ Status ServerImpl::Init() {
     RDMAPS_RETURN_IF_ERROR(log_receiver_->Register(&registered));
     MutexLock lock(mu_);
     stats_.registered_bytes += registered;
-  } else if (options_.replicas == 2) {
+  }
+  if (options_.replicas == 2) {
+    // A backup has one too, unconnected: once promoted it may take a
+    // replacement backup (re-protection).
     forwarded_seq_.assign(slots_, 0);
     log_sender_ = std::make_unique<internal::LogSender>(
         endpoint_.get(), options_.server_index, options_.push_slot_bytes,
         options_.transport.op_timeout, options_.failover);
-    RDMAPS_RETURN_IF_ERROR(log_sender_->Connect(options_.backup_address,
-                                                DeadlineAfter(options_.transport.op_timeout)));
+    if (!backup) {
+      RDMAPS_RETURN_IF_ERROR(log_sender_->Connect(options_.backup_address,
+                                                  DeadlineAfter(options_.transport.op_timeout)));
+    }
   }
   incarnation_ =
       (std::uint64_t{std::random_device{}()} << 32) ^ std::random_device{}() ^
@@ -406,13 +492,16 @@ Status ServerImpl::Init() {
     PublishControl();
   }
   RDMAPS_ASSIGN_OR_RETURN(address_, endpoint_->Listen(options_.listen_address));
-  if (log_receiver_) log_receiver_->set_self(address_);
-  if (log_sender_) RDMAPS_RETURN_IF_ERROR(log_sender_->Register(address_, options_.backup_address));
   if (log_receiver_) {
+    log_receiver_->set_self(address_);
+    log_sender_->SetAlone(address_, 0);  // (serving nothing until promoted)
+    if (!options_.rejoin_as_backup_of.empty()) RDMAPS_RETURN_IF_ERROR(StartRejoin());
     RDMAPS_ASSIGN_OR_RETURN(primary_watch_,
                             options_.failover->WatchPrimary(options_.server_index, [this] {
                               if (!killed_.load()) log_receiver_->CloseConnection();
                             }));
+  } else if (log_sender_) {
+    RDMAPS_RETURN_IF_ERROR(log_sender_->Register(address_, options_.backup_address));
   }
   running_.store(2);
   accept_thread_ = std::thread([this] {
@@ -427,6 +516,20 @@ Status ServerImpl::Init() {
                    << " listening on " << address_ << " (" << endpoint_->kind() << "), "
                    << options_.tables.size() << " tables, " << options_.num_workers << " workers, "
                    << stats().registered_bytes << " bytes registered";
+  if (catchup_) {
+    // A replacement: started once the primary took it (the copy and the
+    // catch-up go on in the background; the shard map names it once done).
+    const Deadline deadline = DeadlineAfter(options_.transport.op_timeout);
+    MutexLock lock(mu_);
+    while (!rejoin_answered_) {
+      if (cv_.wait_until(lock.native(), deadline) == std::cv_status::timeout && !rejoin_answered_) {
+        return TimedOutError("ps server " + std::to_string(options_.server_index) +
+                             ": the primary at " + options_.rejoin_as_backup_of +
+                             " did not answer the replacement backup within op_timeout");
+      }
+    }
+    if (!rejoin_status_.ok()) return rejoin_status_;
+  }
   return Status::OK();
 }
 
@@ -533,6 +636,7 @@ void ServerImpl::AcceptLoop() {
     }
     std::unique_ptr<transport::Connection> conn = std::move(r).value();
     if (log_receiver_ && log_receiver_->MaybeAccept(conn)) continue;
+    if (MaybeAcceptRejoin(conn)) continue;
     if (!Serving() && !(log_receiver_ && !killed_.load() &&
                         log_receiver_->WaitServing(DeadlineAfter(std::chrono::seconds(10))))) {
       RDMAPS_LOG(WARNING) << "ps server " << options_.server_index << ": refusing "
@@ -838,10 +942,12 @@ void ServerImpl::PublishControl() {
   published_ckpt_ = ck.durable_plus1 + ck.failed_plus1;
   std::memcpy(payload + internal::ControlCheckpointOffset(W), &ck, sizeof(ck));
   internal::ControlReplica rep{};
-  rep.epoch = log_sender_ ? log_sender_->epoch() : log_receiver_ ? log_receiver_->epoch() : 0;
+  // (A backup's sender serves nothing until it is promoted; a candidate
+  // is not a copy yet.)
+  const bool backup_waiting = log_receiver_ && !log_receiver_->serving();
+  rep.epoch = backup_waiting ? log_receiver_->epoch() : log_sender_ ? log_sender_->epoch() : 0;
   rep.replicas =
-      (log_sender_ && !log_sender_->alone()) || (log_receiver_ && !log_receiver_->serving()) ? 2
-                                                                                             : 1;
+      backup_waiting || (log_sender_ && !log_sender_->alone() && !log_sender_->candidate()) ? 2 : 1;
   rep.serving = Serving() ? 1 : 0;
   std::memcpy(payload + internal::ControlReplicaOffset(W), &rep, sizeof(rep));
   internal::SealBlock(control_.get(), ++control_version_, internal::ControlPayloadBytes(W));
@@ -850,7 +956,8 @@ void ServerImpl::PublishControl() {
 void ServerImpl::ApplyLoop() {
   std::vector<transport::Notification> batch(256);
   while (!stop_.load()) {
-    auto r = endpoint_->WaitNotifications(batch, DeadlineAfter(std::chrono::milliseconds(200)));
+    auto r = endpoint_->WaitNotifications(
+        batch, DeadlineAfter(std::chrono::milliseconds(CatchupBusy() ? 0 : 200)));
     if (!r.ok()) {
       if (!stop_.load()) RDMAPS_LOG(WARNING) << "ps server: WaitNotifications: " << r.status();
       continue;
@@ -860,6 +967,8 @@ void ServerImpl::ApplyLoop() {
       MutexLock apply_lock(apply_mu_);
       ServeTriggers();
       AdvanceCut();
+      if (log_sender_) ServeRejoin();
+      if (catchup_) CatchupStep();
       if (durable_plus1_.load() + failed_plus1_.load() != published_ckpt_) PublishControl();
       continue;
     }
@@ -879,9 +988,7 @@ void ServerImpl::ApplyLoop() {
           continue;
         }
         if (log_sender_ && n.peer_id == internal::kBackupPeerBase + options_.server_index) {
-          if (n.kind == transport::Notification::Kind::kDisconnected && !killed_.load()) {
-            log_sender_->OnBackupDisconnected();
-          }
+          OnBackupNotification(n);
           continue;
         }
         if (w >= slots_) {
@@ -946,6 +1053,9 @@ void ServerImpl::ApplyLoop() {
       }
       ServeTriggers();
       AdvanceCut();
+      // (Between batches: every slot forwarded has been applied.)
+      if (log_sender_) ServeRejoin();
+      if (catchup_) CatchupStep();
       PublishControl();
     }
     {
@@ -1069,6 +1179,452 @@ std::size_t ServerImpl::PreForward(std::span<const transport::Notification> batc
   return covered;
 }
 
+// ---- Re-protection ----------------------------------------------------------------
+
+std::size_t ServerImpl::SnapshotBytes() const {
+  // The shards are in memory already: these sums cannot wrap.
+  std::size_t bytes =
+      sizeof(internal::RejoinSnapshotHead) + std::size_t{slots_} * sizeof(internal::RejoinWorker);
+  for (const TableState& t : tables_) {
+    bytes += t.shard.count * t.options.dim * sizeof(float) + t.state.size() * sizeof(float);
+  }
+  return bytes;
+}
+
+bool ServerImpl::MaybeAcceptRejoin(std::unique_ptr<transport::Connection>& conn) {
+  const transport::PeerInfo& peer = conn->peer();
+  internal::RejoinHello hello{};
+  if (peer.user_data.size() != sizeof(hello)) return false;
+  std::memcpy(&hello, peer.user_data.data(), sizeof(hello));
+  if (hello.magic != internal::kRejoinHelloMagic) return false;
+  const std::string me = "ps server " + std::to_string(options_.server_index);
+  auto refuse = [&](const std::string& why) {
+    RDMAPS_LOG(WARNING) << me << ": refusing the replacement backup from " << peer.address << ": "
+                        << why;
+    conn->Close();
+    conn.reset();
+    return true;
+  };
+  if (!log_sender_ || !Serving()) return refuse("this server is not the shard's serving primary");
+  if (hello.shard != options_.server_index ||
+      peer.peer_id != internal::kBackupPeerBase + hello.shard) {
+    return refuse("it is a replacement for shard " + std::to_string(hello.shard));
+  }
+  auto in = std::make_unique<RejoinIn>();
+  constexpr std::size_t kBoxBytes = sizeof(internal::RejoinOffer) + 128;
+  in->box = internal::AllocateRegionMemory(kBoxBytes);
+  const std::size_t snap_bytes = SnapshotBytes();
+  in->snap = internal::AllocateRegionMemory(snap_bytes);
+  if (!in->box || !in->snap) return refuse("out of memory for its snapshot");
+  auto box_mr = endpoint_->Register(in->box.get(), kBoxBytes, transport::kRemoteWrite);
+  auto snap_mr = endpoint_->Register(in->snap.get(), snap_bytes, transport::kRemoteRead);
+  if (!box_mr.ok() || !snap_mr.ok()) {
+    return refuse("registering its snapshot failed: " +
+                  (box_mr.ok() ? snap_mr.status() : box_mr.status()).ToString());
+  }
+  in->box_mr = std::move(box_mr).value();
+  in->snap_mr = std::move(snap_mr).value();
+  // Its offer (its log ring and its address), READ one-sidedly.
+  const transport::Op read =
+      transport::Op::Read(in->box.get(), in->box_mr.get(), sizeof(internal::RejoinOffer),
+                          hello.offer_addr, hello.offer_rkey);
+  if (Status st = internal::PostAndWait(*conn, {&read, 1}, DeadlineAfter(std::chrono::seconds(10)));
+      !st.ok()) {
+    return refuse("reading its offer failed: " + st.ToString());
+  }
+  std::memcpy(&in->offer, in->box.get(), sizeof(in->offer));
+  if (in->offer.magic != internal::kRejoinOfferMagic || in->offer.shard != options_.server_index ||
+      in->offer.address_len == 0 || in->offer.address_len > sizeof(in->offer.address)) {
+    return refuse("its offer is malformed");
+  }
+  in->hello = hello;
+  in->conn = std::move(conn);
+  MutexLock lock(mu_);
+  if (rejoin_offer_) {
+    in->conn->Close();
+    RDMAPS_LOG(WARNING) << me << ": refusing a replacement backup: another one's offer is pending";
+    return true;
+  }
+  rejoin_offer_ = std::move(in);
+  return true;
+}
+
+void ServerImpl::ServeRejoin() {
+  if (rejoin_serving_ && !log_sender_->candidate()) rejoin_serving_.reset();  // dropped
+  std::unique_ptr<RejoinIn> in;
+  {
+    MutexLock lock(mu_);
+    in = std::move(rejoin_offer_);
+  }
+  if (!in) return;
+  using internal::RejoinRefusal;
+  const std::string address(in->offer.address, in->offer.address_len);
+  RejoinRefusal refusal = RejoinRefusal::kNone;
+  if (membership_->elastic()) {
+    refusal = RejoinRefusal::kElastic;
+  } else if (!Serving()) {
+    refusal = RejoinRefusal::kNotServing;
+  } else if (!log_sender_->alone() || rejoin_serving_) {
+    refusal = RejoinRefusal::kHasBackup;
+  }
+  const std::uint64_t index = log_sender_->forwarded();
+  const auto start = std::chrono::steady_clock::now();
+  if (refusal == RejoinRefusal::kNone) {
+    // The snapshot: the state after log records 1..index, exactly (between
+    // batches every slot forwarded has been applied and none other).
+    std::byte* p = in->snap.get();
+    internal::RejoinSnapshotHead head{};
+    head.magic = internal::kRejoinSnapMagic;
+    head.shard = options_.server_index;
+    head.index = index;
+    head.epoch = log_sender_->epoch();
+    head.worker_slots = slots_;
+    head.tables = static_cast<std::uint32_t>(tables_.size());
+    head.bytes = SnapshotBytes();
+    std::memcpy(p, &head, sizeof(head));
+    p += sizeof(head);
+    for (std::uint32_t w = 0; w < slots_; ++w) {
+      const internal::RejoinWorker rw{workers_[w].next_seq, workers_[w].clock,
+                                      workers_[w].done ? 1u : 0u, 0, 0};
+      std::memcpy(p, &rw, sizeof(rw));
+      p += sizeof(rw);
+    }
+    for (const TableState& t : tables_) {
+      const std::size_t rb = std::size_t{t.options.dim} * sizeof(float);
+      if (!t.geometry.inline_headers()) {
+        std::memcpy(p, t.data(0), t.shard.count * rb);
+      } else {
+        for (std::uint64_t r = 0; r < t.shard.count; ++r) std::memcpy(p + r * rb, t.data(r), rb);
+      }
+      p += t.shard.count * rb;
+      if (!t.state.empty()) std::memcpy(p, t.state.data(), t.state.size() * sizeof(float));
+      p += t.state.size() * sizeof(float);
+    }
+    if (!log_sender_->AttachCandidate(in->conn, in->offer.log, address).ok()) {
+      refusal = RejoinRefusal::kBadOffer;
+    } else {
+      // Every later slot goes to the replacement, even one of a seq the
+      // old backup had.
+      for (std::uint32_t w = 0; w < slots_; ++w) forwarded_seq_[w] = workers_[w].next_seq - 1;
+    }
+  }
+  internal::RejoinAnswer answer{};
+  answer.magic = internal::kRejoinAnswerMagic;
+  answer.refusal = static_cast<std::uint32_t>(refusal);
+  answer.epoch = log_sender_->epoch();
+  answer.index = index;
+  answer.snapshot = Wire(*in->snap_mr);
+  std::byte* msg = in->box.get() + sizeof(internal::RejoinOffer);
+  std::byte* mailbox = msg + 96;
+  answer.mailbox = {reinterpret_cast<std::uint64_t>(mailbox), 8, in->box_mr->rkey(), 0};
+  std::memcpy(msg, &answer, sizeof(answer));
+  const transport::Op op = transport::Op::WriteWithImm(
+      msg, in->box_mr.get(), sizeof(answer), in->hello.offer_addr + sizeof(internal::RejoinOffer),
+      in->hello.offer_rkey, internal::kLogBootImm);
+  if (refusal != RejoinRefusal::kNone) {
+    RDMAPS_LOG(WARNING) << "ps server " << options_.server_index
+                        << ": refusing the replacement backup " << address << " (reason "
+                        << answer.refusal << ")";
+    (void)internal::PostAndWait(*in->conn, {&op, 1}, DeadlineAfter(options_.transport.op_timeout));
+    in->conn->Close();
+    return;
+  }
+  if (Status st = log_sender_->SendToCandidate({&op, 1}); !st.ok()) {
+    log_sender_->DropCandidate(st.WithContext("sending its answer"));
+    return;
+  }
+  RDMAPS_LOG(INFO)
+      << "ps server " << options_.server_index << ": replacement backup " << address
+      << " is copying a snapshot of " << SnapshotBytes() << " bytes at log index " << index
+      << " (captured in "
+      << std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count()
+      << " ms); the shard has one copy until it is in sync";
+  rejoin_serving_ = std::move(in);
+}
+
+Status ServerImpl::StartRejoin() {
+  const std::string me = "ps server " + std::to_string(options_.server_index);
+  if (membership_->elastic()) {
+    return InvalidArgumentError(me +
+                                ": rejoin_as_backup_of in an elastic job (max_workers > 0): "
+                                "re-protection of elastic jobs is not built");
+  }
+  auto c = std::make_unique<Catchup>();
+  c->region = internal::AllocateRegionMemory(internal::kRejoinRegionBytes);
+  if (!c->region) return ResourceExhaustedError(me + ": allocating the rejoin offer failed");
+  RDMAPS_ASSIGN_OR_RETURN(c->region_mr,
+                          endpoint_->Register(c->region.get(), internal::kRejoinRegionBytes,
+                                              transport::kRemoteRead | transport::kRemoteWrite));
+  internal::RejoinOffer offer{};
+  offer.magic = internal::kRejoinOfferMagic;
+  offer.shard = options_.server_index;
+  offer.log = log_receiver_->bootstrap();
+  if (address_.size() > sizeof(offer.address)) {
+    return InvalidArgumentError(me + ": its address " + address_ + " is longer than " +
+                                std::to_string(sizeof(offer.address)) + " bytes");
+  }
+  offer.address_len = static_cast<std::uint32_t>(address_.size());
+  std::memcpy(offer.address, address_.data(), address_.size());
+  std::memcpy(c->region.get(), &offer, sizeof(offer));
+  const internal::RejoinHello hello{internal::kRejoinHelloMagic, options_.server_index,
+                                    reinterpret_cast<std::uint64_t>(c->region.get()),
+                                    c->region_mr->rkey(), 0};
+  transport::ConnectOptions copts;
+  copts.user_data.resize(sizeof(hello));
+  std::memcpy(copts.user_data.data(), &hello, sizeof(hello));
+  const Deadline deadline = DeadlineAfter(options_.transport.op_timeout);
+  std::unique_ptr<transport::Connection> conn;
+  while (true) {
+    auto r = endpoint_->Connect(options_.rejoin_as_backup_of, copts, deadline);
+    if (r.ok()) {
+      conn = std::move(r).value();
+      break;
+    }
+    if (r.status().code() != StatusCode::kUnavailable ||
+        std::chrono::steady_clock::now() >= deadline) {
+      return r.status().WithContext(me + ": a replacement backup connecting to the primary at " +
+                                    options_.rejoin_as_backup_of +
+                                    " (is that the shard's primary?)");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  c->start = std::chrono::steady_clock::now();
+  log_receiver_->AttachPrimary(std::move(conn));
+  catchup_ = std::move(c);
+  return Status::OK();
+}
+
+bool ServerImpl::CatchupBusy() const {
+  // (Apply thread; the copier's flag is atomic.)
+  if (!catchup_) return false;
+  const auto phase = catchup_->phase;
+  return phase == Catchup::Phase::kApplying ||
+         (phase == Catchup::Phase::kCopying && catchup_->copied.load() && !g_hold_catchup.load());
+}
+
+void ServerImpl::FailCatchup(const Status& why) {
+  Catchup& c = *catchup_;
+  if (c.phase == Catchup::Phase::kFailed) return;
+  c.phase = Catchup::Phase::kFailed;
+  c.stop.store(true);
+  if (c.copier.joinable()) c.copier.join();
+  c.stash.clear();
+  RDMAPS_LOG(ERROR) << "ps server " << options_.server_index << ": re-protection from "
+                    << options_.rejoin_as_backup_of << " failed: " << why
+                    << "; this replacement is no copy of the shard (start another one)";
+  log_receiver_->CloseConnection();
+  {
+    MutexLock lock(mu_);
+    rejoin_answered_ = true;
+    if (rejoin_status_.ok()) rejoin_status_ = why;
+  }
+  cv_.notify_all();
+}
+
+bool ServerImpl::CatchupLog(const transport::Notification& n) {
+  Catchup& c = *catchup_;
+  using Phase = Catchup::Phase;
+  if (c.phase == Phase::kSynced) return false;
+  if (c.phase == Phase::kFailed) return true;
+  if (n.kind == transport::Notification::Kind::kDisconnected) {
+    FailCatchup(
+        UnavailableError("the primary's connection dropped before this replacement was in "
+                         "sync (or the primary refused it)"));
+    return true;
+  }
+  if (c.phase == Phase::kAwaitAnswer) {
+    // The primary's first message on this connection is its answer.
+    std::memcpy(&c.answer, c.region.get() + sizeof(internal::RejoinOffer), sizeof(c.answer));
+    const internal::RejoinAnswer& a = c.answer;
+    c.snap_bytes = SnapshotBytes();
+    if (n.imm != internal::kLogBootImm || a.magic != internal::kRejoinAnswerMagic) {
+      FailCatchup(DataLossError("the primary's answer is malformed"));
+      return true;
+    }
+    if (a.refusal != 0) {
+      const char* why = a.refusal == 1   ? "the shard has a backup (or another replacement)"
+                        : a.refusal == 2 ? "it does not serve the shard"
+                        : a.refusal == 3 ? "elastic jobs are not re-protected"
+                                         : "the offer does not fit it";
+      FailCatchup(FailedPreconditionError("the primary at " + options_.rejoin_as_backup_of +
+                                          " refused this replacement: " + why));
+      return true;
+    }
+    if (a.snapshot.length != c.snap_bytes || a.mailbox.length < 8) {
+      FailCatchup(FailedPreconditionError(
+          "the primary's snapshot is " + std::to_string(a.snapshot.length) +
+          " bytes; this "
+          "server's shards need " +
+          std::to_string(c.snap_bytes) +
+          " (the same tables, server_index, num_servers and worker slots on both?)"));
+      return true;
+    }
+    c.snap = internal::AllocateRegionMemory(c.snap_bytes);
+    auto mr = c.snap ? endpoint_->Register(c.snap.get(), c.snap_bytes, transport::kAccessNone)
+                     : Result<std::unique_ptr<transport::MemoryRegion>>(
+                           ResourceExhaustedError("out of memory for the snapshot copy"));
+    if (!mr.ok()) {
+      FailCatchup(mr.status());
+      return true;
+    }
+    c.snap_mr = std::move(mr).value();
+    log_receiver_->StartAt(a.epoch, a.index);
+    c.phase = Phase::kCopying;
+    // The copy: READs of the frozen snapshot, 8 MiB per round trip, on a
+    // thread of its own (the apply thread keeps taking the log meanwhile).
+    c.copier = std::thread([this, cp = &c] {
+      constexpr std::size_t kChunk = std::size_t{1} << 20;
+      Status st;
+      std::vector<transport::Op> ops;
+      for (std::size_t at = 0; at < cp->snap_bytes && st.ok();) {
+        if (cp->stop.load()) {
+          st = CancelledError("stopped");
+          break;
+        }
+        ops.clear();
+        for (int k = 0; k < 8 && at < cp->snap_bytes; ++k) {
+          const std::size_t len = std::min(kChunk, cp->snap_bytes - at);
+          ops.push_back(transport::Op::Read(cp->snap.get() + at, cp->snap_mr.get(), len,
+                                            cp->answer.snapshot.addr + at,
+                                            cp->answer.snapshot.rkey));
+          at += len;
+        }
+        st = log_receiver_->SendToPrimary(ops, DeadlineAfter(options_.transport.op_timeout));
+      }
+      cp->copy_status = st;
+      cp->copied.store(true);
+    });
+    {
+      MutexLock lock(mu_);
+      rejoin_answered_ = true;
+    }
+    cv_.notify_all();
+    return true;
+  }
+  // Copying or applying the stash: the record waits in the stash (its
+  // ring place goes back to the primary at once).
+  internal::LogReceiver::Logged rec;
+  if (!log_receiver_->Take(n.imm, &rec)) {
+    MutexLock lock(mu_);
+    ++stats_.protocol_errors;
+    return true;
+  }
+  // As many payload bytes as the header says it uses (zeros past what the
+  // primary sent), so that applying it reads nothing outside.
+  const std::size_t want = UsedBytes(rec.header) - sizeof(SlotHeader);
+  Catchup::Stashed s{rec.worker, rec.header, std::vector<std::byte>(want)};
+  if (want > 0) {
+    std::memcpy(s.payload.data(), rec.payload,
+                std::min<std::size_t>(want, rec.bytes - sizeof(SlotHeader)));
+  }
+  log_receiver_->Release();
+  c.stash_bytes += want + sizeof(s);
+  c.stash.push_back(std::move(s));
+  if (c.stash_bytes > internal::kMaxRejoinStashBytes) {
+    FailCatchup(ResourceExhaustedError("more than " +
+                                       std::to_string(internal::kMaxRejoinStashBytes) +
+                                       " bytes of log arrived during the copy"));
+  }
+  return true;
+}
+
+void ServerImpl::CatchupStep() {
+  Catchup& c = *catchup_;
+  using Phase = Catchup::Phase;
+  if (c.phase == Phase::kCopying) {
+    if (!c.copied.load() || g_hold_catchup.load()) return;
+    c.copier.join();
+    if (!c.copy_status.ok()) {
+      FailCatchup(c.copy_status.WithContext("copying the snapshot"));
+      return;
+    }
+    if (Status st = LoadSnapshot(c.snap.get()); !st.ok()) {
+      FailCatchup(st);
+      return;
+    }
+    c.snap_mr.reset();
+    c.snap.reset();
+    c.phase = Phase::kApplying;
+    MutexLock lock(mu_);
+    stats_.catchup_bytes = c.snap_bytes;
+  }
+  if (c.phase != Phase::kApplying) return;
+  // A bounded part of the stash per turn: the ring keeps draining.
+  for (int k = 0; k < 256 && !c.stash.empty(); ++k) {
+    Catchup::Stashed& s = c.stash.front();
+    ApplyLogRecord(s.worker, s.header, s.payload.data());
+    c.stash_bytes -= s.payload.size() + sizeof(s);
+    c.stash.pop_front();
+  }
+  if (!c.stash.empty()) return;
+  // In sync: every record the primary sent is applied; from now on each
+  // is applied as it comes. The primary may count this server now.
+  c.phase = Phase::kSynced;
+  const double secs =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - c.start).count();
+  {
+    MutexLock lock(mu_);  // (before the primary can name this server)
+    stats_.catchup_seconds = secs;
+  }
+  std::byte* word = c.region.get() + sizeof(internal::RejoinOffer) + 96;
+  const std::uint64_t applied = log_receiver_->applied();
+  std::memcpy(word, &applied, sizeof(applied));
+  const transport::Op op =
+      transport::Op::WriteWithImm(word, c.region_mr.get(), sizeof(applied), c.answer.mailbox.addr,
+                                  c.answer.mailbox.rkey, internal::kRejoinSyncedImm);
+  if (Status st =
+          log_receiver_->SendToPrimary({&op, 1}, DeadlineAfter(options_.transport.op_timeout));
+      !st.ok()) {
+    c.phase = Phase::kApplying;  // (FailCatchup's precondition)
+    FailCatchup(st.WithContext("telling the primary it is in sync"));
+    return;
+  }
+  RDMAPS_LOG(INFO) << "ps server " << options_.server_index
+                   << ": replacement backup in sync at log "
+                   << "index " << applied << " after " << secs << " s (" << c.snap_bytes
+                   << " bytes copied)";
+}
+
+Status ServerImpl::LoadSnapshot(const std::byte* snap) {
+  // The primary's words: checked before they address anything.
+  internal::RejoinSnapshotHead head;
+  std::memcpy(&head, snap, sizeof(head));
+  const internal::RejoinAnswer& a = catchup_->answer;
+  if (head.magic != internal::kRejoinSnapMagic || head.shard != options_.server_index ||
+      head.index != a.index || head.epoch != a.epoch || head.worker_slots != slots_ ||
+      head.tables != tables_.size() || head.bytes != catchup_->snap_bytes) {
+    return DataLossError(
+        "the primary's snapshot does not describe this shard (magic, shard, log "
+        "index, worker slots, tables or size differ)");
+  }
+  const std::byte* p = snap + sizeof(head);
+  std::vector<internal::RejoinWorker> ws(slots_);
+  std::memcpy(ws.data(), p, ws.size() * sizeof(internal::RejoinWorker));
+  p += ws.size() * sizeof(internal::RejoinWorker);
+  for (const internal::RejoinWorker& w : ws) {
+    if (w.next_seq == 0 || w.done > 1) return DataLossError("the snapshot's worker words are bad");
+  }
+  for (std::uint32_t w = 0; w < slots_; ++w) {
+    workers_[w].next_seq = ws[w].next_seq;
+    workers_[w].clock = ws[w].clock;
+    workers_[w].done = ws[w].done != 0;
+  }
+  for (TableState& t : tables_) {
+    const std::size_t rb = std::size_t{t.options.dim} * sizeof(float);
+    if (!t.geometry.inline_headers()) {
+      std::memcpy(t.data(0), p, t.shard.count * rb);
+    } else {
+      for (std::uint64_t r = 0; r < t.shard.count; ++r) std::memcpy(t.data(r), p + r * rb, rb);
+    }
+    p += t.shard.count * rb;
+    if (!t.state.empty()) std::memcpy(t.state.data(), p, t.state.size() * sizeof(float));
+    p += t.state.size() * sizeof(float);
+    for (std::uint64_t b = 0; b < t.geometry.blocks(); ++b) t.Seal(b);
+  }
+  PublishControl();
+  return Status::OK();
+}
+
 bool ServerImpl::Serving() const {
   if (killed_.load()) return false;
   if (log_receiver_ && !log_receiver_->serving()) return false;
@@ -1076,8 +1632,12 @@ bool ServerImpl::Serving() const {
 }
 
 void ServerImpl::HandleLog(const transport::Notification& n) {
+  if (catchup_ && CatchupLog(n)) return;  // a replacement not in sync yet
   if (n.kind == transport::Notification::Kind::kDisconnected) {
-    if (log_receiver_->OnPrimaryLost()) PublishControl();
+    if (log_receiver_->OnPrimaryLost()) {
+      log_sender_->SetAlone(address_, log_receiver_->epoch());  // (may take a replacement)
+      PublishControl();
+    }
     return;
   }
   internal::LogReceiver::Logged rec;
@@ -1086,21 +1646,39 @@ void ServerImpl::HandleLog(const transport::Notification& n) {
     ++stats_.protocol_errors;
     return;
   }
+  ApplyLogRecord(rec.worker, rec.header, rec.payload);
+  log_receiver_->Release();
+}
+
+void ServerImpl::ApplyLogRecord(std::uint32_t w, const SlotHeader& h, const std::byte* payload) {
   // What the primary's HandleSlot did with this slot, in its order.
-  const std::uint32_t w = rec.worker;
-  bool ok = w < slots_ && rec.header.seq == workers_[w].next_seq;
-  if (ok && rec.header.kind == static_cast<std::uint32_t>(SlotKind::kCheckpoint)) {
+  bool ok = w < slots_ && h.seq == workers_[w].next_seq;
+  if (ok && h.kind == static_cast<std::uint32_t>(SlotKind::kCheckpoint)) {
     // The primary's cut writes the checkpoint; a backup takes none (yet).
     ++workers_[w].next_seq;
-  } else if (ok && ApplySlot(w, rec.header, rec.payload)) {
+  } else if (ok && ApplySlot(w, h, payload)) {
     ++workers_[w].next_seq;
   } else {
     MutexLock lock(mu_);
     ++stats_.protocol_errors;
   }
-  log_receiver_->Release();
   MutexLock lock(mu_);
   ++stats_.log_records;
+}
+
+void ServerImpl::OnBackupNotification(const transport::Notification& n) {
+  if (!log_sender_->Owns(n)) return;  // of a backup's connection closed before
+  if (n.kind == transport::Notification::Kind::kDisconnected) {
+    if (!killed_.load()) log_sender_->OnBackupDisconnected();
+    return;
+  }
+  if (log_sender_->candidate() && n.imm == internal::kRejoinSyncedImm) {
+    if (log_sender_->CandidateSynced().ok()) {
+      MutexLock lock(mu_);
+      ++stats_.reprotections;
+    }
+    rejoin_serving_.reset();  // the snapshot has been copied
+  }
 }
 
 void ServerImpl::NewSession(std::uint32_t w, std::uint64_t connection, std::uint32_t imm) {
@@ -1436,6 +2014,10 @@ void ServerImpl::Stop() {
   }
   if (accept_thread_.joinable()) accept_thread_.join();
   if (apply_thread_.joinable()) apply_thread_.join();
+  if (catchup_) {
+    catchup_->stop.store(true);
+    if (catchup_->copier.joinable()) catchup_->copier.join();
+  }
   writer_.reset();  // finishes the parts already captured
 }
 
@@ -1514,6 +2096,7 @@ void TEST_PauseApply(Server& server, bool paused) {
   static_cast<ServerImpl&>(server).TEST_PauseApply(paused);
 }
 void TEST_Kill(Server& server) { static_cast<ServerImpl&>(server).TEST_Kill(); }
+void TEST_HoldCatchup(bool held) { g_hold_catchup.store(held); }
 Status TEST_ShardState(Server& server, std::uint32_t table, std::vector<float>* rows,
                        std::vector<float>* state) {
   return static_cast<ServerImpl&>(server).TEST_ShardState(table, rows, state);

@@ -31,6 +31,11 @@ void TEST_PauseApply(Server& server, bool paused);
 // that died would.
 void TEST_Kill(Server& server);
 
+// While held, every replacement backup (ServerOptions::rejoin_as_backup_of)
+// in this process stays in its catch-up: it copies the snapshot and stashes
+// the log, but does not load the copy, so it is never in sync.
+void TEST_HoldCatchup(bool held);
+
 // A copy of the shard's rows (row by row, dim floats each) and of its
 // optimizer state, under the apply lock.
 Status TEST_ShardState(Server& server, std::uint32_t table, std::vector<float>* rows,

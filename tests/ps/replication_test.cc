@@ -484,6 +484,9 @@ TEST(ReplicationFakeTest, DroppedLinkLeavesOnePrimary) {
   const std::vector<float> minus_one(8 * 2, -1.0f);
   for (int i = 0; i < 10; ++i) ASSERT_TRUE(cl.Push(1, RowRange{0, 8}, minus_one).ok());
   ASSERT_TRUE(cl.Flush().ok());
+  // The backup holds all 10 once the Flush returned, but applies them on
+  // its own time: a loser's count read below must not still be moving.
+  ASSERT_TRUE(Eventually([&] { return c.backups[0]->stats().pushes_applied == 10; }));
   ASSERT_TRUE(transport::fake::DropConnection(*internal::TEST_ServerEndpoint(*c.primaries[0]),
                                               internal::kBackupPeerBase + 0)
                   .ok());

@@ -145,16 +145,20 @@ DEFINE_string(coordinator, "",
 DEFINE_int32(lease_ttl_ms, 750,
              "a replicated primary's lease: one that stops renewing it (hung, SIGSTOPped) is "
              "replaced by its backup within about this long");
-// Re-protection (a replacement server becoming the new backup): its
-// ServerOptions fields get their flags here.
+DEFINE_string(rejoin_as_backup_of, "",
+              "re-protection: with --replicas=2 --replica_role=backup, HOST:PORT of the "
+              "shard's current primary, which has served alone since a failover: this "
+              "server copies its shard while training goes on, catches up from its log and "
+              "becomes its backup");
 DEFINE_int32(ready_fd, -1, "write \"host:port\\n\" to this fd when ready (used by rdmaps-local)");
 DEFINE_int32(run_timeout_s, 0, "give up (exit 1) after this long serving; 0: no limit");
 
 namespace {
 
-// --replicas, --replica_role, --backup_address, --coordinator and
-// --lease_ttl_ms onto ServerOptions (replicas, replica_role,
-// backup_address, failover); InvalidArgument naming the flag to fix.
+// --replicas, --replica_role, --backup_address, --rejoin_as_backup_of,
+// --coordinator and --lease_ttl_ms onto ServerOptions (replicas,
+// replica_role, backup_address, rejoin_as_backup_of, failover);
+// InvalidArgument naming the flag to fix.
 rdmaps::Status ApplyReplicationFlags(const rdmaps::ClusterLayout& layout,
                                      rdmaps::ServerOptions* so) {
   const std::uint32_t replicas =
@@ -169,9 +173,10 @@ rdmaps::Status ApplyReplicationFlags(const rdmaps::ClusterLayout& layout,
                                         " is not primary or backup");
   }
   if (replicas == 1) {
-    if (role_given || !FLAGS_backup_address.empty()) {
+    if (role_given || !FLAGS_backup_address.empty() || !FLAGS_rejoin_as_backup_of.empty()) {
       return rdmaps::InvalidArgumentError(
-          "--replica_role and --backup_address need --replicas=2 (or RDMAPS_REPLICAS=2)");
+          "--replica_role, --backup_address and --rejoin_as_backup_of need --replicas=2 (or "
+          "RDMAPS_REPLICAS=2)");
     }
     return rdmaps::Status::OK();
   }
@@ -186,6 +191,11 @@ rdmaps::Status ApplyReplicationFlags(const rdmaps::ClusterLayout& layout,
   if (so->replica_role == rdmaps::ReplicaRole::kBackup && !FLAGS_backup_address.empty()) {
     return rdmaps::InvalidArgumentError("--backup_address is a primary's flag, not a backup's");
   }
+  if (!FLAGS_rejoin_as_backup_of.empty() && so->replica_role != rdmaps::ReplicaRole::kBackup) {
+    return rdmaps::InvalidArgumentError(
+        "--rejoin_as_backup_of is a replacement backup's flag: add --replica_role=backup");
+  }
+  so->rejoin_as_backup_of = FLAGS_rejoin_as_backup_of;
   so->backup_address = FLAGS_backup_address;
   rdmaps::CoordinatorConfig coordinator = layout.coordinator;
   if (!FLAGS_coordinator.empty()) coordinator.address = FLAGS_coordinator;

@@ -748,6 +748,9 @@ class TcpEndpoint final : public Endpoint {
     }
     PeerInfo peer;
     peer.peer_id = r1.peer_id;
+    // The session names this connection on both sides: the immediates the
+    // acceptor sends back carry it.
+    peer.connection = r1.session;
     peer.address = PeerAddress(ops.get());
     auto served = std::make_shared<Inbound>();
     served->fd = std::move(rev);
