@@ -88,6 +88,13 @@ struct LogRecord {  // then `bytes` of the slot (SlotHeader + payload)
 inline constexpr std::size_t kLogRecordBytes = 64;
 static_assert(std::is_trivially_copyable_v<LogRecord> && sizeof(LogRecord) == kLogRecordBytes);
 
+// A record whose SlotHeader::kind is this is not a worker's slot: the
+// primary saw `worker`'s connection drop (an elastic member that died; the
+// header's clock is its clock there) and the backup makes it leave too.
+// Workers cannot send it (no SlotKind has this value; a primary refuses
+// unknown kinds).
+inline constexpr std::uint32_t kLogWorkerDied = 0x100;
+
 struct LogControl {
   std::uint64_t applied_index;  // records applied by the backup
   std::uint64_t pad;
