@@ -1219,7 +1219,12 @@ void ServerImpl::AdvanceCut() {
     }
     const std::uint64_t clock = *cut_->armed();
     bool captured = false;
-    if (cut_->Complete(done)) {
+    if (cut_->Complete(done) && log_receiver_ && !log_receiver_->serving()) {
+      // A backup writes no checkpoint: its primary writes this part, under
+      // the same name in the same folder (two writers of one part corrupt
+      // it). The cut is passed as the primary passes it.
+      captured = true;
+    } else if (cut_->Complete(done)) {
       // The last snapshot's memory, so that the copy runs at memcpy speed.
       auto snap = writer_ ? writer_->TakeSpare() : std::make_unique<internal::ShardSnapshot>();
       snap->clock = clock;
@@ -1272,6 +1277,8 @@ void ServerImpl::NotifyCheckpoint() {
 }
 
 void ServerImpl::ServeTriggers() {
+  // A backup serves no trigger before it is promoted (its primary does).
+  if (log_receiver_ && !log_receiver_->serving()) return;
   const auto now = std::chrono::steady_clock::now();
   bool timed = false;
   if (options_.checkpoint_interval.count() > 0 && options_.server_index == 0 &&
