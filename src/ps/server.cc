@@ -603,6 +603,8 @@ void ServerImpl::AcceptLoop() {
           // so never acknowledged: they go with it.
           workers_[w] = WorkerState{};
           cut_->Forget(w);
+          // The new worker's slots from seq 1 go to the backup too.
+          if (log_sender_) forwarded_seq_[w] = 0;
           PublishControl();
         }
       }
@@ -1117,6 +1119,10 @@ void ServerImpl::HandleLog(const transport::Notification& n) {
     log_receiver_->Release();
     MutexLock lock(mu_);
     ++stats_.log_records;
+    if (std::find(stats_.dead_workers.begin(), stats_.dead_workers.end(), w) ==
+        stats_.dead_workers.end()) {
+      stats_.dead_workers.push_back(w);
+    }
     return;
   }
   if (w < slots_ && rec.header.seq == 1 && workers_[w].next_seq != 1) {
