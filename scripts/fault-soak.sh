@@ -3,10 +3,10 @@
 # cells (ps_fault_matrix_test: fake and tcp) for many seeds, one process per
 # seed under a timeout, and prints the seed of every failure and a summary
 # table per cell and transport (runs, failures, failover time p50/max).
-# Each seed kills 11 servers (kill_primary, kill_primary_checkpoint,
-# kill_backup, kill_both_restore on fake and tcp, which kill 1, 1, 1, 2;
-# primary_cut_off on fake; workers_with_replication on fake and tcp, which
-# kill a primary and a worker); --seeds 5 already makes more than 50.
+# Each seed makes 15 faults: kill_primary, kill_primary_checkpoint,
+# kill_backup and kill_both_restore on fake and tcp kill 1, 1, 1 and 2
+# servers, workers_with_replication on fake and tcp a primary and a worker,
+# primary_cut_off on fake cuts a link; --seeds 4 already makes more than 50.
 #
 #   scripts/fault-soak.sh [--build DIR] [--seeds N] [--first S] [--master M] [--timeout SECS]
 #
@@ -61,7 +61,7 @@ for ((k = first; k < first + seeds; ++k)); do
   fi
 done
 
-# The summary: per cell and transport, runs (each a kill), and the failover
+# The summary: per cell and transport, runs, and the failover
 # time (kill to the first acknowledged push after it) where it applies.
 echo
 /usr/bin/awk -v failed="${#failed[@]}" -v secs="$((SECONDS - start))" '
@@ -85,7 +85,7 @@ echo
       }
       printf "%-26s %-5s %5d %14s %14s\n", p[1], p[2], runs[key], p50, mx
     }
-    printf "passed cells: %d, kills (servers and workers): %d, failed seeds: %d, %d s\n", NR, kills, failed, secs > totals
+    printf "passed cells: %d, faults (servers and workers killed, links cut): %d, failed seeds: %d, %d s\n", NR, kills, failed, secs > totals
   }' totals="$out/totals" "$out/lines" 2>/dev/null | { read -r head; echo "$head"; sort; } || true
 cat "$out/totals" 2>/dev/null || true
 if ((${#failed[@]})); then
