@@ -12,7 +12,8 @@
 #
 # Seeds are M*1000 + S .. M*1000 + S + N - 1 (M, the master seed, default
 # the date's day number), so a run is reproduced by its master seed and a
-# failure by RDMAPS_FAULT_SEEDS=<seed> ps_fault_matrix_test.
+# failure by RDMAPS_FAULT_SOAK=1 RDMAPS_FAULT_SEEDS=<seed> ps_fault_matrix_test
+# (RDMAPS_FAULT_SOAK=1 also runs the cell ctest skips, see docs/ps.md).
 # Exit 0 when every seed passed, 1 otherwise.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -46,7 +47,7 @@ for ((k = first; k < first + seeds; ++k)); do
   seed=$((master * 1000 + k))
   log="$out/seed-$seed.log"
   rc=0
-  RDMAPS_FAULT_SEEDS="$seed" timeout "$per_run" "$bin" --gtest_color=no >"$log" 2>&1 || rc=$?
+  RDMAPS_FAULT_SOAK=1 RDMAPS_FAULT_SEEDS="$seed" timeout "$per_run" "$bin" --gtest_color=no >"$log" 2>&1 || rc=$?
   grep '^FAULT-MATRIX ' "$log" >>"$out/lines" || true
   if ((rc != 0)); then
     failed+=("$seed")
@@ -55,7 +56,7 @@ for ((k = first; k < first + seeds; ++k)); do
     echo "fault-soak: seed $seed FAILED (exit $rc): $why"
     cp "$log" "${TMPDIR:-/tmp}/rdmaps-fault-soak-seed-$seed.log"
     echo "fault-soak:   log kept in ${TMPDIR:-/tmp}/rdmaps-fault-soak-seed-$seed.log;" \
-         "reproduce: RDMAPS_FAULT_SEEDS=$seed $bin"
+         "reproduce: RDMAPS_FAULT_SOAK=1 RDMAPS_FAULT_SEEDS=$seed $bin"
   else
     echo "fault-soak: seed $seed ok"
   fi
