@@ -446,8 +446,8 @@ TEST_P(FaultMatrixTest, KillBackup) {
 // the newest complete checkpoint, restored into a fresh unreplicated job,
 // holds exactly the pushes made before its clock.
 TEST_P(FaultMatrixTest, KillPrimaryDuringCheckpoints) {
-  // Known bug (docs/ps.md, "The fault matrix"): on a loaded machine about 1
-  // run in 30 has a survivor's cut hold a worker's slots past a failover
+  // Known bug (docs/ps.md, "The fault matrix"): on a loaded machine a few
+  // runs in a hundred have a survivor's cut hold a worker's slots past a failover
   // (its pushes stall until checkpoint_timeout). The soak runs this cell;
   // ctest does not until that is fixed.
   if (std::getenv("RDMAPS_FAULT_SOAK") == nullptr) {
