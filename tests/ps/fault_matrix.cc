@@ -652,7 +652,7 @@ TEST_P(FaultMatrixTest, WorkersKilledStoppedAddedWithReplication) {
           if (it == stop1_at) {
             // "SIGSTOP": no call for a while; the primary dies meanwhile.
             stopped.store(true);
-            Eventually([&] { return killed.load(); }, seconds(5));
+            Eventually([&] { return killed.load(); }, seconds(1));
             std::this_thread::sleep_for(milliseconds(stop_ms));
           }
           return true;
