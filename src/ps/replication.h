@@ -179,6 +179,12 @@ struct RejoinWorker {  // 32 bytes
   std::uint64_t reserved;
 };
 static_assert(std::is_trivially_copyable_v<RejoinWorker> && sizeof(RejoinWorker) == 32);
+// A record whose SlotHeader::kind is this is not a worker's slot: the
+// primary saw `worker`'s connection drop (an elastic member that died; the
+// header's clock is its clock there) and the backup makes it leave too.
+// Workers cannot send it (no SlotKind has this value; a primary refuses
+// unknown kinds).
+inline constexpr std::uint32_t kLogWorkerDied = 0x100;
 
 struct LogControl {
   std::uint64_t applied_index;  // records applied by the backup

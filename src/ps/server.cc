@@ -184,6 +184,11 @@ class ServerImpl final : public Server {
   // Whether the apply loop should not wait for notifications (a stash
   // to apply, a copy about to finish).
   bool CatchupBusy() const;
+  // A primary of a replicated shard: worker w left by dying (its
+  // connection dropped); the backup is told in log order (a
+  // kLogWorkerDied record), so that a promoted backup does not wait for
+  // it. Apply thread only.
+  void ForwardDeath(std::uint32_t w) RDMAPS_REQUIRES(apply_mu_);
   // False while this server must acknowledge nothing: a backup not
   // promoted, a fenced or killed primary.
   bool Serving() const;
@@ -294,6 +299,8 @@ class ServerImpl final : public Server {
     std::chrono::steady_clock::time_point start;
   };
   std::unique_ptr<Catchup> catchup_;  // set in Init
+  AlignedBuffer death_slot_;  // ForwardDeath's record body (a SlotHeader)
+  std::unique_ptr<transport::MemoryRegion> death_slot_mr_;
 
   // Apply thread only. apply_mu_ guards the shards' contents (behind
   // tables_[].memory, which the analysis does not see) against ReadLocal
@@ -338,6 +345,9 @@ class ServerImpl final : public Server {
   // connection (one refused for a bad hello, one that claimed the id of
   // another worker) is never taken for that worker's.
   std::unique_ptr<std::atomic<std::uint64_t>[]> bound_;
+  // Per worker, the hello of its bound connection (elastic mode: a live
+  // slot is rebound only to the same Client, reconnecting after a failover).
+  std::vector<internal::HelloMsg> bound_hello_ RDMAPS_GUARDED_BY(mu_);
   bool stopped_ RDMAPS_GUARDED_BY(mu_) = false;
   // The triggers ServeTriggers has served, and the clock of the cut that
   // serves them (CheckpointNow waits for it).
@@ -440,6 +450,7 @@ Status ServerImpl::Init() {
     gone_.assign(slots_, false);
     gone_at_.assign(slots_, {});
     bound_ = std::make_unique<std::atomic<std::uint64_t>[]>(slots_);
+    bound_hello_.assign(slots_, internal::HelloMsg{});
     stats_.worker_clocks.assign(slots_, 0);
   }
   RDMAPS_RETURN_IF_ERROR(RegisterAll());
@@ -463,6 +474,12 @@ Status ServerImpl::Init() {
       RDMAPS_RETURN_IF_ERROR(log_sender_->Connect(options_.backup_address,
                                                   DeadlineAfter(options_.transport.op_timeout)));
     }
+    // ForwardDeath's record body (a backup needs it once promoted).
+    death_slot_ = internal::AllocateRegionMemory(sizeof(SlotHeader));
+    if (!death_slot_) return ResourceExhaustedError("allocating the log's death record failed");
+    RDMAPS_ASSIGN_OR_RETURN(
+        death_slot_mr_,
+        endpoint_->Register(death_slot_.get(), sizeof(SlotHeader), transport::kAccessNone));
   }
   incarnation_ =
       (std::uint64_t{std::random_device{}()} << 32) ^ std::random_device{}() ^
@@ -671,6 +688,7 @@ void ServerImpl::AcceptLoop() {
     // before this (of the old connection) or after it (of this one).
     const std::uint32_t w = hello.worker_id;
     std::uint64_t previous = 0;
+    internal::HelloMsg previous_hello{};
     bool was_seen = false, was_gone = false;
     std::vector<std::uint32_t> was_dead;
     {
@@ -679,13 +697,20 @@ void ServerImpl::AcceptLoop() {
         // Elastic: a slot is taken by one live worker at a time, and a
         // worker that left is replaced by a fresh one (its ring from seq 1,
         // published before the bootstrap lets it read the control block).
-        bool live = false, seen = false;
+        bool live = false, seen = false, same = false;
         {
           MutexLock lock(mu_);
           seen = seen_[w];
           live = seen && !gone_[w];
+          // The same Client reconnecting after a failover elsewhere
+          // (ClientOptions::failover reconnects every server, and closes
+          // the old connection only after the new one is bootstrapped): its
+          // hello names the same bootstrap region as the bound one's.
+          same = live && bound_hello_[w].boot_addr == hello.boot_addr &&
+                 bound_hello_[w].boot_rkey == hello.boot_rkey &&
+                 bound_hello_[w].boot_length == hello.boot_length;
         }
-        if (live) {
+        if (live && !same) {
           RDMAPS_LOG(WARNING) << "ps server " << options_.server_index << ": rejecting "
                               << peer.address << ": worker slot " << w
                               << " is held by a live worker; give the new one a free id";
@@ -696,11 +721,15 @@ void ServerImpl::AcceptLoop() {
           // so never acknowledged: they go with it.
           workers_[w] = WorkerState{};
           cut_->Forget(w);
+          // The new worker's slots from seq 1 go to the backup too.
+          if (log_sender_) forwarded_seq_[w] = 0;
           PublishControl();
         }
       }
       MutexLock lock(mu_);
       previous = bound_[w].exchange(peer.connection);
+      previous_hello = bound_hello_[w];
+      bound_hello_[w] = hello;
       was_seen = seen_[w];
       was_gone = gone_[w];
       was_dead = stats_.dead_workers;
@@ -735,6 +764,7 @@ void ServerImpl::AcceptLoop() {
       {
         MutexLock lock(mu_);
         bound_[w].store(previous);
+        bound_hello_[w] = previous_hello;
         seen_[w] = was_seen;
         gone_[w] = was_gone;
         stats_.dead_workers = std::move(was_dead);
@@ -1000,7 +1030,11 @@ void ServerImpl::ApplyLoop() {
         }
         // (Within what PreForward covered, as it decided: the slots the
         // backup got are the slots applied here, in the same order.)
-        if (i < covered ? !prebound_[i] : n.connection != bound_[w].load()) {
+        // (A disconnect is not one of them: PreForward skips it, and it is
+        // checked against the binding now, like any outside the cover.)
+        const bool covered_slot =
+            i < covered && n.kind == transport::Notification::Kind::kImmediate;
+        if (covered_slot ? !prebound_[i] : n.connection != bound_[w].load()) {
           // Not the connection this worker bootstrapped on: a refused or
           // stale one that claimed its id. Never the worker's push or death.
           RDMAPS_LOG_EVERY_T(WARNING, 1.0)
@@ -1014,29 +1048,35 @@ void ServerImpl::ApplyLoop() {
           continue;
         }
         if (n.kind == transport::Notification::Kind::kDisconnected) {
-          MutexLock lock(mu_);
-          // Checked again under mu_: the accept loop rebinds under it.
-          if (n.connection != bound_[w].load()) {
-            ++stats_.unbound_notifications;
-            continue;
-          }
-          if (!gone_[w]) {
-            gone_[w] = true;
-            if (!workers_[w].done) membership_->Leave(w, true, workers_[w].clock);
-            if (workers_[w].done) {
-              ++stats_.workers_done;
-            } else {
-              // After a rewind in place an old session's end is expected:
-              // its worker comes back (and others must not give up on it).
-              if (workers_[w].session_ok) workers_[w].died = true;  // published below
-              stats_.dead_workers.push_back(w);
-              gone_at_[w] = std::chrono::steady_clock::now();
-              RDMAPS_LOG(WARNING) << "ps server " << options_.server_index << ": worker " << w
-                                  << " disconnected without Close() (crashed or killed?) at clock "
-                                  << workers_[w].clock;
+          bool left = false;  // an elastic member left by dying
+          {
+            MutexLock lock(mu_);
+            // Checked again under mu_: the accept loop rebinds under it.
+            if (n.connection != bound_[w].load()) {
+              ++stats_.unbound_notifications;
+              continue;
             }
-            membership_changed = true;
+            if (!gone_[w]) {
+              gone_[w] = true;
+              left = !workers_[w].done && membership_->elastic() && membership_->member(w);
+              if (!workers_[w].done) membership_->Leave(w, true, workers_[w].clock);
+              if (workers_[w].done) {
+                ++stats_.workers_done;
+              } else {
+                // After a rewind in place an old session's end is expected:
+                // its worker comes back (and others must not give up on it).
+                if (workers_[w].session_ok) workers_[w].died = true;  // published below
+                stats_.dead_workers.push_back(w);
+                gone_at_[w] = std::chrono::steady_clock::now();
+                RDMAPS_LOG(WARNING)
+                    << "ps server " << options_.server_index << ": worker " << w
+                    << " disconnected without Close() (crashed or killed?) at clock "
+                    << workers_[w].clock;
+              }
+              membership_changed = true;
+            }
           }
+          if (left && log_sender_) ForwardDeath(w);
           continue;
         }
         if (n.connection != workers_[w].conn) NewSession(w, n.connection, n.imm);
@@ -1625,6 +1665,17 @@ Status ServerImpl::LoadSnapshot(const std::byte* snap) {
   return Status::OK();
 }
 
+void ServerImpl::ForwardDeath(std::uint32_t w) {
+  if (killed_.load() || log_sender_->fenced()) return;
+  SlotHeader h{};
+  h.kind = internal::kLogWorkerDied;
+  h.clock = workers_[w].clock;
+  std::memcpy(death_slot_.get(), &h, sizeof(h));
+  if (!log_sender_->Forward(w, death_slot_.get(), sizeof(h), death_slot_mr_.get()).ok()) return;
+  MutexLock lock(mu_);
+  ++stats_.log_records;
+}
+
 bool ServerImpl::Serving() const {
   if (killed_.load()) return false;
   if (log_receiver_ && !log_receiver_->serving()) return false;
@@ -1652,6 +1703,32 @@ void ServerImpl::HandleLog(const transport::Notification& n) {
 
 void ServerImpl::ApplyLogRecord(std::uint32_t w, const SlotHeader& h, const std::byte* payload) {
   // What the primary's HandleSlot did with this slot, in its order.
+  if (w < slots_ && h.kind == internal::kLogWorkerDied) {
+    // The primary saw w's connection drop (ForwardDeath): w left, as there.
+    if (!workers_[w].done && membership_->member(w)) {
+      membership_->Leave(w, true, workers_[w].clock);
+      workers_[w].died = true;
+    }
+    MutexLock lock(mu_);
+    ++stats_.log_records;
+    if (std::find(stats_.dead_workers.begin(), stats_.dead_workers.end(), w) ==
+        stats_.dead_workers.end()) {
+      stats_.dead_workers.push_back(w);
+    }
+    return;
+  }
+  if (w < slots_ && h.seq == 1 && workers_[w].next_seq != 1) {
+    // A new session of w on the primary (NewSession's rule: its first slot
+    // is seq 1), or in elastic mode a fresh worker in a slot that was left
+    // (the accept loop's reset there).
+    if (membership_->free(w)) {
+      workers_[w] = WorkerState{};
+      cut_->Forget(w);
+    } else {
+      workers_[w].next_seq = 1;
+      cut_->held()[w].clear();
+    }
+  }
   bool ok = w < slots_ && h.seq == workers_[w].next_seq;
   if (ok && h.kind == static_cast<std::uint32_t>(SlotKind::kCheckpoint)) {
     // The primary's cut writes the checkpoint; a backup takes none (yet).
@@ -1754,7 +1831,12 @@ void ServerImpl::AdvanceCut() {
     }
     const std::uint64_t clock = *cut_->armed();
     bool captured = false;
-    if (cut_->Complete(done)) {
+    if (cut_->Complete(done) && log_receiver_ && !log_receiver_->serving()) {
+      // A backup writes no checkpoint: its primary writes this part, under
+      // the same name in the same folder (two writers of one part corrupt
+      // it). The cut is passed as the primary passes it.
+      captured = true;
+    } else if (cut_->Complete(done)) {
       // The last snapshot's memory, so that the copy runs at memcpy speed.
       auto snap = writer_ ? writer_->TakeSpare() : std::make_unique<internal::ShardSnapshot>();
       snap->clock = clock;
@@ -1807,6 +1889,8 @@ void ServerImpl::NotifyCheckpoint() {
 }
 
 void ServerImpl::ServeTriggers() {
+  // A backup serves no trigger before it is promoted (its primary does).
+  if (log_receiver_ && !log_receiver_->serving()) return;
   const auto now = std::chrono::steady_clock::now();
   bool timed = false;
   if (options_.checkpoint_interval.count() > 0 && options_.server_index == 0 &&
