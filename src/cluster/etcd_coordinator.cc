@@ -474,7 +474,14 @@ struct EtcdCoordinator::Impl {
         continue;
       }
       if (rc == CURLE_OPERATION_TIMEDOUT) {
-        if (CoordClock::now() >= deadline - std::chrono::milliseconds(1)) {
+        // Connected (or answering) when the time ran out: the call's own
+        // deadline passed (curl's timeout is `left`, truncated to whole
+        // milliseconds, so the clock alone may read a hair before it).
+        // Else the connect timeout: etcd did not accept the connection.
+        curl_off_t connect_us = 0;
+        curl_easy_getinfo(c, CURLINFO_CONNECT_TIME_T, &connect_us);
+        if (connect_us > 0 || http != 0 ||
+            CoordClock::now() >= deadline - std::chrono::milliseconds(2)) {
           return TimedOutError("the deadline passed waiting for etcd at " + endpoint + path);
         }
         return UnavailableError("etcd at " + endpoint + " did not accept a connection within " +
