@@ -1,5 +1,7 @@
 """Replicated shards and elastic worker slots from Python: LocalCluster and
 connect take `replicas` and `max_workers` as the C++ options do."""
+import time
+
 import numpy as np
 import pytest
 
@@ -20,9 +22,15 @@ def test_replicated_local_cluster_forwards_every_push_to_the_backups():
                 c.push("w", slice(0, 40), np.ones((40, 4), np.float32))
             c.flush()
             np.testing.assert_array_equal(c.pull("w", slice(0, 40)), -9.0)  # 1 - 10
-        # Each backup holds its shard's pushes (the log), in apply order.
+        # Each backup holds its shard's pushes (the log), in apply order. A
+        # record is acknowledged once it is in the backup's ring, and applied
+        # there a moment later: wait (bounded) until the backup has caught up.
         for primary, backup in zip(lc.servers, lc.backups):
             assert primary.stats()["log_records"] >= 10
+            deadline = time.monotonic() + 10
+            while (backup.stats()["log_records"] != primary.stats()["log_records"]
+                   and time.monotonic() < deadline):
+                time.sleep(0.005)  # polling a deadline
             assert backup.stats()["log_records"] == primary.stats()["log_records"]
             shard = primary.stats()  # the backup applied exactly the same rows
             rows = 20  # rows 0..19 on server 0, 20..39 on server 1
