@@ -25,9 +25,12 @@ INTERRUPTED_WORKER = textwrap.dedent("""
     client.clock()
     client.clock()
 
-    def report_waiting(waits):  # once the pull is really waiting inside the client
+    # Once the pull is really waiting inside the client and, with `entered`,
+    # the main thread has reached the call that waits for it (a SIGINT before
+    # that would land outside the try, e.g. inside Thread.start()).
+    def report_waiting(waits, entered=None):
         def run():
-            while client.stats()["pull_waits"] < waits:
+            while client.stats()["pull_waits"] < waits or (entered and not entered.is_set()):
                 time.sleep(0.01)
             print("waiting", flush=True)
         threading.Thread(target=run, daemon=True).start()
@@ -46,8 +49,10 @@ INTERRUPTED_WORKER = textwrap.dedent("""
     print("usable %.1f after %.2f s" % (value, time.monotonic() - start), flush=True)
 
     future = client.pull_async("ssp", 1)
-    report_waiting(2)
+    entered = threading.Event()
+    report_waiting(2, entered)
     try:
+        entered.set()
         future.result()
         print("not interrupted", flush=True)
     except KeyboardInterrupt:
