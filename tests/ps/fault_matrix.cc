@@ -40,6 +40,7 @@
 #include "rdmaps/server.h"
 #include "src/ps/replication.h"
 #include "src/ps/test_hooks.h"
+#include "tests/ps/eventually.h"
 #include "tests/ps/ps_suite.h"
 #include "tests/ps/ps_test_util.h"
 #include "transport/fake/fake_transport.h"
@@ -66,16 +67,7 @@ void PrintTo(const FaultCase& c, std::ostream* os) { *os << c.backend.name << "/
 
 double Ms(SteadyClock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
 
-// Polls `done` (1 ms) until it holds; false at the deadline.
-template <typename F>
-bool Eventually(F done, milliseconds timeout = seconds(20)) {
-  const auto deadline = SteadyClock::now() + timeout;
-  while (!done()) {
-    if (SteadyClock::now() >= deadline) return false;
-    std::this_thread::sleep_for(milliseconds(1));
-  }
-  return true;
-}
+using rdmaps::testing::Eventually;
 
 // What one worker thread did.
 struct WorkerLog {

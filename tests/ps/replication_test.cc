@@ -18,6 +18,7 @@
 #include "rdmaps/failover.h"
 #include "src/ps/checkpoint.h"
 #include "src/ps/test_hooks.h"
+#include "tests/ps/eventually.h"
 #include "tests/ps/ps_test_util.h"
 #include "transport/fake/fake_transport.h"
 
@@ -70,16 +71,7 @@ void Start(Replicated* c, const std::string& transport, std::uint32_t S, std::ui
   }
 }
 
-// Polls `done` until it holds; false at the deadline.
-template <typename F>
-bool Eventually(F done, milliseconds timeout = seconds(20)) {
-  const auto deadline = SteadyClock::now() + timeout;
-  while (!done()) {
-    if (SteadyClock::now() >= deadline) return false;
-    std::this_thread::sleep_for(milliseconds(1));
-  }
-  return true;
-}
+using rdmaps::testing::Eventually;
 
 class ReplicationTest : public ::testing::TestWithParam<std::string> {};
 

@@ -15,6 +15,7 @@
 
 #include "rdmaps/failover.h"
 #include "src/ps/test_hooks.h"
+#include "tests/ps/eventually.h"
 #include "tests/ps/ps_test_util.h"
 
 namespace rdmaps::testing {
@@ -24,15 +25,7 @@ using std::chrono::milliseconds;
 using std::chrono::seconds;
 using SteadyClock = std::chrono::steady_clock;
 
-template <typename F>
-bool Eventually(F done, milliseconds timeout = seconds(20)) {
-  const auto deadline = SteadyClock::now() + timeout;
-  while (!done()) {
-    if (SteadyClock::now() >= deadline) return false;
-    std::this_thread::sleep_for(milliseconds(1));
-  }
-  return true;
-}
+using rdmaps::testing::Eventually;
 
 constexpr std::uint32_t kRows = 64, kDim = 4;
 
