@@ -16,6 +16,9 @@
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# The tests share a precompiled header (tests/CMakeLists.txt); a ccache given
+# as CMAKE_CXX_COMPILER_LAUNCHER caches such compiles only with these.
+export CCACHE_SLOPPINESS="${CCACHE_SLOPPINESS:-pch_defines,time_macros}"
 jobs="${RDMAPS_JOBS:-$(nproc)}"
 
 # Debian 12 packages the build, the tests and the VM harness need.
@@ -70,6 +73,13 @@ run_tests() {
   (cd "$dir" && ctest --output-on-failure -j "$jobs" "$@")
 }
 
+# stage NAME: prints how long the previous stage took (CI's budget is 30 min).
+stage_start=$SECONDS
+stage() {
+  echo "dev.sh: $1 (the previous stage took $((SECONDS - stage_start)) s, $SECONDS s in all)"
+  stage_start=$SECONDS
+}
+
 cmd="${1:-help}"
 case "$cmd" in
   deps)
@@ -90,19 +100,22 @@ case "$cmd" in
     ;;
   test)
     install_deps
+    stage "plain build"
     build "$here/build"
+    stage "plain tests"
     run_tests "$here/build"
     if [[ "${RDMAPS_SANITIZERS:-1}" != 0 ]]; then
-      echo "dev.sh: AddressSanitizer + UndefinedBehaviorSanitizer"
+      stage "AddressSanitizer + UndefinedBehaviorSanitizer"
       # The sanitizer stages run neither slow nor verbs tests: they build none.
       build "$here/build-asan" -DRDMAPS_SANITIZE='address;undefined' -DRDMAPS_BUILD_PERF=OFF \
         -DRDMAPS_BUILD_PLAIN_STAGE_TESTS=OFF -DCMAKE_BUILD_TYPE=Debug
       ASAN_OPTIONS=detect_leaks=1 run_tests "$here/build-asan" -LE 'vm|slow|install'
-      echo "dev.sh: ThreadSanitizer, built with clang (-Wthread-safety -Werror), and short fuzz runs"
+      stage "ThreadSanitizer, built with clang (-Wthread-safety -Werror), and short fuzz runs"
       CXX_FOR_BUILD=clang++ build "$here/build-tsan" -DRDMAPS_SANITIZE=thread -DRDMAPS_BUILD_PERF=OFF \
         -DRDMAPS_BUILD_PLAIN_STAGE_TESTS=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo
       run_tests "$here/build-tsan" -LE 'vm|slow|install'
     fi
+    stage "done"
     ;;
   *)
     sed -n '2,13p' "$0"
