@@ -128,6 +128,14 @@ class ServerImpl final : public Server {
   Status TEST_SetRow(std::uint32_t table, std::uint64_t row, float value);
   void TEST_PauseApply(bool paused) { test_paused_.store(paused); }
   void TEST_Kill();
+  void TEST_Hang() {
+    killed_.store(true);
+    if (log_sender_) log_sender_->Kill();
+    test_paused_.store(true);
+  }
+  void TEST_PrimaryLeaseLost() {
+    if (log_receiver_ && !killed_.load()) log_receiver_->CloseConnection();
+  }
   Status TEST_ShardState(std::uint32_t table, std::vector<float>* rows, std::vector<float>* state);
 
  private:
@@ -299,7 +307,7 @@ class ServerImpl final : public Server {
     std::chrono::steady_clock::time_point start;
   };
   std::unique_ptr<Catchup> catchup_;  // set in Init
-  AlignedBuffer death_slot_;  // ForwardDeath's record body (a SlotHeader)
+  AlignedBuffer death_slot_;          // ForwardDeath's record body (a SlotHeader)
   std::unique_ptr<transport::MemoryRegion> death_slot_mr_;
 
   // Apply thread only. apply_mu_ guards the shards' contents (behind
@@ -2180,6 +2188,10 @@ void TEST_PauseApply(Server& server, bool paused) {
   static_cast<ServerImpl&>(server).TEST_PauseApply(paused);
 }
 void TEST_Kill(Server& server) { static_cast<ServerImpl&>(server).TEST_Kill(); }
+void TEST_Hang(Server& server) { static_cast<ServerImpl&>(server).TEST_Hang(); }
+void TEST_PrimaryLeaseLost(Server& backup) {
+  static_cast<ServerImpl&>(backup).TEST_PrimaryLeaseLost();
+}
 void TEST_HoldCatchup(bool held) { g_hold_catchup.store(held); }
 Status TEST_ShardState(Server& server, std::uint32_t table, std::vector<float>* rows,
                        std::vector<float>* state) {
