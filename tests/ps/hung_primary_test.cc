@@ -254,7 +254,7 @@ TEST_P(HungPrimaryTest, ConnectReachesThePromotedBackup) {
   internal::TEST_PauseApply(*c.backups[0], true);
   internal::TEST_Kill(*c.primaries[0]);
   ClientOptions o = WorkerOptions(c, 1, 2);
-  o.connect_timeout = milliseconds(1500);
+  o.connect_timeout = milliseconds(1000);
   auto refused = Client::Connect(o);
   ASSERT_FALSE(refused.ok());
   const std::string msg = refused.status().message();
@@ -279,6 +279,80 @@ TEST_P(HungPrimaryTest, ConnectReachesThePromotedBackup) {
   std::vector<float> out(kRows * kDim);
   ASSERT_TRUE((*late)->Pull(kTable, RowRange{0, kRows}, out).ok());
   for (std::size_t i = 0; i < out.size(); ++i) ASSERT_EQ(out[i], 2.0f) << "float " << i;
+}
+
+// Elastic: worker 1 dies together with the primary (killed first, so the
+// death is never forwarded): the promoted backup still has it as a member
+// at its clock, and worker 0's BSP pull there waits for it until the
+// backup's failover_reconnect_window ends; then worker 1 leaves as dead
+// (membership epoch + 1, named in dead_workers), worker 0, which came
+// within the window, stays a member, and its pull completes.
+TEST_P(HungPrimaryTest, ElasticWorkerThatDiedWithItsPrimaryLeavesThePromotedBackup) {
+  constexpr std::uint32_t kInitial = 2, kMax = 3;
+  constexpr auto kWindow = seconds(2);
+  Replicated c;
+  c.transport = GetParam();
+  const std::vector<TableOptions> tables = {MakeTable(kTable, "count", kRows, kDim, 0)};
+  ServerOptions b = MakeServerOptions(c.transport, 0, 1, kInitial, tables);
+  b.max_workers = kMax;
+  b.replicas = 2;
+  b.replica_role = ReplicaRole::kBackup;
+  b.failover = c.decider;
+  b.exit_when_workers_done = false;
+  b.failover_reconnect_window = kWindow;
+  auto backup = Server::Start(b);
+  ASSERT_TRUE(backup.ok()) << backup.status();
+  ServerOptions p = MakeServerOptions(c.transport, 0, 1, kInitial, tables);
+  p.max_workers = kMax;
+  p.replicas = 2;
+  p.backup_address = (*backup)->address();
+  p.failover = c.decider;
+  p.exit_when_workers_done = false;
+  auto primary = Server::Start(p);
+  ASSERT_TRUE(primary.ok()) << primary.status();
+  c.addresses = {(*primary)->address()};
+  for (std::uint32_t w = 0; w < kInitial; ++w) {
+    ClientOptions o = WorkerOptions(c, w, kInitial);
+    o.max_workers = kMax;
+    o.clock_waits = false;
+    auto cl = Client::Connect(o);
+    ASSERT_TRUE(cl.ok()) << cl.status();
+    c.clients.push_back(std::move(cl).value());
+  }
+  const std::vector<float> minus_one(kRows * kDim, -1.0f);
+  std::vector<float> out(kRows * kDim);
+  for (auto& cl : c.clients) {
+    ASSERT_TRUE(cl->Push(kTable, RowRange{0, kRows}, minus_one).ok());
+    ASSERT_TRUE(cl->Clock().ok());
+  }
+  ASSERT_TRUE(c.clients[0]->Pull(kTable, RowRange{0, kRows}, out).ok());
+  ASSERT_TRUE(c.clients[1]->Flush().ok());
+  // The backup holds both workers' clocks (every slot is logged before it
+  // is applied) before they die together.
+  ASSERT_TRUE(Eventually([&] { return (*backup)->stats().min_clock == 1; }));
+  const std::uint32_t epoch_before = (*backup)->stats().membership_epoch;
+  internal::TEST_Kill(**primary);
+  internal::TEST_Abandon(*c.clients[1]);
+  // Worker 0 at clock 2 needs every member at clock 2.
+  ASSERT_TRUE(c.clients[0]->Push(kTable, RowRange{0, kRows}, minus_one).ok());
+  ASSERT_TRUE(c.clients[0]->Clock().ok());
+  const auto t0 = SteadyClock::now();
+  const Status pulled = c.clients[0]->Pull(kTable, RowRange{0, kRows}, out);
+  const auto waited = SteadyClock::now() - t0;
+  ASSERT_TRUE(pulled.ok()) << pulled;
+  EXPECT_LT(Ms(waited), Ms(kWindow + kFollowBound)) << "the pull waited out wait_timeout";
+  for (std::size_t i = 0; i < out.size(); ++i) ASSERT_EQ(out[i], 3.0f) << "float " << i;
+  const ServerStats st = (*backup)->stats();
+  EXPECT_EQ(st.members, 1u);
+  EXPECT_GT(st.membership_epoch, epoch_before);
+  EXPECT_EQ(st.dead_workers, std::vector<std::uint32_t>{1});
+  EXPECT_EQ(c.decider->Current(0)->primary, (*backup)->address());
+  // Worker 0 goes on alone under BSP.
+  ASSERT_TRUE(c.clients[0]->Clock().ok());
+  ASSERT_TRUE(c.clients[0]->Pull(kTable, RowRange{0, kRows}, out).ok());
+  c.clients.clear();
+  primary->reset();
+  backup->reset();
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, HungPrimaryTest, ::testing::Values("fake", "tcp"));
