@@ -162,8 +162,8 @@ class ServerLinks {
   // retrying while one does not listen yet), then waits until each has
   // sent its bootstrap message (src/ps/wire.h, "Bootstrap"). With failover
   // the shard map's primary of each shard wins over `addresses` and is
-  // read again before every retry, each attempt bounded (kConnectAttempt,
-  // doubling), so a worker that comes while a primary is dead or hung
+  // read again before every retry, each attempt bounded (1 s, doubling),
+  // so a worker that comes while a primary is dead or hung
   // reaches the promoted backup; the error at the deadline names both.
   Status Connect(transport::Endpoint& endpoint, const std::vector<std::string>& addresses,
                  const transport::ConnectOptions& options, transport::Deadline deadline);
