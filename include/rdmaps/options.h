@@ -145,6 +145,14 @@ struct ServerOptions {
   // log and, once equal, becomes the shard's backup (a new epoch in the
   // shard map). Empty: an initial backup, which its primary connects to.
   std::string rejoin_as_backup_of;
+  // Elastic mode (max_workers > 0), a backup once promoted: each member
+  // has this long to connect to it; a member that has not (it died with
+  // the old primary, which never told the backup) then leaves as dead, so
+  // SSP/BSP waits and barriers stop counting it (logged with the
+  // membership epoch). A live worker finds the new primary at its next
+  // call (a wait looks at the shard map every 100 ms): keep this above the
+  // longest stretch a worker goes without calling the servers.
+  std::chrono::milliseconds failover_reconnect_window{10000};
 
   // The options a server of `layout` (role kServer) starts with: the
   // layout's transport (when it names one) and job token, listen_address,

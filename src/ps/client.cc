@@ -101,7 +101,9 @@ class ClientImpl final : public Client {
       : options_(options),
         links_(options.worker_id, &stats_),
         pull_(&links_, &stats_),
-        push_(&links_, &stats_) {}
+        push_(&links_, &stats_) {
+    links_.set_failover(options_.failover.get());  // (mu_ not needed: no other thread yet)
+  }
   ~ClientImpl() override {
     StopExecutor();  // runs what is queued first
     (void)Close();
@@ -396,21 +398,18 @@ Status ClientImpl::ConnectAll(Deadline deadline) {
                            static_cast<std::uint32_t>(boot_bytes)};
   connect_options_.user_data.resize(sizeof(hello));
   std::memcpy(connect_options_.user_data.data(), &hello, sizeof(hello));
-  std::vector<std::string> addresses = options_.servers;
-  std::vector<std::uint64_t> epochs(S, 0);
   if (options_.failover) {
-    // The shard map's primaries win over the addresses at start.
+    // The shard map's primaries win over the addresses at start (a map
+    // that cannot be read is an error here, not a reason to guess).
     for (std::uint32_t i = 0; i < S; ++i) {
       auto a = options_.failover->Current(i);
-      if (!a.ok() && a.status().code() == StatusCode::kNotFound) continue;
-      if (!a.ok()) return a.status().WithContext("reading the shard map");
-      addresses[i] = a->primary;
-      epochs[i] = a->epoch;
+      if (!a.ok() && a.status().code() != StatusCode::kNotFound) {
+        return a.status().WithContext("reading the shard map");
+      }
     }
   }
-  RDMAPS_RETURN_IF_ERROR(links_.Connect(*endpoint_, addresses, connect_options_, deadline));
-  for (std::uint32_t i = 0; i < S; ++i) links_[i].epoch = epochs[i];
-  return Status::OK();
+  // With failover ServerLinks follows the map while it connects.
+  return links_.Connect(*endpoint_, options_.servers, connect_options_, deadline);
 }
 
 Status ClientImpl::ReadDirectories(Deadline deadline) {
@@ -543,9 +542,12 @@ Status ClientImpl::Recover(Deadline deadline) {
   for (ServerLink& s : links_.servers()) {
     auto a = options_.failover->Current(s.index);
     if (!a.ok()) return a.status().WithContext("failover: reading the shard map");
-    if (!s.conn->health().ok() && (a->epoch == s.epoch || a->primary == s.address)) {
-      // Its server is lost: wait for the decision about its shard (the map
-      // may have moved on with the same primary: a re-protection).
+    if ((!s.conn || !s.conn->health().ok() || s.failed) &&
+        (a->epoch == s.epoch || a->primary == s.address)) {
+      // Its server is lost (its connection broke, or an op on it ran past
+      // its deadline: a hung server keeps its connections open): wait for
+      // the decision about its shard (the map may have moved on with the
+      // same primary: a re-protection).
       a = options_.failover->WaitForEpochAfter(s.index, a->epoch, deadline);
       if (!a.ok()) {
         return a.status().WithContext("failover: " + ServerName(s) + " is lost");
@@ -562,6 +564,7 @@ Status ClientImpl::Recover(Deadline deadline) {
   }
   if (!moved) return FailedPreconditionError("no shard changed its primary");
   links_.ClearBroken();
+  for (ServerLink& s : links_.servers()) s.failed = false;
   // Every link anew: the failed call may have left any of them out of step
   // (a server still serving takes the new connection as this worker's and
   // drops what the old one still delivers).
@@ -936,7 +939,9 @@ Status ClientImpl::WaitForClocks(std::uint64_t required, const std::vector<std::
   // The first slice costs what a plain wait does (the coarse clock, no
   // stats read): most waits end in it, most without waiting at all.
   Deadline slice = std::min(deadline, transport::CoarseNowCeil() + kInterruptPoll);
-  Status st = links_.WaitForClocks(required, servers, clock_, why, slice);
+  // One look at the shard map per kMoveProbeEvery over all the slices.
+  internal::MoveProbe probe(links_);
+  Status st = links_.WaitForClocks(required, servers, clock_, why, slice, &probe);
   // TimedOut at a slice's end (not the call's) means: not yet.
   if (st.code() != StatusCode::kTimedOut || slice >= deadline) return st;
   // That slice counted this wait in pull_waits; the next ones must not.
@@ -947,7 +952,7 @@ Status ClientImpl::WaitForClocks(std::uint64_t required, const std::vector<std::
       break;
     }
     slice = std::min(deadline, transport::CoarseNowCeil() + kInterruptPoll);
-    st = links_.WaitForClocks(required, servers, clock_, why, slice);
+    st = links_.WaitForClocks(required, servers, clock_, why, slice, &probe);
     if (st.code() != StatusCode::kTimedOut || slice >= deadline) break;
   }
   stats_.Update([&](ClientStats& s) { s.pull_waits = std::min(s.pull_waits, waits); });
@@ -989,9 +994,12 @@ Result<CheckpointInfo> ClientImpl::Checkpoint() {
   for (std::uint32_t i = 0; i < all.size(); ++i) all[i] = i;
   const auto start = SteadyClock::now();
   internal::Backoff backoff;
+  internal::MoveProbe probe(links_);
   while (true) {
-    RDMAPS_RETURN_IF_ERROR(Failsafe(
-        deadline, [&]() RDMAPS_REQUIRES(mu_) { return links_.ReadControl(all, deadline); }));
+    RDMAPS_RETURN_IF_ERROR(Failsafe(deadline, [&]() RDMAPS_REQUIRES(mu_) {
+      Status read = links_.ReadControl(all, deadline);
+      return read.ok() ? probe.Check(all) : read;  // (a primary replaced while this waits)
+    }));
     std::string pending;
     for (const ServerLink& s : links_.servers()) {
       if (!durable[s.index] && s.epoch != epochs[s.index]) {

@@ -74,6 +74,7 @@ Status SlotBarrier(ServerLinks& links, PushWriter& push, std::uint64_t generatio
                    transport::Deadline deadline) {
   RDMAPS_RETURN_IF_ERROR(push.SendControlSlot(SlotKind::kBarrier, generation, deadline));
   Backoff backoff;
+  MoveProbe probe(links);
   while (true) {
     RDMAPS_RETURN_IF_ERROR(links.ReadControl({0}, deadline));
     const ServerLink& s = links[0];
@@ -104,6 +105,7 @@ Status SlotBarrier(ServerLinks& links, PushWriter& push, std::uint64_t generatio
                            "). Are they alive and calling Barrier()? A stopped one holds the "
                            "barrier until it is killed or resumed");
     }
+    RDMAPS_RETURN_IF_ERROR(probe.Check({0}));  // server 0's primary replaced meanwhile
     backoff.Pause();
   }
 }

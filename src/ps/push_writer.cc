@@ -55,9 +55,11 @@ Status PushWriter::EnsureCredit(ServerLink& s, Deadline deadline) {
   const auto start = SteadyClock::now();
   stats_->Update([](ClientStats& st) { ++st.credit_waits; });
   Backoff backoff;
+  MoveProbe probe(*links_);
   while (true) {
     RDMAPS_RETURN_IF_ERROR(links_->ReadControl({s.index}, deadline));
     if (s.pushed_seq - s.applied_seq < s.dir.ring_slots) break;
+    RDMAPS_RETURN_IF_ERROR(probe.Check({s.index}));  // its primary replaced meanwhile
     if (SteadyClock::now() >= deadline) {
       stats_->AddBlocked(SteadyClock::now() - start);
       return TimedOutError(ServerName(s) + " has consumed only " + std::to_string(s.applied_seq) +

@@ -128,6 +128,14 @@ class ServerImpl final : public Server {
   Status TEST_SetRow(std::uint32_t table, std::uint64_t row, float value);
   void TEST_PauseApply(bool paused) { test_paused_.store(paused); }
   void TEST_Kill();
+  void TEST_Hang() {
+    killed_.store(true);
+    if (log_sender_) log_sender_->Kill();
+    test_paused_.store(true);
+  }
+  void TEST_PrimaryLeaseLost() {
+    if (log_receiver_ && !killed_.load()) log_receiver_->CloseConnection();
+  }
   Status TEST_ShardState(std::uint32_t table, std::vector<float>* rows, std::vector<float>* state);
 
  private:
@@ -221,6 +229,10 @@ class ServerImpl final : public Server {
   // Rewrites the control block from workers_. Apply thread only (and Init,
   // before it starts).
   void PublishControl() RDMAPS_EXCLUDES(mu_);
+  // Elastic, a promoted backup: once failover_reconnect_window has passed
+  // since the promotion, each member that has not connected (it died with
+  // the old primary) leaves as dead. Apply thread, under apply_mu_.
+  void DepartAbsentMembers() RDMAPS_REQUIRES(apply_mu_) RDMAPS_EXCLUDES(mu_);
   // Every worker has come and gone (exit_when_workers_done), or Stop().
   bool Finished() const RDMAPS_REQUIRES(mu_);
   std::string WorkerList(const std::vector<std::uint32_t>& ids) const;
@@ -299,7 +311,7 @@ class ServerImpl final : public Server {
     std::chrono::steady_clock::time_point start;
   };
   std::unique_ptr<Catchup> catchup_;  // set in Init
-  AlignedBuffer death_slot_;  // ForwardDeath's record body (a SlotHeader)
+  AlignedBuffer death_slot_;          // ForwardDeath's record body (a SlotHeader)
   std::unique_ptr<transport::MemoryRegion> death_slot_mr_;
 
   // Apply thread only. apply_mu_ guards the shards' contents (behind
@@ -335,6 +347,9 @@ class ServerImpl final : public Server {
   std::condition_variable cv_;  // RunUntil waits on it: membership changed, or Stop()
   ServerStats stats_ RDMAPS_GUARDED_BY(mu_);
   std::vector<bool> seen_ RDMAPS_GUARDED_BY(mu_);  // worker connected at least once
+  // Elastic, a promoted backup: when the members that have not connected
+  // by then leave (DepartAbsentMembers). Apply thread only.
+  std::optional<std::chrono::steady_clock::time_point> reconnect_by_;
   std::vector<bool> gone_ RDMAPS_GUARDED_BY(mu_);  // worker disconnected
   // When each worker disconnected without a goodbye (rejoin_timeout).
   std::vector<std::chrono::steady_clock::time_point> gone_at_ RDMAPS_GUARDED_BY(mu_);
@@ -999,6 +1014,7 @@ void ServerImpl::ApplyLoop() {
       AdvanceCut();
       if (log_sender_) ServeRejoin();
       if (catchup_) CatchupStep();
+      if (reconnect_by_) DepartAbsentMembers();
       if (durable_plus1_.load() + failed_plus1_.load() != published_ckpt_) PublishControl();
       continue;
     }
@@ -1096,6 +1112,7 @@ void ServerImpl::ApplyLoop() {
       // (Between batches: every slot forwarded has been applied.)
       if (log_sender_) ServeRejoin();
       if (catchup_) CatchupStep();
+      if (reconnect_by_) DepartAbsentMembers();
       PublishControl();
     }
     {
@@ -1104,6 +1121,41 @@ void ServerImpl::ApplyLoop() {
     }
     if (membership_changed) cv_.notify_all();
   }
+}
+
+void ServerImpl::DepartAbsentMembers() {
+  const auto now = std::chrono::steady_clock::now();
+  if (!reconnect_by_ || now < *reconnect_by_) return;
+  reconnect_by_.reset();
+  std::vector<std::uint32_t> departed;
+  {
+    MutexLock lock(mu_);
+    for (std::uint32_t w = 0; w < slots_; ++w) {
+      // (A backup takes no worker before its promotion: seen_ means it
+      // connected here since.)
+      if (!membership_->member(w) || workers_[w].done || seen_[w]) continue;
+      membership_->Leave(w, true, workers_[w].clock);  // logs the new epoch
+      workers_[w].died = true;
+      seen_[w] = true;
+      gone_[w] = true;
+      gone_at_[w] = now;
+      stats_.dead_workers.push_back(w);
+      departed.push_back(w);
+      RDMAPS_LOG(WARNING) << "ps server " << options_.server_index << " (promoted at epoch "
+                          << log_receiver_->epoch() << "): worker " << w
+                          << " did not reconnect within "
+                          << options_.failover_reconnect_window.count()
+                          << " ms of the promotion (it died with the old primary?): it left "
+                             "the job as dead at clock "
+                          << workers_[w].clock << ", membership epoch " << membership_->epoch();
+    }
+  }
+  if (departed.empty()) return;
+  if (log_sender_) {
+    for (std::uint32_t w : departed) ForwardDeath(w);  // a new backup learns it too
+  }
+  PublishControl();
+  cv_.notify_all();
 }
 
 void ServerImpl::TakeSlot(std::uint32_t w, std::uint32_t imm) {
@@ -1686,6 +1738,10 @@ void ServerImpl::HandleLog(const transport::Notification& n) {
   if (catchup_ && CatchupLog(n)) return;  // a replacement not in sync yet
   if (n.kind == transport::Notification::Kind::kDisconnected) {
     if (log_receiver_->OnPrimaryLost()) {
+      // Promoted: every member gets failover_reconnect_window to come here.
+      if (membership_->elastic()) {
+        reconnect_by_ = std::chrono::steady_clock::now() + options_.failover_reconnect_window;
+      }
       log_sender_->SetAlone(address_, log_receiver_->epoch());  // (may take a replacement)
       PublishControl();
     }
@@ -2180,6 +2236,10 @@ void TEST_PauseApply(Server& server, bool paused) {
   static_cast<ServerImpl&>(server).TEST_PauseApply(paused);
 }
 void TEST_Kill(Server& server) { static_cast<ServerImpl&>(server).TEST_Kill(); }
+void TEST_Hang(Server& server) { static_cast<ServerImpl&>(server).TEST_Hang(); }
+void TEST_PrimaryLeaseLost(Server& backup) {
+  static_cast<ServerImpl&>(backup).TEST_PrimaryLeaseLost();
+}
 void TEST_HoldCatchup(bool held) { g_hold_catchup.store(held); }
 Status TEST_ShardState(Server& server, std::uint32_t table, std::vector<float>* rows,
                        std::vector<float>* state) {

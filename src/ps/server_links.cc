@@ -4,13 +4,23 @@
 #include <chrono>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <thread>
+
+#include "src/base/log.h"
 
 namespace rdmaps::internal {
 namespace {
 
 // How long a control READ posted before its call's deadline may take past it.
 constexpr std::chrono::seconds kControlReadGrace{1};
+
+// With failover: the first connection attempt to a shard's primary (its
+// handshake and bootstrap) is given this long, each next one twice as long
+// (a slow setup, rxe in a VM, still completes), and the shard map is read
+// again in between: a hung primary accepts TCP connections but never
+// answers the handshake.
+constexpr std::chrono::milliseconds kConnectAttempt{1000};
 
 }  // namespace
 
@@ -24,6 +34,7 @@ std::string ServerName(const ServerLink& s) {
 }
 
 Status ServerLinks::Fail(ServerLink& s, const Status& st) {
+  s.failed = true;
   Status err = st.WithContext("worker " + std::to_string(worker_id_) + ", " + ServerName(s));
   if (broken_.ok()) {
     broken_ = Status(StatusCode::kUnavailable,
@@ -48,9 +59,17 @@ Status ServerLinks::DrainSome(ServerLink& s, std::size_t at_least, std::size_t a
   Completion c[64];
   std::size_t got = 0;
   Status first;
+  // With failover the wait is cut in slices: a hung primary completes
+  // nothing, and the shard map says when its backup took over.
+  MoveProbe probe(*this);
   while (got < at_least) {
-    auto r = s.conn->Wait({c, std::min<std::size_t>(at_most - got, 64)}, deadline);
+    const Deadline slice = std::min(deadline, probe.next());
+    auto r = s.conn->Wait({c, std::min<std::size_t>(at_most - got, 64)}, slice);
     if (!r.ok()) return Fail(s, r.status());
+    if (*r == 0 && slice < deadline) {
+      RDMAPS_RETURN_IF_ERROR(probe.Check({s.index}));
+      continue;
+    }
     if (*r == 0) return Fail(s, TimedOutError("no completion by the deadline"));
     for (std::size_t i = 0; i < *r; ++i) {
       if (!c[i].status.ok() && first.ok()) first = c[i].status;
@@ -114,11 +133,77 @@ Status ServerLinks::ReadControl(const std::vector<std::uint32_t>& servers, Deadl
   return Status::OK();
 }
 
+Status ServerLinks::CheckMoved(const std::vector<std::uint32_t>& servers) {
+  if (!failover_) return Status::OK();
+  for (std::uint32_t i : servers) {
+    ServerLink& s = servers_[i];
+    auto a = failover_->Current(i);
+    // An unreadable map is no verdict: the wait goes on (and its deadline
+    // still holds).
+    if (!a.ok() || a->epoch <= s.epoch || a->primary == s.address) continue;
+    RDMAPS_LOG(WARNING) << "worker " << worker_id_ << ": " << ServerName(s)
+                        << " does not answer and the shard map moved shard " << i << " to "
+                        << a->primary << " at epoch " << a->epoch << " (this link is at epoch "
+                        << s.epoch << "); failing over";
+    return Fail(s, UnavailableError("the shard map moved shard " + std::to_string(i) + " to " +
+                                    a->primary + " at epoch " + std::to_string(a->epoch) +
+                                    " while this worker waited for it (hung, stopped or cut off "
+                                    "from its backup)"));
+  }
+  return Status::OK();
+}
+
+void ServerLinks::FollowMap(ServerLink& s) {
+  if (!failover_) return;
+  auto a = failover_->Current(s.index);
+  if (!a.ok()) return;  // NotFound: one copy; else the addresses given
+  s.address = a->primary;
+  s.epoch = a->epoch;
+}
+
 Status ServerLinks::Connect(transport::Endpoint& endpoint,
                             const std::vector<std::string>& addresses,
                             const transport::ConnectOptions& options, Deadline deadline) {
   const std::size_t S = addresses.size();
   servers_.resize(S);
+  if (failover_) {
+    // One server at a time (each bootstrap awaited before the next
+    // connection, so no bootstrap notification is taken by another wait),
+    // each attempt bounded, the shard map read again before each.
+    for (std::uint32_t i = 0; i < S; ++i) {
+      ServerLink& s = servers_[i];
+      s.index = i;
+      s.address = addresses[i];
+      std::chrono::milliseconds attempt = kConnectAttempt;
+      while (true) {
+        FollowMap(s);
+        const Deadline try_by = std::min(deadline, transport::CoarseNowCeil() + attempt);
+        Status st = Reconnect(endpoint, s, options, try_by);
+        if (st.ok()) break;
+        // Not a server that is down, hung or not promoted yet: a wrong
+        // secret or version, a bad address. Said at once.
+        if (st.code() != StatusCode::kUnavailable && st.code() != StatusCode::kTimedOut) {
+          return st.WithContext("worker " + std::to_string(worker_id_) + " connecting to " +
+                                ServerName(s));
+        }
+        if (SteadyClock::now() >= deadline) {
+          auto a = failover_->Current(i);
+          const std::string map = a.ok() ? "the shard map names primary " + a->primary +
+                                               " at epoch " + std::to_string(a->epoch) +
+                                               (a->backup.empty() ? std::string(", no backup")
+                                                                  : ", backup " + a->backup)
+                                         : "the shard map: " + a.status().ToString();
+          return st.WithContext("worker " + std::to_string(worker_id_) + " connecting to " +
+                                "shard " + std::to_string(i) + " (" + map +
+                                "): neither answered before connect_timeout; is its primary "
+                                "running, or its backup promoted (see the servers' logs)?");
+        }
+        attempt *= 2;
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+    }
+    return Status::OK();
+  }
   for (std::uint32_t i = 0; i < S; ++i) {
     ServerLink& s = servers_[i];
     s.index = i;
@@ -217,7 +302,8 @@ Status ServerLinks::Reconnect(transport::Endpoint& endpoint, ServerLink& s,
                              " after reconnecting, before the deadline");
       }
     }
-    s.conn->Close();  // refused: again
+    s.conn->Close();  // refused: again, a moment later
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
     if (SteadyClock::now() >= deadline) {
       return UnavailableError("worker " + std::to_string(worker_id_) + ": " + ServerName(s) +
                               " kept refusing the connection until the deadline");
@@ -280,7 +366,7 @@ Status ServerLinks::WaitTimedOut(std::uint64_t required, const std::vector<std::
 
 Status ServerLinks::WaitForClocks(std::uint64_t required, const std::vector<std::uint32_t>& servers,
                                   std::uint64_t clock, const std::function<std::string()>& why,
-                                  Deadline deadline) {
+                                  Deadline deadline, MoveProbe* probe) {
   auto pending = [&] {
     std::vector<std::uint32_t> p;
     for (std::uint32_t i : servers) {
@@ -294,10 +380,18 @@ Status ServerLinks::WaitForClocks(std::uint64_t required, const std::vector<std:
   const auto start = SteadyClock::now();
   bool waited = false;
   Backoff backoff;
+  std::optional<MoveProbe> own;
+  if (!probe) probe = &own.emplace(*this);
   while (true) {
     RDMAPS_RETURN_IF_ERROR(ReadControl(p, deadline));
     p = pending();
     if (p.empty()) break;
+    // A primary that stopped applying (hung, its READs still served) and
+    // was replaced: this wait would never end there.
+    if (Status moved = probe->Check(p); !moved.ok()) {
+      stats_->AddBlocked(SteadyClock::now() - start);
+      return moved;
+    }
     if (Status died = CheckNoneDied(p, required,
                                     "worker " + std::to_string(worker_id_) + " at clock " +
                                         std::to_string(clock) + " " + why());

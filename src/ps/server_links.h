@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "rdmaps/client.h"
+#include "rdmaps/failover.h"
 #include "rdmaps/status.h"
 #include "src/base/mutex.h"
 #include "src/ps/memory.h"
@@ -126,10 +127,24 @@ struct ServerLink {
   std::unique_ptr<transport::MemoryRegion> retain_mr;
   std::vector<std::uint32_t> retain_len;
   std::uint64_t replay_until = 0;
+  // An op or wait on this link failed since the last Recover: its server
+  // may be lost even while the connection looks healthy (a hung server
+  // whose READ ran past its deadline), so Recover waits for its shard's
+  // next epoch.
+  bool failed = false;
 };
+
+// How often a wait of a worker with failover looks at the shard map (the
+// first look after that long): a primary that hangs with its connections
+// open is replaced within the decider's lease (750 ms by default), and a
+// worker waiting on it (for a completion, a clock, a credit, a barrier)
+// follows the promotion at most this long after it.
+inline constexpr std::chrono::milliseconds kMoveProbeEvery{100};
 
 // "server 1 (host:7000)".
 std::string ServerName(const ServerLink& s);
+
+class MoveProbe;
 
 class ServerLinks {
  public:
@@ -145,9 +160,23 @@ class ServerLinks {
 
   // Connects to every server of `addresses` (a link per server, in order;
   // retrying while one does not listen yet), then waits until each has
-  // sent its bootstrap message (src/ps/wire.h, "Bootstrap").
+  // sent its bootstrap message (src/ps/wire.h, "Bootstrap"). With failover
+  // the shard map's primary of each shard wins over `addresses` and is
+  // read again before every retry, each attempt bounded (1 s, doubling),
+  // so a worker that comes while a primary is dead or hung
+  // reaches the promoted backup; the error at the deadline names both.
   Status Connect(transport::Endpoint& endpoint, const std::vector<std::string>& addresses,
                  const transport::ConnectOptions& options, transport::Deadline deadline);
+
+  // With failover (ClientOptions::failover): the decider whose shard map
+  // the waits consult (MoveProbe). Not owned; null without failover.
+  void set_failover(FailoverDecider* decider) { failover_ = decider; }
+  FailoverDecider* failover() const { return failover_; }
+  // Unavailable, breaking the links, when the shard map names another
+  // primary at a newer epoch for the shard of one of `servers`: that server
+  // was replaced (hung, stopped, cut off) and will never answer this wait.
+  // OK otherwise, also when the map cannot be read (the wait goes on).
+  Status CheckMoved(const std::vector<std::uint32_t>& servers);
 
   // OK, or the first transport error (as Unavailable): it broke every link,
   // since the connections may be out of step.
@@ -190,19 +219,51 @@ class ServerLinks {
   // naming the laggards (`why` says what waits, this worker being at
   // `clock`) at the deadline; Unavailable naming a worker that died below
   // `required`, at the first poll that sees it.
+  // `probe` (may be null: a fresh one) keeps the shard map's look-ups of
+  // a wait made of several calls (the client's interrupt slices) apart.
   Status WaitForClocks(std::uint64_t required, const std::vector<std::uint32_t>& servers,
                        std::uint64_t clock, const std::function<std::string()>& why,
-                       transport::Deadline deadline);
+                       transport::Deadline deadline, MoveProbe* probe = nullptr);
   // WaitForClocks' TimedOut: names the workers behind `required` on the
   // pending servers, or else the first pending server as the one stuck.
   Status WaitTimedOut(std::uint64_t required, const std::vector<std::uint32_t>& pending,
                       std::uint64_t clock, const std::string& why) const;
 
  private:
+  // With failover: the shard map's primary and epoch of s's shard into
+  // s.address and s.epoch (kept when the map has no entry or cannot be
+  // read).
+  void FollowMap(ServerLink& s);
+
   const std::uint32_t worker_id_;
   ClientStatsRecorder* const stats_;
   std::vector<ServerLink> servers_;
   Status broken_;
+  FailoverDecider* failover_ = nullptr;
+};
+
+// A long wait's look at the shard map: Check() asks the decider
+// (ServerLinks::CheckMoved) once every kMoveProbeEvery, the first time
+// kMoveProbeEvery after the probe was made; without failover it never
+// does. next() is when it would: a blocking wait sleeps no longer.
+class MoveProbe {
+ public:
+  explicit MoveProbe(ServerLinks& links)
+      : links_(links),
+        next_(links.failover() ? transport::CoarseNowCeil() + kMoveProbeEvery
+                               : transport::Deadline::max()) {}
+  transport::Deadline next() const { return next_; }
+  Status Check(const std::vector<std::uint32_t>& servers) {
+    if (next_ == transport::Deadline::max()) return Status::OK();
+    const transport::Deadline now = transport::CoarseNowCeil();
+    if (now < next_) return Status::OK();
+    next_ = now + kMoveProbeEvery;
+    return links_.CheckMoved(servers);
+  }
+
+ private:
+  ServerLinks& links_;
+  transport::Deadline next_;
 };
 
 }  // namespace rdmaps::internal

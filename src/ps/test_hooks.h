@@ -31,6 +31,18 @@ void TEST_PauseApply(Server& server, bool paused);
 // that died would.
 void TEST_Kill(Server& server);
 
+// Hangs the server as SIGSTOP would, in process: from this instant it
+// forwards, applies and acknowledges nothing and asks no failover decider
+// anything (TEST_Kill's first half; its apply thread stops at its next
+// batch), but every connection stays open and, on tcp, the transport still
+// serves READs of its memory. For good: it is never resumed.
+void TEST_Hang(Server& server);
+
+// What a backup does when its primary's lease vanishes (the callback of
+// FailoverDecider::WatchPrimary): closes its primary's log connection,
+// which (on tcp and verbs) asks the decider to promote it.
+void TEST_PrimaryLeaseLost(Server& backup);
+
 // While held, every replacement backup (ServerOptions::rejoin_as_backup_of)
 // in this process stays in its catch-up: it copies the snapshot and stashes
 // the log, but does not load the copy, so it is never in sync.

@@ -1,0 +1,361 @@
+// A primary that hangs with its connections open (SIGSTOP, a long pause)
+// and is replaced by its backup (docs/ps.md, "Replication and failover",
+// "A primary that hangs"): the workers blocked on it follow the promotion
+// well before any op or wait timeout, every push applied exactly once; a
+// worker that connects while a primary is dead reaches the promoted backup,
+// or fails at connect_timeout naming both. On fake and tcp.
+//
+// The hang: TEST_Hang (the primary applies, forwards and acknowledges
+// nothing more, asks the decider nothing, keeps its connections open) and,
+// on fake, every op against its memory held in flight (a READ or WRITE that
+// never completes, as on a stopped process); its lease then lapses and the
+// backup drops it (TEST_PrimaryLeaseLost, what the callback of
+// FailoverDecider::WatchPrimary does; on fake the knob that breaks their
+// connection at both ends). Real processes and a real SIGSTOP:
+// tests/cluster/hung_primary_process_test.cc.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "rdmaps/client.h"
+#include "rdmaps/failover.h"
+#include "rdmaps/server.h"
+#include "src/ps/replication.h"
+#include "src/ps/test_hooks.h"
+#include "tests/ps/eventually.h"
+#include "tests/ps/ps_test_util.h"
+#include "transport/fake/fake_transport.h"
+
+namespace rdmaps::testing {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+using SteadyClock = std::chrono::steady_clock;
+
+constexpr std::uint32_t kTable = 1;
+constexpr std::uint64_t kRows = 16;  // rows [0, 8) on server 0, [8, 16) on server 1
+constexpr std::uint32_t kDim = 4;
+
+// No op or wait of a worker may end by its timeout in these tests: each
+// would take this long, far above what following a promotion takes.
+constexpr auto kWaitTimeout = seconds(20);
+// Following a promotion: the shard map is looked at every 100 ms, then the
+// worker reconnects and resends; generous for a loaded machine, still far
+// below kWaitTimeout and the transport's op_timeout (30 s).
+constexpr auto kFollowBound = seconds(6);
+
+struct Replicated {
+  std::shared_ptr<FailoverDecider> decider = NewEmbeddedFailoverDecider();
+  std::vector<std::unique_ptr<Server>> primaries, backups;
+  std::vector<std::string> addresses;  // the primaries' at start
+  std::vector<std::unique_ptr<Client>> clients;
+  std::string transport;
+};
+
+ClientOptions WorkerOptions(const Replicated& c, std::uint32_t w, std::uint32_t W) {
+  ClientOptions o = MakeClientOptions(c.transport, w, W, c.addresses);
+  o.failover = c.decider;
+  o.wait_timeout = kWaitTimeout;
+  return o;
+}
+
+// Per shard a backup, then its primary; then `connect` of the W workers.
+void Start(Replicated* c, const std::string& transport, std::uint32_t S, std::uint32_t W,
+           std::uint32_t connect, std::uint32_t staleness) {
+  c->transport = transport;
+  const std::vector<TableOptions> tables = {MakeTable(kTable, "count", kRows, kDim, staleness)};
+  for (std::uint32_t i = 0; i < S; ++i) {
+    ServerOptions b = MakeServerOptions(transport, i, S, W, tables);
+    b.replicas = 2;
+    b.replica_role = ReplicaRole::kBackup;
+    b.failover = c->decider;
+    b.exit_when_workers_done = false;
+    auto backup = Server::Start(b);
+    ASSERT_TRUE(backup.ok()) << backup.status();
+    ServerOptions p = MakeServerOptions(transport, i, S, W, tables);
+    p.replicas = 2;
+    p.backup_address = (*backup)->address();
+    p.failover = c->decider;
+    p.exit_when_workers_done = false;
+    auto primary = Server::Start(p);
+    ASSERT_TRUE(primary.ok()) << primary.status();
+    c->addresses.push_back((*primary)->address());
+    c->backups.push_back(std::move(backup).value());
+    c->primaries.push_back(std::move(primary).value());
+  }
+  for (std::uint32_t w = 0; w < connect; ++w) {
+    auto cl = Client::Connect(WorkerOptions(*c, w, W));
+    ASSERT_TRUE(cl.ok()) << cl.status();
+    c->clients.push_back(std::move(cl).value());
+  }
+}
+
+// Hangs the primary of `shard` with its connections open (on fake, every
+// op against its memory is held in flight, never completed); its lease
+// then lapses and its backup drops it: on fake by the knob that breaks
+// their connection at both ends, on tcp as the lease watch does.
+void HangPrimary(Replicated& c, std::uint32_t shard) {
+  Server& p = *c.primaries[shard];
+  internal::TEST_Hang(p);
+  if (c.transport == "fake") {
+    transport::Endpoint& ep = *internal::TEST_ServerEndpoint(p);
+    transport::fake::Faults hold;
+    hold.inbound = true;  // the workers' ops against its memory
+    hold.hold_until_released = true;
+    ASSERT_TRUE(transport::fake::SetFaults(ep, hold).ok());
+    ASSERT_TRUE(transport::fake::DropConnection(ep, internal::kBackupPeerBase + shard).ok());
+  } else {
+    internal::TEST_PrimaryLeaseLost(*c.backups[shard]);
+  }
+}
+
+double Ms(SteadyClock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
+
+class HungPrimaryTest : public ::testing::TestWithParam<std::string> {};
+
+// Two workers train (push -1 on every row, Clock, pull) under BSP or SSP
+// while the primary of shard 1 hangs: each call that meets it (a push
+// waiting for its completion or credit, Clock, the pull's wait for the
+// other worker's clock, its READs) follows the promotion; the run ends
+// with the exact count and no call near a timeout.
+void TrainThroughAHang(const std::string& transport, std::uint32_t staleness) {
+  constexpr std::uint32_t W = 2;
+  constexpr int kIters = 40, kHangAt = 10;
+  Replicated c;
+  Start(&c, transport, 2, W, W, staleness);
+  ASSERT_FALSE(::testing::Test::HasFatalFailure());
+  std::vector<Status> results(W);
+  std::vector<double> max_call_ms(W, 0);
+  std::atomic<int> progress{0};  // iterations worker 0 has done
+  std::vector<std::thread> workers;
+  for (std::uint32_t w = 0; w < W; ++w) {
+    workers.emplace_back([&, w] {
+      Client& cl = *c.clients[w];
+      const std::vector<float> minus_one(kRows * kDim, -1.0f);
+      std::vector<float> out(kRows * kDim);
+      auto timed = [&](auto&& call) {
+        const auto t0 = SteadyClock::now();
+        Status st = call();
+        max_call_ms[w] = std::max(max_call_ms[w], Ms(SteadyClock::now() - t0));
+        return st;
+      };
+      for (int it = 0; it < kIters && results[w].ok(); ++it) {
+        results[w] = timed([&] { return cl.Push(kTable, RowRange{0, kRows}, minus_one); });
+        if (results[w].ok()) results[w] = timed([&] { return cl.Clock().status(); });
+        if (results[w].ok()) {
+          results[w] = timed([&] { return cl.Pull(kTable, RowRange{0, kRows}, out); });
+        }
+        if (w == 0) progress.store(it + 1);
+      }
+      if (results[w].ok()) results[w] = timed([&] { return cl.Flush(); });
+    });
+  }
+  const bool reached = Eventually([&] { return progress.load() >= kHangAt; });
+  HangPrimary(c, 1);
+  for (auto& t : workers) t.join();
+  ASSERT_TRUE(reached);
+  ASSERT_FALSE(::testing::Test::HasFatalFailure());
+  for (std::uint32_t w = 0; w < W; ++w) {
+    ASSERT_TRUE(results[w].ok()) << "worker " << w << ": " << results[w];
+    EXPECT_LT(max_call_ms[w], Ms(kFollowBound)) << "worker " << w << " waited out a timeout";
+    EXPECT_EQ(c.clients[w]->stats().failovers, 1u) << "worker " << w;
+  }
+  auto a = c.decider->Current(1);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->epoch, 2u);
+  EXPECT_EQ(a->primary, c.backups[1]->address());
+  // Exactly once: every row counts every push of both workers.
+  std::vector<float> out(kRows * kDim);
+  ASSERT_TRUE(c.clients[0]->Pull(kTable, RowRange{0, kRows}, out).ok());
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    ASSERT_EQ(out[i], float{W * kIters}) << "float " << i << " (row " << i / kDim << ")";
+  }
+  std::vector<float> local;
+  ASSERT_TRUE(c.backups[1]->ReadLocal(kTable, RowRange{8, 8}, &local).ok());
+  for (float v : local) ASSERT_EQ(v, float{W * kIters});
+}
+
+TEST_P(HungPrimaryTest, BspTrainingFollowsThePromotion) { TrainThroughAHang(GetParam(), 0); }
+TEST_P(HungPrimaryTest, SspTrainingFollowsThePromotion) { TrainThroughAHang(GetParam(), 2); }
+
+// A worker blocked in a BSP pull (waiting for the other worker's clock)
+// when the primary it polls hangs: the pull completes at the new primary
+// once the other worker's Clock reaches it, well before wait_timeout.
+TEST_P(HungPrimaryTest, PullBlockedOnAHungPrimaryCompletesAtTheNewOne) {
+  Replicated c;
+  Start(&c, GetParam(), 1, 2, 0, /*staleness=*/0);
+  ASSERT_FALSE(HasFatalFailure());
+  for (std::uint32_t w = 0; w < 2; ++w) {
+    ClientOptions o = WorkerOptions(c, w, 2);
+    // Worker 0's pull, not its Clock(), waits for worker 1; worker 1's
+    // Clock() waits (and so meets the hung primary, fails over and resends
+    // its clock there).
+    o.clock_waits = w == 1;
+    auto cl = Client::Connect(o);
+    ASSERT_TRUE(cl.ok()) << cl.status();
+    c.clients.push_back(std::move(cl).value());
+  }
+  const std::vector<float> minus_one(kRows * kDim, -1.0f);
+  for (auto& cl : c.clients) ASSERT_TRUE(cl->Push(kTable, RowRange{0, kRows}, minus_one).ok());
+  // At clock 1 worker 0's BSP pull needs worker 1 at clock 1.
+  Status pulled;
+  double pull_ms = 0;
+  std::thread t([&] {
+    Client& cl = *c.clients[0];
+    Result<std::uint64_t> clk = cl.Clock();
+    if (!clk.ok()) {
+      pulled = clk.status();
+      return;
+    }
+    std::vector<float> out(kRows * kDim);
+    const auto t0 = SteadyClock::now();
+    pulled = cl.Pull(kTable, RowRange{0, kRows}, out);
+    pull_ms = Ms(SteadyClock::now() - t0);
+    if (pulled.ok() && out[0] != 2.0f) pulled = InternalError("pulled " + std::to_string(out[0]));
+  });
+  // Worker 0 is waiting once its pull has polled the control block in vain.
+  const bool waiting =
+      Eventually([&] { return c.clients[0]->stats().pull_waits > 0; }, seconds(20));
+  const auto hung_at = SteadyClock::now();
+  HangPrimary(c, 0);
+  ASSERT_FALSE(HasFatalFailure());
+  // Worker 1 catches up; its Clock meets the hung primary and follows too.
+  const Result<std::uint64_t> clocked = c.clients[1]->Clock();
+  t.join();
+  ASSERT_TRUE(waiting) << "worker 0's pull never waited";
+  ASSERT_TRUE(clocked.ok()) << clocked.status();
+  ASSERT_TRUE(pulled.ok()) << pulled;
+  EXPECT_LT(Ms(SteadyClock::now() - hung_at), Ms(kFollowBound));
+  EXPECT_LT(pull_ms, Ms(kFollowBound)) << "the pull waited out a timeout";
+  EXPECT_EQ(c.clients[0]->stats().failovers, 1u);
+  EXPECT_EQ(c.decider->Current(0)->primary, c.backups[0]->address());
+}
+
+// Connect while the primary of shard 0 is dead and its backup not yet
+// promoted: at connect_timeout the error names the shard map's primary and
+// backup; once the backup is promoted, a Connect that began before reaches
+// it, and its pushes count exactly once.
+TEST_P(HungPrimaryTest, ConnectReachesThePromotedBackup) {
+  Replicated c;
+  Start(&c, GetParam(), 2, 2, 1, kAsp);
+  ASSERT_FALSE(HasFatalFailure());
+  const std::vector<float> minus_one(kRows * kDim, -1.0f);
+  ASSERT_TRUE(c.clients[0]->Push(kTable, RowRange{0, kRows}, minus_one).ok());
+  ASSERT_TRUE(c.clients[0]->Flush().ok());
+  // The backup takes no notice of the death while its apply thread is
+  // paused (the log connection's drop is a notification it applies).
+  ASSERT_TRUE(Eventually([&] { return c.backups[0]->stats().pushes_applied == 1; }));
+  internal::TEST_PauseApply(*c.backups[0], true);
+  internal::TEST_Kill(*c.primaries[0]);
+  ClientOptions o = WorkerOptions(c, 1, 2);
+  o.connect_timeout = milliseconds(1000);
+  auto refused = Client::Connect(o);
+  ASSERT_FALSE(refused.ok());
+  const std::string msg = refused.status().message();
+  EXPECT_NE(msg.find("neither answered before connect_timeout"), std::string::npos) << msg;
+  EXPECT_NE(msg.find(c.addresses[0]), std::string::npos) << msg;
+  EXPECT_NE(msg.find(c.backups[0]->address()), std::string::npos) << msg;
+
+  o.connect_timeout = seconds(20);
+  Result<std::unique_ptr<Client>> late = UnavailableError("not run");
+  std::atomic<bool> begun{false};
+  std::thread t([&] {
+    begun.store(true);
+    late = Client::Connect(o);
+  });
+  ASSERT_TRUE(Eventually([&] { return begun.load(); }));
+  internal::TEST_PauseApply(*c.backups[0], false);  // promoted now
+  t.join();
+  ASSERT_TRUE(late.ok()) << late.status();
+  EXPECT_EQ(c.decider->Current(0)->primary, c.backups[0]->address());
+  ASSERT_TRUE((*late)->Push(kTable, RowRange{0, kRows}, minus_one).ok());
+  ASSERT_TRUE((*late)->Flush().ok());
+  std::vector<float> out(kRows * kDim);
+  ASSERT_TRUE((*late)->Pull(kTable, RowRange{0, kRows}, out).ok());
+  for (std::size_t i = 0; i < out.size(); ++i) ASSERT_EQ(out[i], 2.0f) << "float " << i;
+}
+
+// Elastic: worker 1 dies together with the primary (killed first, so the
+// death is never forwarded): the promoted backup still has it as a member
+// at its clock, and worker 0's BSP pull there waits for it until the
+// backup's failover_reconnect_window ends; then worker 1 leaves as dead
+// (membership epoch + 1, named in dead_workers), worker 0, which came
+// within the window, stays a member, and its pull completes.
+TEST_P(HungPrimaryTest, ElasticWorkerThatDiedWithItsPrimaryLeavesThePromotedBackup) {
+  constexpr std::uint32_t kInitial = 2, kMax = 3;
+  constexpr auto kWindow = seconds(2);
+  Replicated c;
+  c.transport = GetParam();
+  const std::vector<TableOptions> tables = {MakeTable(kTable, "count", kRows, kDim, 0)};
+  ServerOptions b = MakeServerOptions(c.transport, 0, 1, kInitial, tables);
+  b.max_workers = kMax;
+  b.replicas = 2;
+  b.replica_role = ReplicaRole::kBackup;
+  b.failover = c.decider;
+  b.exit_when_workers_done = false;
+  b.failover_reconnect_window = kWindow;
+  auto backup = Server::Start(b);
+  ASSERT_TRUE(backup.ok()) << backup.status();
+  ServerOptions p = MakeServerOptions(c.transport, 0, 1, kInitial, tables);
+  p.max_workers = kMax;
+  p.replicas = 2;
+  p.backup_address = (*backup)->address();
+  p.failover = c.decider;
+  p.exit_when_workers_done = false;
+  auto primary = Server::Start(p);
+  ASSERT_TRUE(primary.ok()) << primary.status();
+  c.addresses = {(*primary)->address()};
+  for (std::uint32_t w = 0; w < kInitial; ++w) {
+    ClientOptions o = WorkerOptions(c, w, kInitial);
+    o.max_workers = kMax;
+    o.clock_waits = false;
+    auto cl = Client::Connect(o);
+    ASSERT_TRUE(cl.ok()) << cl.status();
+    c.clients.push_back(std::move(cl).value());
+  }
+  const std::vector<float> minus_one(kRows * kDim, -1.0f);
+  std::vector<float> out(kRows * kDim);
+  for (auto& cl : c.clients) {
+    ASSERT_TRUE(cl->Push(kTable, RowRange{0, kRows}, minus_one).ok());
+    ASSERT_TRUE(cl->Clock().ok());
+  }
+  ASSERT_TRUE(c.clients[0]->Pull(kTable, RowRange{0, kRows}, out).ok());
+  ASSERT_TRUE(c.clients[1]->Flush().ok());
+  // The backup holds both workers' clocks (every slot is logged before it
+  // is applied) before they die together.
+  ASSERT_TRUE(Eventually([&] { return (*backup)->stats().min_clock == 1; }));
+  const std::uint32_t epoch_before = (*backup)->stats().membership_epoch;
+  internal::TEST_Kill(**primary);
+  internal::TEST_Abandon(*c.clients[1]);
+  // Worker 0 at clock 2 needs every member at clock 2.
+  ASSERT_TRUE(c.clients[0]->Push(kTable, RowRange{0, kRows}, minus_one).ok());
+  ASSERT_TRUE(c.clients[0]->Clock().ok());
+  const auto t0 = SteadyClock::now();
+  const Status pulled = c.clients[0]->Pull(kTable, RowRange{0, kRows}, out);
+  const auto waited = SteadyClock::now() - t0;
+  ASSERT_TRUE(pulled.ok()) << pulled;
+  EXPECT_LT(Ms(waited), Ms(kWindow + kFollowBound)) << "the pull waited out wait_timeout";
+  for (std::size_t i = 0; i < out.size(); ++i) ASSERT_EQ(out[i], 3.0f) << "float " << i;
+  const ServerStats st = (*backup)->stats();
+  EXPECT_EQ(st.members, 1u);
+  EXPECT_GT(st.membership_epoch, epoch_before);
+  EXPECT_EQ(st.dead_workers, std::vector<std::uint32_t>{1});
+  EXPECT_EQ(c.decider->Current(0)->primary, (*backup)->address());
+  // Worker 0 goes on alone under BSP.
+  ASSERT_TRUE(c.clients[0]->Clock().ok());
+  ASSERT_TRUE(c.clients[0]->Pull(kTable, RowRange{0, kRows}, out).ok());
+  c.clients.clear();
+  primary->reset();
+  backup->reset();
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, HungPrimaryTest, ::testing::Values("fake", "tcp"));
+
+}  // namespace
+}  // namespace rdmaps::testing
