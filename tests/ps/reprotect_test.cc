@@ -53,13 +53,20 @@ class Job {
     servers.push_back(std::move(primary).value());
     servers.push_back(std::move(backup).value());
     for (std::uint32_t w = 0; w < W; ++w) {
-      ClientOptions o = MakeClientOptions(transport_, w, W, {servers[0]->address()});
-      o.failover = decider;
-      o.wait_timeout = seconds(20);
-      auto cl = Client::Connect(o);
+      auto cl = Connect(w, servers[0]->address());
       ASSERT_TRUE(cl.ok()) << cl.status();
       clients.push_back(std::move(cl).value());
     }
+  }
+
+  // Worker w's Client at the shard's server `address` (elastic: it joins
+  // when w is not a member).
+  Result<std::unique_ptr<Client>> Connect(std::uint32_t w, const std::string& address) {
+    ClientOptions o = MakeClientOptions(transport_, w, 2, {address});
+    o.max_workers = max_workers;
+    o.failover = decider;
+    o.wait_timeout = seconds(20);
+    return Client::Connect(o);
   }
 
   Result<std::unique_ptr<Server>> StartReplacement(const std::string& primary) {
@@ -112,6 +119,7 @@ class Job {
   }
 
   std::shared_ptr<FailoverDecider> decider = NewEmbeddedFailoverDecider();
+  std::uint32_t max_workers = 0;                 // elastic: worker slots (before Start)
   std::vector<std::unique_ptr<Server>> servers;  // [0] primary, [1] backup, then replacements
   std::vector<std::unique_ptr<Client>> clients;
   std::vector<std::thread> threads;
@@ -119,6 +127,7 @@ class Job {
  private:
   ServerOptions Options(ReplicaRole role) {
     ServerOptions o = MakeServerOptions(transport_, 0, 1, 2, Tables());
+    o.max_workers = max_workers;
     o.replicas = 2;
     o.replica_role = role;
     o.failover = decider;
@@ -131,7 +140,7 @@ class Job {
   }
 
   std::string transport_;
-  std::vector<Status> results_ = std::vector<Status>(2);
+  std::vector<Status> results_ = std::vector<Status>(4);
   std::atomic<int> pushed_{0};
 };
 
@@ -249,6 +258,90 @@ TEST_P(ReprotectTest, ReplacementKilledDuringCatchUpLeavesThePrimaryServing) {
   EXPECT_EQ(job.decider->Current(0)->epoch, epoch + 1);
   std::string diff;
   ASSERT_TRUE(Eventually([&] { return SameState(promoted, **r2, &diff); })) << diff;
+}
+
+// Elastic (4 worker slots, 2 initial members): the membership the primary
+// decided (a joiner that left gracefully, one that died) is in the
+// snapshot, and what changes during and after the catch-up (a fresh worker
+// in the dead one's slot) comes through the log: the replacement's members,
+// membership epoch, barrier counts and worker words equal the primary's,
+// and it serves them once promoted.
+TEST_P(ReprotectTest, ElasticMembershipIsCopiedAndKeptEqual) {
+  Job job(GetParam());
+  job.max_workers = 4;
+  job.Start(2);
+  ASSERT_FALSE(HasFatalFailure());
+  Server& first = *job.servers[0];
+  // Worker 2 joins, pushes, leaves gracefully; worker 3 joins and dies.
+  {
+    auto w2 = job.Connect(2, first.address());
+    ASSERT_TRUE(w2.ok()) << w2.status();
+    job.clients.push_back(std::move(w2).value());
+    job.Push(16);
+    job.Join();
+    ASSERT_FALSE(HasFatalFailure());
+    ASSERT_TRUE(job.clients[2]->Close().ok());
+    job.clients.pop_back();
+    auto w3 = job.Connect(3, first.address());
+    ASSERT_TRUE(w3.ok()) << w3.status();
+    internal::TEST_Abandon(**w3);  // kill -9 of the worker
+  }
+  ASSERT_TRUE(Eventually([&] {
+    const auto dead = first.stats().dead_workers;
+    return first.stats().members == 2 && dead.size() == 1 && dead[0] == 3;
+  })) << internal::TEST_MembershipImage(first);
+  // The primary dies under the members' pushes; the backup serves alone.
+  const std::uint64_t before = first.stats().pushes_applied;
+  job.Push(60);
+  ASSERT_TRUE(Eventually([&] { return first.stats().pushes_applied >= before + 40; }));
+  internal::TEST_Kill(first);
+  job.Join();
+  ASSERT_FALSE(HasFatalFailure());
+  Server& promoted = *job.servers[1];
+  ASSERT_EQ(job.decider->Current(0)->primary, promoted.address());
+  // A replacement copies the shard while the members push.
+  job.Push(60);
+  auto r = job.StartReplacement(promoted.address());
+  ASSERT_TRUE(r.ok()) << r.status();
+  Server& replacement = **r;
+  job.servers.push_back(std::move(r).value());
+  ASSERT_TRUE(Eventually([&] { return job.decider->Current(0)->backup == replacement.address(); }))
+      << "the replacement never became the backup";
+  job.Join();
+  ASSERT_FALSE(HasFatalFailure());
+  std::string diff;
+  ASSERT_TRUE(Eventually([&] {
+    return internal::TEST_MembershipImage(promoted) == internal::TEST_MembershipImage(replacement);
+  })) << "primary:     "
+      << internal::TEST_MembershipImage(promoted)
+      << "\nreplacement: " << internal::TEST_MembershipImage(replacement);
+  ASSERT_TRUE(Eventually([&] { return SameState(promoted, replacement, &diff); })) << diff;
+  EXPECT_EQ(replacement.stats().members, 2u);
+  EXPECT_EQ(replacement.stats().membership_epoch, promoted.stats().membership_epoch);
+  EXPECT_EQ(replacement.stats().dead_workers, std::vector<std::uint32_t>{3});
+  const std::string image = internal::TEST_MembershipImage(replacement);
+  EXPECT_NE(image.find("w2{state 2 epoch 1 barriers 0 joined seq"), std::string::npos) << image;
+  EXPECT_NE(image.find("w3{state 2 epoch 3 barriers 0 joined died seq"), std::string::npos)
+      << image;
+  // A fresh worker takes the dead one's slot on the primary (through the
+  // log on the replacement); then the primary dies too: the replacement
+  // serves the three members with every acknowledged push.
+  auto fresh = job.Connect(3, promoted.address());
+  ASSERT_TRUE(fresh.ok()) << fresh.status();
+  job.clients.push_back(std::move(fresh).value());
+  const std::uint64_t applied = promoted.stats().pushes_applied;
+  job.Push(60);
+  ASSERT_TRUE(Eventually([&] { return promoted.stats().pushes_applied >= applied + 60; }));
+  internal::TEST_Kill(promoted);
+  job.Join();
+  ASSERT_FALSE(HasFatalFailure());
+  job.ExpectCounted();
+  auto a = job.decider->Current(0);
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(a->epoch, 4u);
+  EXPECT_EQ(a->primary, replacement.address());
+  EXPECT_EQ(replacement.stats().members, 3u);
+  EXPECT_EQ(replacement.stats().protocol_errors, 0u);
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, ReprotectTest, ::testing::Values("fake", "tcp"));
