@@ -2076,7 +2076,10 @@ bool ServerImpl::Finished() const {
 Status ServerImpl::RunUntil(Deadline deadline) {
   MutexLock lock(mu_);
   bool finished = Finished();
-  while (!finished) {
+  // A replacement whose catch-up failed is no copy of the shard and never
+  // will be: Run returns (FailCatchup notifies cv_) so its launcher can
+  // start another.
+  while (!finished && rejoin_status_.ok()) {
     // In slices while a rejoin_timeout may run out with no notification.
     const Deadline until =
         options_.rejoin_timeout.count() > 0
@@ -2087,6 +2090,11 @@ Status ServerImpl::RunUntil(Deadline deadline) {
     if (std::chrono::steady_clock::now() >= deadline) break;
   }
   if (!rewind_error_.ok()) return rewind_error_;
+  if (!rejoin_status_.ok()) {
+    return FailedPreconditionError("ps server " + std::to_string(options_.server_index) +
+                                   ": re-protection failed (" + rejoin_status_.ToString() +
+                                   "); this replacement is no copy of the shard: start another");
+  }
   if (!finished) {
     std::vector<std::uint32_t> missing, running;
     for (std::uint32_t w = 0; w < slots_; ++w) {

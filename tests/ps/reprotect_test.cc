@@ -269,6 +269,35 @@ TEST_P(ReprotectTest, ReplacementKilledDuringCatchUpLeavesThePrimaryServing) {
   ASSERT_TRUE(Eventually([&] { return SameState(promoted, **r2, &diff); })) << diff;
 }
 
+// The primary dies while the replacement is still catching up: the
+// replacement is in no shard map, so it reports nothing (the map does not
+// move), and its Run ends with the reason, so that a launcher starts
+// another one rather than wait for it.
+TEST_P(ReprotectTest, PrimaryLostDuringCatchUpEndsTheReplacementsRun) {
+  Job job(transport());
+  job.Start(2);
+  ASSERT_FALSE(HasFatalFailure());
+  internal::TEST_Kill(*job.servers[0]);
+  job.Push(8);
+  job.Join();
+  ASSERT_FALSE(HasFatalFailure());
+  Server& promoted = *job.servers[1];
+  const ShardAssignment alone = *job.decider->Current(0);
+  ASSERT_EQ(alone.primary, promoted.address());
+  internal::TEST_HoldCatchup(true);
+  auto r = job.StartReplacement(promoted.address());
+  ASSERT_TRUE(r.ok()) << r.status();
+  internal::TEST_Kill(promoted);
+  const Status run = (*r)->RunUntil(SteadyClock::now() + seconds(20));
+  internal::TEST_HoldCatchup(false);
+  EXPECT_EQ(run.code(), StatusCode::kFailedPrecondition) << run;
+  EXPECT_NE(run.message().find("re-protection failed"), std::string::npos) << run;
+  auto now = job.decider->Current(0);
+  ASSERT_TRUE(now.ok());
+  EXPECT_EQ(now->epoch, alone.epoch) << "a replacement not in the map decided something";
+  EXPECT_EQ(now->primary, promoted.address());
+}
+
 // Elastic (4 worker slots, 2 initial members): the membership the primary
 // decided (a joiner that left gracefully, one that died) is in the
 // snapshot, and what changes during and after the catch-up (a fresh worker
