@@ -315,7 +315,7 @@ TEST_P(ReprotectTest, ElasticMembershipIsCopiedAndKeptEqual) {
     auto w2 = job.Connect(2, first.address());
     ASSERT_TRUE(w2.ok()) << w2.status();
     job.clients.push_back(std::move(w2).value());
-    job.Push(16);
+    job.Push(8);
     job.Join();
     ASSERT_FALSE(HasFatalFailure());
     ASSERT_TRUE(job.clients[2]->Close().ok());
@@ -330,7 +330,7 @@ TEST_P(ReprotectTest, ElasticMembershipIsCopiedAndKeptEqual) {
   })) << internal::TEST_MembershipImage(first);
   // The primary dies under the members' pushes; the backup serves alone.
   const std::uint64_t before = first.stats().pushes_applied;
-  job.Push(60);
+  job.Push(30);
   ASSERT_TRUE(Eventually([&] { return first.stats().pushes_applied >= before + 40; }));
   internal::TEST_Kill(first);
   job.Join();
@@ -338,7 +338,7 @@ TEST_P(ReprotectTest, ElasticMembershipIsCopiedAndKeptEqual) {
   Server& promoted = *job.servers[1];
   ASSERT_EQ(job.decider->Current(0)->primary, promoted.address());
   // A replacement copies the shard while the members push.
-  job.Push(60);
+  job.Push(30);
   auto r = job.StartReplacement(promoted.address());
   ASSERT_TRUE(r.ok()) << r.status();
   Server& replacement = **r;
@@ -368,7 +368,7 @@ TEST_P(ReprotectTest, ElasticMembershipIsCopiedAndKeptEqual) {
   ASSERT_TRUE(fresh.ok()) << fresh.status();
   job.clients.push_back(std::move(fresh).value());
   const std::uint64_t applied = promoted.stats().pushes_applied;
-  job.Push(60);
+  job.Push(30);
   ASSERT_TRUE(Eventually([&] { return promoted.stats().pushes_applied >= applied + 60; }));
   internal::TEST_Kill(promoted);
   job.Join();
