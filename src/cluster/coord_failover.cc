@@ -52,13 +52,27 @@ bool Line(std::string_view& text, std::string_view word, std::string_view* value
   return true;
 }
 
+// The lease key `kv` is `holder`'s (its value is the primary's address;
+// an empty holder: anyone's).
+bool HeldBy(const std::optional<KeyValue>& kv, const std::string& holder) {
+  return kv && (holder.empty() || kv->value == holder);
+}
+
 class CoordPrimaryWatch final : public PrimaryWatch {
  public:
-  // `seen`: the lease was held when the watch started.
-  CoordPrimaryWatch(Coordinator* coord, std::string key, std::function<void()> on_lost, bool seen)
-      : coord_(coord), key_(std::move(key)), on_lost_(std::move(on_lost)) {
+  // `seen`: the lease was held when the watch started. `holder`: the
+  // primary the shard map named then; only its lease counts (empty: any),
+  // so that a replacement backup started while the dead primary's lease
+  // has not expired yet does not take its expiry for its new primary's.
+  CoordPrimaryWatch(Coordinator* coord, std::string key, std::string holder,
+                    std::function<void()> on_lost, bool seen)
+      : coord_(coord),
+        key_(std::move(key)),
+        holder_(std::move(holder)),
+        on_lost_(std::move(on_lost)) {
     thread_ = std::thread([this, seen] { Run(seen); });
   }
+
   ~CoordPrimaryWatch() override {
     stop_.store(true);
     thread_.join();
@@ -76,8 +90,9 @@ class CoordPrimaryWatch final : public PrimaryWatch {
         std::this_thread::sleep_for(std::chrono::milliseconds(50));
         continue;
       }
-      if (r->kv) seen = true;
-      if (!r->kv && seen) {
+      const bool held = HeldBy(r->kv, holder_);
+      if (held) seen = true;
+      if (!held && seen) {
         RDMAPS_LOG(WARNING) << "failover: the primary's lease " << key_
                             << " is gone (the primary stopped renewing it)";
         on_lost_();
@@ -93,6 +108,7 @@ class CoordPrimaryWatch final : public PrimaryWatch {
 
   Coordinator* const coord_;
   const std::string key_;
+  const std::string holder_;
   const std::function<void()> on_lost_;
   std::atomic<bool> stop_{false};
   std::thread thread_;
@@ -333,9 +349,11 @@ Result<std::unique_ptr<PrimaryWatch>> CoordFailoverDecider::WatchPrimary(
   if (!on_lost) return InvalidArgumentError("WatchPrimary needs a callback");
   // Read once here, so that a lease held now counts as seen whenever the
   // watch's thread first looks.
+  RDMAPS_ASSIGN_OR_RETURN(Read entry, ReadEntry(shard, CallDeadline()));
+  const std::string holder = entry.entry ? entry.entry->primary : std::string();
   RDMAPS_ASSIGN_OR_RETURN(ReadResult r, coord_->Get(FailoverLeaseKey(shard), CallDeadline()));
-  return std::unique_ptr<PrimaryWatch>(new CoordPrimaryWatch(coord_.get(), FailoverLeaseKey(shard),
-                                                             std::move(on_lost), r.kv.has_value()));
+  return std::unique_ptr<PrimaryWatch>(new CoordPrimaryWatch(
+      coord_.get(), FailoverLeaseKey(shard), holder, std::move(on_lost), HeldBy(r.kv, holder)));
 }
 
 }  // namespace rdmaps::internal

@@ -78,4 +78,31 @@ std::uint64_t Membership::MinClock(const std::vector<ControlWorker>& filled) {
   return min;
 }
 
+Membership::SlotImage Membership::Image(std::uint32_t w) const {
+  const Slot& s = slots_[w];
+  return {static_cast<std::uint32_t>(s.state), s.epoch, s.barriers, s.joined, s.died};
+}
+
+bool Membership::Load(const std::vector<SlotImage>& slots, std::uint32_t epoch,
+                      std::uint64_t floor) {
+  if (slots.size() != slots_.size()) return false;
+  for (const SlotImage& i : slots) {
+    if (i.state > static_cast<std::uint32_t>(State::kLeft) || (!elastic_ && i.state != 0)) {
+      return false;
+    }
+  }
+  for (std::size_t w = 0; w < slots.size(); ++w) {
+    const SlotImage& i = slots[w];
+    slots_[w] = Slot{static_cast<State>(i.state), i.joined, i.died, i.epoch, i.barriers};
+  }
+  epoch_ = epoch;
+  floor_ = floor;
+  if (elastic_) {
+    RDMAPS_LOG(INFO) << "ps server " << server_index_ << ": membership epoch " << epoch_
+                     << " copied from the primary: " << members() << " members of " << slots_.size()
+                     << " slots, floor clock " << floor_;
+  }
+  return true;
+}
+
 }  // namespace rdmaps::internal

@@ -65,6 +65,22 @@ class Membership {
   std::uint64_t MinClock(const std::vector<ControlWorker>& filled);
   std::uint64_t floor() const { return floor_; }
 
+  // Re-protection: what a replacement backup copies of each slot (the
+  // primary's snapshot, RejoinWorker) so that its members, epochs and
+  // barrier counts equal the primary's.
+  struct SlotImage {
+    std::uint32_t state = 0;  // 0 member, 1 vacant, 2 left
+    std::uint32_t epoch = 0;
+    std::uint64_t barriers = 0;
+    bool joined = false;
+    bool died = false;
+  };
+  SlotImage Image(std::uint32_t w) const;
+  // Takes the primary's images, epoch and floor; false (nothing changed)
+  // when they cannot be a membership of this one: another slot count, a
+  // state out of range, a non-member slot when not elastic.
+  bool Load(const std::vector<SlotImage>& slots, std::uint32_t epoch, std::uint64_t floor);
+
  private:
   enum class State : std::uint8_t { kMember, kVacant, kLeft };
   struct Slot {

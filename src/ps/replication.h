@@ -142,7 +142,7 @@ enum class RejoinRefusal : std::uint32_t {
   kNone = 0,
   kHasBackup = 1,   // the shard has a backup (or a replacement is catching up)
   kNotServing = 2,  // fenced, or not a primary
-  kElastic = 3,     // elastic jobs are not re-protected (not built)
+  kElastic = 3,     // (no longer sent: elastic jobs are re-protected, membership included)
   kBadOffer = 4,    // the offer does not fit this shard
   kNoMemory = 5,    // the snapshot could not be allocated or registered
 };
@@ -167,18 +167,29 @@ struct RejoinSnapshotHead {  // 64 bytes, then RejoinWorker per slot, then the t
   std::uint32_t worker_slots;
   std::uint32_t tables;
   std::uint64_t bytes;  // the whole snapshot
-  std::uint8_t pad[24];
+  // The primary's membership (elastic jobs; src/ps/membership.h).
+  std::uint32_t membership_epoch;
+  std::uint32_t elastic;  // 0 or 1: must match the replacement's max_workers mode
+  std::uint64_t floor_clock;
+  std::uint8_t pad[8];
 };
 static_assert(std::is_trivially_copyable_v<RejoinSnapshotHead> && sizeof(RejoinSnapshotHead) == 64);
 
-struct RejoinWorker {  // 32 bytes
+struct RejoinWorker {  // 48 bytes
   std::uint64_t next_seq;
   std::uint64_t clock;
-  std::uint32_t done;
-  std::uint32_t pad;
-  std::uint64_t reserved;
+  std::uint32_t done;  // 0 or 1
+  std::uint32_t died;  // 0 or 1: disconnected without a goodbye
+  // The slot's membership (Membership::SlotImage): 0 member, 1 vacant, 2
+  // left (always 0 outside elastic mode); the membership epoch it joined
+  // at; its Barrier() count; joined by kJoin, left by dying (0 or 1).
+  std::uint32_t member_state;
+  std::uint32_t member_epoch;
+  std::uint64_t barriers;
+  std::uint32_t joined;
+  std::uint32_t left_died;
 };
-static_assert(std::is_trivially_copyable_v<RejoinWorker> && sizeof(RejoinWorker) == 32);
+static_assert(std::is_trivially_copyable_v<RejoinWorker> && sizeof(RejoinWorker) == 48);
 // A record whose SlotHeader::kind is this is not a worker's slot: the
 // primary saw `worker`'s connection drop (an elastic member that died; the
 // header's clock is its clock there) and the backup makes it leave too.

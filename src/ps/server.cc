@@ -137,6 +137,7 @@ class ServerImpl final : public Server {
     if (log_receiver_ && !killed_.load()) log_receiver_->CloseConnection();
   }
   Status TEST_ShardState(std::uint32_t table, std::vector<float>* rows, std::vector<float>* state);
+  std::string TEST_MembershipImage();
 
  private:
   Status RegisterAll();
@@ -731,7 +732,11 @@ void ServerImpl::AcceptLoop() {
                               << " is held by a live worker; give the new one a free id";
           continue;
         }
-        if (membership_->free(w) && seen) {
+        // (A slot this server learned of only through its primary's log or
+        // a re-protection's snapshot was never seen here, but has the old
+        // worker's words all the same.)
+        const bool used = seen || workers_[w].next_seq != 1 || workers_[w].done;
+        if (membership_->free(w) && used) {
           // Slots of the old worker a cut still held were never applied,
           // so never acknowledged: they go with it.
           workers_[w] = WorkerState{};
@@ -1352,9 +1357,7 @@ void ServerImpl::ServeRejoin() {
   using internal::RejoinRefusal;
   const std::string address(in->offer.address, in->offer.address_len);
   RejoinRefusal refusal = RejoinRefusal::kNone;
-  if (membership_->elastic()) {
-    refusal = RejoinRefusal::kElastic;
-  } else if (!Serving()) {
+  if (!Serving()) {
     refusal = RejoinRefusal::kNotServing;
   } else if (!log_sender_->alone() || rejoin_serving_) {
     refusal = RejoinRefusal::kHasBackup;
@@ -1373,11 +1376,22 @@ void ServerImpl::ServeRejoin() {
     head.worker_slots = slots_;
     head.tables = static_cast<std::uint32_t>(tables_.size());
     head.bytes = SnapshotBytes();
+    head.membership_epoch = membership_->epoch();
+    head.elastic = membership_->elastic() ? 1 : 0;
+    head.floor_clock = membership_->floor();
     std::memcpy(p, &head, sizeof(head));
     p += sizeof(head);
     for (std::uint32_t w = 0; w < slots_; ++w) {
-      const internal::RejoinWorker rw{workers_[w].next_seq, workers_[w].clock,
-                                      workers_[w].done ? 1u : 0u, 0, 0};
+      const internal::Membership::SlotImage m = membership_->Image(w);
+      const internal::RejoinWorker rw{workers_[w].next_seq,
+                                      workers_[w].clock,
+                                      workers_[w].done ? 1u : 0u,
+                                      workers_[w].died ? 1u : 0u,
+                                      m.state,
+                                      m.epoch,
+                                      m.barriers,
+                                      m.joined ? 1u : 0u,
+                                      m.died ? 1u : 0u};
       std::memcpy(p, &rw, sizeof(rw));
       p += sizeof(rw);
     }
@@ -1436,11 +1450,6 @@ void ServerImpl::ServeRejoin() {
 
 Status ServerImpl::StartRejoin() {
   const std::string me = "ps server " + std::to_string(options_.server_index);
-  if (membership_->elastic()) {
-    return InvalidArgumentError(me +
-                                ": rejoin_as_backup_of in an elastic job (max_workers > 0): "
-                                "re-protection of elastic jobs is not built");
-  }
   auto c = std::make_unique<Catchup>();
   c->region = internal::AllocateRegionMemory(internal::kRejoinRegionBytes);
   if (!c->region) return ResourceExhaustedError(me + ": allocating the rejoin offer failed");
@@ -1536,7 +1545,7 @@ bool ServerImpl::CatchupLog(const transport::Notification& n) {
     if (a.refusal != 0) {
       const char* why = a.refusal == 1   ? "the shard has a backup (or another replacement)"
                         : a.refusal == 2 ? "it does not serve the shard"
-                        : a.refusal == 3 ? "elastic jobs are not re-protected"
+                        : a.refusal == 3 ? "elastic jobs are not re-protected (an older primary)"
                                          : "the offer does not fit it";
       FailCatchup(FailedPreconditionError("the primary at " + options_.rejoin_as_backup_of +
                                           " refused this replacement: " + why));
@@ -1684,22 +1693,41 @@ Status ServerImpl::LoadSnapshot(const std::byte* snap) {
   const internal::RejoinAnswer& a = catchup_->answer;
   if (head.magic != internal::kRejoinSnapMagic || head.shard != options_.server_index ||
       head.index != a.index || head.epoch != a.epoch || head.worker_slots != slots_ ||
-      head.tables != tables_.size() || head.bytes != catchup_->snap_bytes) {
+      head.tables != tables_.size() || head.bytes != catchup_->snap_bytes ||
+      head.elastic != (membership_->elastic() ? 1u : 0u)) {
     return DataLossError(
         "the primary's snapshot does not describe this shard (magic, shard, log "
-        "index, worker slots, tables or size differ)");
+        "index, worker slots, tables, size or elastic mode (max_workers) differ)");
   }
   const std::byte* p = snap + sizeof(head);
   std::vector<internal::RejoinWorker> ws(slots_);
   std::memcpy(ws.data(), p, ws.size() * sizeof(internal::RejoinWorker));
   p += ws.size() * sizeof(internal::RejoinWorker);
-  for (const internal::RejoinWorker& w : ws) {
-    if (w.next_seq == 0 || w.done > 1) return DataLossError("the snapshot's worker words are bad");
+  std::vector<internal::Membership::SlotImage> members(slots_);
+  for (std::uint32_t w = 0; w < slots_; ++w) {
+    const internal::RejoinWorker& rw = ws[w];
+    if (rw.next_seq == 0 || rw.done > 1 || rw.died > 1 || rw.joined > 1 || rw.left_died > 1) {
+      return DataLossError("the snapshot's worker words are bad");
+    }
+    members[w] = {rw.member_state, rw.member_epoch, rw.barriers, rw.joined != 0, rw.left_died != 0};
+  }
+  if (!membership_->Load(members, head.membership_epoch, head.floor_clock)) {
+    return DataLossError("the snapshot's membership is bad (a slot state out of range)");
   }
   for (std::uint32_t w = 0; w < slots_; ++w) {
     workers_[w].next_seq = ws[w].next_seq;
     workers_[w].clock = ws[w].clock;
     workers_[w].done = ws[w].done != 0;
+    workers_[w].died = ws[w].died != 0;
+  }
+  {
+    MutexLock lock(mu_);
+    for (std::uint32_t w = 0; w < slots_; ++w) {
+      if (workers_[w].died && std::find(stats_.dead_workers.begin(), stats_.dead_workers.end(),
+                                        w) == stats_.dead_workers.end()) {
+        stats_.dead_workers.push_back(w);
+      }
+    }
   }
   for (TableState& t : tables_) {
     const std::size_t rb = std::size_t{t.options.dim} * sizeof(float);
@@ -2104,7 +2132,10 @@ bool ServerImpl::Finished() const {
 Status ServerImpl::RunUntil(Deadline deadline) {
   MutexLock lock(mu_);
   bool finished = Finished();
-  while (!finished) {
+  // A replacement whose catch-up failed is no copy of the shard and never
+  // will be: Run returns (FailCatchup notifies cv_) so its launcher can
+  // start another.
+  while (!finished && rejoin_status_.ok()) {
     // In slices while a rejoin_timeout may run out with no notification.
     const Deadline until =
         options_.rejoin_timeout.count() > 0
@@ -2115,6 +2146,11 @@ Status ServerImpl::RunUntil(Deadline deadline) {
     if (std::chrono::steady_clock::now() >= deadline) break;
   }
   if (!rewind_error_.ok()) return rewind_error_;
+  if (!rejoin_status_.ok()) {
+    return FailedPreconditionError("ps server " + std::to_string(options_.server_index) +
+                                   ": re-protection failed (" + rejoin_status_.ToString() +
+                                   "); this replacement is no copy of the shard: start another");
+  }
   if (!finished) {
     std::vector<std::uint32_t> missing, running;
     for (std::uint32_t w = 0; w < slots_; ++w) {
@@ -2210,6 +2246,21 @@ Status ServerImpl::TEST_ShardState(std::uint32_t table, std::vector<float>* rows
   return Status::OK();
 }
 
+std::string ServerImpl::TEST_MembershipImage() {
+  MutexLock lock(apply_mu_);
+  std::string out = "epoch " + std::to_string(membership_->epoch()) + ", " +
+                    std::to_string(membership_->members()) + " members;";
+  for (std::uint32_t w = 0; w < slots_; ++w) {
+    const internal::Membership::SlotImage m = membership_->Image(w);
+    out += " w" + std::to_string(w) + "{state " + std::to_string(m.state) + " epoch " +
+           std::to_string(m.epoch) + " barriers " + std::to_string(m.barriers) +
+           (m.joined ? " joined" : "") + (m.died ? " died" : "") + " seq " +
+           std::to_string(workers_[w].next_seq) + " clock " + std::to_string(workers_[w].clock) +
+           (workers_[w].done ? " done" : "") + "}";
+  }
+  return out;
+}
+
 Status ServerImpl::TEST_SetRow(std::uint32_t table, std::uint64_t row, float value) {
   auto it = table_index_.find(table);
   if (it == table_index_.end()) return InvalidArgumentError("unknown table");
@@ -2244,6 +2295,9 @@ void TEST_HoldCatchup(bool held) { g_hold_catchup.store(held); }
 Status TEST_ShardState(Server& server, std::uint32_t table, std::vector<float>* rows,
                        std::vector<float>* state) {
   return static_cast<ServerImpl&>(server).TEST_ShardState(table, rows, state);
+}
+std::string TEST_MembershipImage(Server& server) {
+  return static_cast<ServerImpl&>(server).TEST_MembershipImage();
 }
 }  // namespace internal
 

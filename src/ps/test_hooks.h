@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "rdmaps/client.h"
@@ -52,5 +53,11 @@ void TEST_HoldCatchup(bool held);
 // optimizer state, under the apply lock.
 Status TEST_ShardState(Server& server, std::uint32_t table, std::vector<float>* rows,
                        std::vector<float>* state);
+
+// The server's membership and worker words, one line: "epoch E, M members;
+// w0{state S epoch E barriers B [joined] [died] seq N clock C [done]} ...",
+// under the apply lock (re-protection tests compare a replacement's with its
+// primary's).
+std::string TEST_MembershipImage(Server& server);
 
 }  // namespace rdmaps::internal

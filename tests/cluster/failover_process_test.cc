@@ -5,7 +5,7 @@
 //     per shard; the test kill -9s the primary process of shard 1 while two
 //     cluster_test_worker processes push, and the job must finish with the
 //     exact sum of all pushes (each worker checks it) after the workers
-//     moved to the promoted backup;
+//     moved to the promoted backup (--max_replacements=0: no re-protection);
 //   - a SIGSTOPped primary (its connections stay open) loses its lease and
 //     its backup is promoted; a worker (this test, a Client following the
 //     shard map) goes on at the backup with exact counts; when the primary
@@ -52,8 +52,10 @@ int CountOf(const std::string& text, const std::string& what) {
 }
 
 TEST(FailoverProcessTest, KillNineOfAPrimaryProcessAndTheJobFinishesExactly) {
+  // Without re-protection (tests/local/reprotect_drill_test.cc has it): the
+  // shard goes on with one copy.
   Proc p({kLocal, "--servers=2", "--workers=2", "--replicas=2", "--transport=tcp", "--grace_s=5",
-          "--", kWorker, "--iterations=800", "--timeout_ms=30000"},
+          "--max_replacements=0", "--", kWorker, "--iterations=800", "--timeout_ms=30000"},
          {}, std::chrono::seconds(100));
   ASSERT_TRUE(p.WaitFor("ps1 pid=")) << p.out();
   ASSERT_TRUE(p.WaitFor(" started")) << p.out();
@@ -70,6 +72,7 @@ TEST(FailoverProcessTest, KillNineOfAPrimaryProcessAndTheJobFinishesExactly) {
   EXPECT_THAT(out, HasSubstr("backup of shard 1"));
   EXPECT_EQ(CountOf(out, ": shard 1 moved to "), 2) << out;  // both workers failed over
   EXPECT_EQ(CountOf(out, "sum ok (1600 = 2 workers x 800 iterations)"), 2) << out;
+  EXPECT_EQ(CountOf(out, "replacement backup of shard"), 0) << out;
 }
 
 // A server of shard 0 (one server, one worker) with the layout in the

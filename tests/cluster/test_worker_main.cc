@@ -8,14 +8,23 @@
 //
 // Fault knob: --die_at=N --die_worker=W: worker W kills itself with SIGKILL
 // after iteration N (a crashed worker).
+//
+// Drill gates: --pause_at=N[,M...] --gate_dir=D: before iteration N the
+// worker waits (at most --timeout_ms) until the file D/resume-N exists, so
+// a drill can do something (kill a server, wait for a state) while the job
+// is known to be unfinished, and then let it go on.
 #include <gflags/gflags.h>
 #include <glog/logging.h>
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
+#include <sstream>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -32,6 +41,8 @@ DEFINE_int32(stop_at, -1, "SIGSTOP this process after this iteration (-1: never)
 DEFINE_int32(timeout_ms, 20000, "start-up, connect and wait deadlines");
 DEFINE_int32(num_servers, 0, "rank-based launchers: the first N ranks serve");
 DEFINE_string(rendezvous, "", "rank-based launchers: HOST:PORT or file:PATH");
+DEFINE_string(pause_at, "", "drill gates: iterations (comma-separated) to wait before");
+DEFINE_string(gate_dir, "", "drill gates: wait before iteration N until GATE_DIR/resume-N exists");
 
 namespace {
 
@@ -39,6 +50,31 @@ int Fail(const rdmaps::Status& s, const char* what) {
   std::printf("FAILED %s: %s\n", what, s.ToString().c_str());
   std::fflush(stdout);
   return 1;
+}
+
+std::vector<int> PauseIterations() {
+  std::vector<int> out;
+  std::stringstream in(FLAGS_pause_at);
+  for (std::string item; std::getline(in, item, ',');) {
+    if (!item.empty()) out.push_back(std::atoi(item.c_str()));
+  }
+  return out;
+}
+
+// A drill gate: until GATE_DIR/resume-<it> exists, at most --timeout_ms.
+rdmaps::Status WaitAtGate(int it) {
+  const std::string path = FLAGS_gate_dir + "/resume-" + std::to_string(it);
+  std::printf("paused before iteration %d\n", it);
+  std::fflush(stdout);
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(FLAGS_timeout_ms);
+  while (access(path.c_str(), F_OK) != 0) {
+    if (std::chrono::steady_clock::now() >= deadline) {
+      return rdmaps::TimedOutError("no " + path + " within --timeout_ms");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return rdmaps::Status::OK();
 }
 
 }  // namespace
@@ -90,7 +126,11 @@ int main(int argc, char** argv) {
 
   const std::size_t n = FLAGS_rows * FLAGS_dim;
   std::vector<float> grads(n, -1.0f), out(n, 0.0f);
+  const std::vector<int> pauses = PauseIterations();
   for (int it = 0; it < FLAGS_iterations; ++it) {
+    if (std::find(pauses.begin(), pauses.end(), it) != pauses.end()) {
+      if (Status g = WaitAtGate(it); !g.ok()) return Fail(g, "drill gate");
+    }
     Status s = (*client)->Push(0, RowRange{0, FLAGS_rows}, grads);
     if (!s.ok()) return Fail(s, "push");
     auto c = (*client)->Clock();

@@ -5,7 +5,9 @@
 // epoch): its rows and optimizer state equal the primary's bit for bit,
 // and a kill of the primary then fails over to it with no acknowledged
 // push lost. A replacement killed during its catch-up leaves the primary
-// serving alone. On fake and tcp.
+// serving alone. On fake and tcp; ps_reprotect_verbs_test (built with
+// RDMAPS_REPROTECT_VERBS) runs the same on verbs in the Soft-RoCE VM
+// (tests/vm/failover_in_vm.sh) and skips with the reason elsewhere.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -16,6 +18,7 @@
 #include "rdmaps/failover.h"
 #include "src/ps/test_hooks.h"
 #include "tests/ps/eventually.h"
+#include "tests/ps/ps_suite.h"
 #include "tests/ps/ps_test_util.h"
 
 namespace rdmaps::testing {
@@ -53,13 +56,20 @@ class Job {
     servers.push_back(std::move(primary).value());
     servers.push_back(std::move(backup).value());
     for (std::uint32_t w = 0; w < W; ++w) {
-      ClientOptions o = MakeClientOptions(transport_, w, W, {servers[0]->address()});
-      o.failover = decider;
-      o.wait_timeout = seconds(20);
-      auto cl = Client::Connect(o);
+      auto cl = Connect(w, servers[0]->address());
       ASSERT_TRUE(cl.ok()) << cl.status();
       clients.push_back(std::move(cl).value());
     }
+  }
+
+  // Worker w's Client at the shard's server `address` (elastic: it joins
+  // when w is not a member).
+  Result<std::unique_ptr<Client>> Connect(std::uint32_t w, const std::string& address) {
+    ClientOptions o = MakeClientOptions(transport_, w, 2, {address});
+    o.max_workers = max_workers;
+    o.failover = decider;
+    o.wait_timeout = seconds(20);
+    return Client::Connect(o);
   }
 
   Result<std::unique_ptr<Server>> StartReplacement(const std::string& primary) {
@@ -112,6 +122,7 @@ class Job {
   }
 
   std::shared_ptr<FailoverDecider> decider = NewEmbeddedFailoverDecider();
+  std::uint32_t max_workers = 0;                 // elastic: worker slots (before Start)
   std::vector<std::unique_ptr<Server>> servers;  // [0] primary, [1] backup, then replacements
   std::vector<std::unique_ptr<Client>> clients;
   std::vector<std::thread> threads;
@@ -119,6 +130,7 @@ class Job {
  private:
   ServerOptions Options(ReplicaRole role) {
     ServerOptions o = MakeServerOptions(transport_, 0, 1, 2, Tables());
+    o.max_workers = max_workers;
     o.replicas = 2;
     o.replica_role = role;
     o.failover = decider;
@@ -131,7 +143,7 @@ class Job {
   }
 
   std::string transport_;
-  std::vector<Status> results_ = std::vector<Status>(2);
+  std::vector<Status> results_ = std::vector<Status>(4);
   std::atomic<int> pushed_{0};
 };
 
@@ -154,10 +166,16 @@ bool SameState(Server& a, Server& b, std::string* diff) {
   return true;
 }
 
-class ReprotectTest : public ::testing::TestWithParam<std::string> {};
+class ReprotectTest : public ::testing::TestWithParam<PsBackend> {
+ protected:
+  void SetUp() override {
+    if (const std::string why = SkipReason(GetParam()); !why.empty()) GTEST_SKIP() << why;
+  }
+  const std::string& transport() const { return GetParam().transport; }
+};
 
 TEST_P(ReprotectTest, ReplacementCatchesUpBecomesBackupAndTakesOver) {
-  Job job(GetParam());
+  Job job(transport());
   job.Start(2);
   ASSERT_FALSE(HasFatalFailure());
   // 1. The primary dies under load; the backup serves alone (epoch 2).
@@ -209,7 +227,7 @@ TEST_P(ReprotectTest, ReplacementCatchesUpBecomesBackupAndTakesOver) {
 }
 
 TEST_P(ReprotectTest, ReplacementKilledDuringCatchUpLeavesThePrimaryServing) {
-  Job job(GetParam());
+  Job job(transport());
   job.Start(2);
   ASSERT_FALSE(HasFatalFailure());
   internal::TEST_Kill(*job.servers[0]);
@@ -251,8 +269,127 @@ TEST_P(ReprotectTest, ReplacementKilledDuringCatchUpLeavesThePrimaryServing) {
   ASSERT_TRUE(Eventually([&] { return SameState(promoted, **r2, &diff); })) << diff;
 }
 
-INSTANTIATE_TEST_SUITE_P(Transports, ReprotectTest, ::testing::Values("fake", "tcp"));
+// The primary dies while the replacement is still catching up: the
+// replacement is in no shard map, so it reports nothing (the map does not
+// move), and its Run ends with the reason, so that a launcher starts
+// another one rather than wait for it.
+TEST_P(ReprotectTest, PrimaryLostDuringCatchUpEndsTheReplacementsRun) {
+  Job job(transport());
+  job.Start(2);
+  ASSERT_FALSE(HasFatalFailure());
+  internal::TEST_Kill(*job.servers[0]);
+  job.Push(8);
+  job.Join();
+  ASSERT_FALSE(HasFatalFailure());
+  Server& promoted = *job.servers[1];
+  const ShardAssignment alone = *job.decider->Current(0);
+  ASSERT_EQ(alone.primary, promoted.address());
+  internal::TEST_HoldCatchup(true);
+  auto r = job.StartReplacement(promoted.address());
+  ASSERT_TRUE(r.ok()) << r.status();
+  internal::TEST_Kill(promoted);
+  const Status run = (*r)->RunUntil(SteadyClock::now() + seconds(20));
+  internal::TEST_HoldCatchup(false);
+  EXPECT_EQ(run.code(), StatusCode::kFailedPrecondition) << run;
+  EXPECT_NE(run.message().find("re-protection failed"), std::string::npos) << run;
+  auto now = job.decider->Current(0);
+  ASSERT_TRUE(now.ok());
+  EXPECT_EQ(now->epoch, alone.epoch) << "a replacement not in the map decided something";
+  EXPECT_EQ(now->primary, promoted.address());
+}
 
+// Elastic (4 worker slots, 2 initial members): the membership the primary
+// decided (a joiner that left gracefully, one that died) is in the
+// snapshot, and what changes during and after the catch-up (a fresh worker
+// in the dead one's slot) comes through the log: the replacement's members,
+// membership epoch, barrier counts and worker words equal the primary's,
+// and it serves them once promoted.
+TEST_P(ReprotectTest, ElasticMembershipIsCopiedAndKeptEqual) {
+  Job job(transport());
+  job.max_workers = 4;
+  job.Start(2);
+  ASSERT_FALSE(HasFatalFailure());
+  Server& first = *job.servers[0];
+  // Worker 2 joins, pushes, leaves gracefully; worker 3 joins and dies.
+  {
+    auto w2 = job.Connect(2, first.address());
+    ASSERT_TRUE(w2.ok()) << w2.status();
+    job.clients.push_back(std::move(w2).value());
+    job.Push(8);
+    job.Join();
+    ASSERT_FALSE(HasFatalFailure());
+    ASSERT_TRUE(job.clients[2]->Close().ok());
+    job.clients.pop_back();
+    auto w3 = job.Connect(3, first.address());
+    ASSERT_TRUE(w3.ok()) << w3.status();
+    internal::TEST_Abandon(**w3);  // kill -9 of the worker
+  }
+  ASSERT_TRUE(Eventually([&] {
+    const auto dead = first.stats().dead_workers;
+    return first.stats().members == 2 && dead.size() == 1 && dead[0] == 3;
+  })) << internal::TEST_MembershipImage(first);
+  // The primary dies under the members' pushes; the backup serves alone.
+  const std::uint64_t before = first.stats().pushes_applied;
+  job.Push(30);
+  ASSERT_TRUE(Eventually([&] { return first.stats().pushes_applied >= before + 40; }));
+  internal::TEST_Kill(first);
+  job.Join();
+  ASSERT_FALSE(HasFatalFailure());
+  Server& promoted = *job.servers[1];
+  ASSERT_EQ(job.decider->Current(0)->primary, promoted.address());
+  // A replacement copies the shard while the members push.
+  job.Push(30);
+  auto r = job.StartReplacement(promoted.address());
+  ASSERT_TRUE(r.ok()) << r.status();
+  Server& replacement = **r;
+  job.servers.push_back(std::move(r).value());
+  ASSERT_TRUE(Eventually([&] { return job.decider->Current(0)->backup == replacement.address(); }))
+      << "the replacement never became the backup";
+  job.Join();
+  ASSERT_FALSE(HasFatalFailure());
+  std::string diff;
+  ASSERT_TRUE(Eventually([&] {
+    return internal::TEST_MembershipImage(promoted) == internal::TEST_MembershipImage(replacement);
+  })) << "primary:     "
+      << internal::TEST_MembershipImage(promoted)
+      << "\nreplacement: " << internal::TEST_MembershipImage(replacement);
+  ASSERT_TRUE(Eventually([&] { return SameState(promoted, replacement, &diff); })) << diff;
+  EXPECT_EQ(replacement.stats().members, 2u);
+  EXPECT_EQ(replacement.stats().membership_epoch, promoted.stats().membership_epoch);
+  EXPECT_EQ(replacement.stats().dead_workers, std::vector<std::uint32_t>{3});
+  const std::string image = internal::TEST_MembershipImage(replacement);
+  EXPECT_NE(image.find("w2{state 2 epoch 1 barriers 0 joined seq"), std::string::npos) << image;
+  EXPECT_NE(image.find("w3{state 2 epoch 3 barriers 0 joined died seq"), std::string::npos)
+      << image;
+  // A fresh worker takes the dead one's slot on the primary (through the
+  // log on the replacement); then the primary dies too: the replacement
+  // serves the three members with every acknowledged push.
+  auto fresh = job.Connect(3, promoted.address());
+  ASSERT_TRUE(fresh.ok()) << fresh.status();
+  job.clients.push_back(std::move(fresh).value());
+  const std::uint64_t applied = promoted.stats().pushes_applied;
+  job.Push(30);
+  ASSERT_TRUE(Eventually([&] { return promoted.stats().pushes_applied >= applied + 60; }));
+  internal::TEST_Kill(promoted);
+  job.Join();
+  ASSERT_FALSE(HasFatalFailure());
+  job.ExpectCounted();
+  auto a = job.decider->Current(0);
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(a->epoch, 4u);
+  EXPECT_EQ(a->primary, replacement.address());
+  EXPECT_EQ(replacement.stats().members, 3u);
+  EXPECT_EQ(replacement.stats().protocol_errors, 0u);
+}
+
+#ifdef RDMAPS_REPROTECT_VERBS
+INSTANTIATE_TEST_SUITE_P(Verbs, ReprotectTest, ::testing::Values(VerbsBackend()), PsBackendName);
+#else
+INSTANTIATE_TEST_SUITE_P(Transports, ReprotectTest, ::testing::Values(FakeBackend(), TcpBackend()),
+                         PsBackendName);
+#endif
+
+#ifndef RDMAPS_REPROTECT_VERBS
 TEST(ReprotectOptionsTest, RefusedWithTheFix) {
   ServerOptions o = MakeServerOptions("fake", 0, 1, 1, {MakeTable(1, "t", 4, 1)});
   o.rejoin_as_backup_of = "fake:1";
@@ -272,6 +409,7 @@ TEST(ReprotectFakeTest, RefusedByABackupThatDoesNotServe) {
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().ToString().find("refused"), std::string::npos) << r.status();
 }
+#endif
 
 }  // namespace
 }  // namespace rdmaps::testing

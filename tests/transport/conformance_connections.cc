@@ -5,6 +5,7 @@
 // every backend.
 #include <gmock/gmock.h>
 
+#include <array>
 #include <chrono>
 #include <latch>
 #include <string>
@@ -45,6 +46,31 @@ TEST_P(TransportConformance, AcceptedSideCanPostToo) {
   EXPECT_EQ(w.local_mem[100], 10u);
   // The client's ops still work alongside.
   EXPECT_OK(RunOne(*w.conn, Op::Read(w.local(), w.lmr.get(), 8, w.raddr(), w.rkey(), 4)));
+}
+
+// An immediate written to the connecting side (the accepted end posts)
+// names that side's connection: a consumer that opened it (a replacement
+// backup taking its primary's log) matches the notification to it.
+TEST_P(TransportConformance, ConnectingSideNamesItsConnectionInItsNotifications) {
+  World w;
+  ASSERT_NO_FATAL_FAILURE(Build(w));
+  EXPECT_NE(w.conn->peer().connection, 0u);
+  EXPECT_NE(w.accepted->peer().connection, 0u);
+  Fill({w.remote(), 64}, 3);
+  const Op op =
+      Op::WriteWithImm(w.remote(), w.rmr.get(), 64, w.lmr->remote().addr, w.lmr->rkey(), 41, 1);
+  ASSERT_OK(w.accepted->Post(std::span(&op, 1)));
+  std::array<Notification, 4> buf;
+  auto got = w.client->WaitNotifications(buf, DeadlineAfter(kLongWait));
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ(*got, 1u);
+  EXPECT_EQ(buf[0].imm, 41u);
+  EXPECT_EQ(buf[0].peer_id, w.conn->peer().peer_id);
+  EXPECT_EQ(buf[0].connection, w.conn->peer().connection);
+  EXPECT_TRUE(HasPattern({w.local(), 64}, 3));
+  std::vector<Completion> c = WaitFor(*w.accepted, 1);
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_OK(c[0].status);
 }
 
 TEST_P(TransportConformance, HandshakeCarriesPeerIdsAndUserData) {

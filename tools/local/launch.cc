@@ -4,6 +4,8 @@
 #include <signal.h>
 #include <stdlib.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
@@ -16,6 +18,7 @@
 #include <vector>
 
 #include "rdmaps/cluster.h"
+#include "rdmaps/failover.h"
 #include "rdmaps/tables_json.h"
 #include "tools/local/job.h"
 
@@ -150,6 +153,11 @@ Outcome CheckOptions(const LaunchOptions& o) {
     std::cerr << "rdmaps-local: --replicas must be 1 or 2 (got " << o.replicas << ")\n";
     return kExitConfig;
   }
+  if (o.max_replacements < 0 || o.max_replacements > kMaxProcesses) {
+    std::cerr << "rdmaps-local: --max_replacements must be 0 to " << kMaxProcesses << " (got "
+              << o.max_replacements << ")\n";
+    return kExitConfig;
+  }
   if (o.replicas == 2 && (o.restart_servers > 0 || o.layout_env != "rdmaps")) {
     std::cerr << "rdmaps-local: --replicas=2 works with --layout_env=rdmaps and without "
                  "--restart_servers (a replicated shard fails over instead of restarting)\n";
@@ -254,31 +262,40 @@ class Launcher {
     if (o_.replicas == 2) {
       if (Outcome rc = StartBackups()) return rc;
       if (Outcome rc = WaitForReady(backups_, "backups")) return rc;
-      for (ChildId id : backups_) backup_addresses_.push_back(*job_.ready_line(id));
+      for (std::size_t i = 0; i < backups_.size(); ++i) {
+        backup_addresses_.push_back(*job_.ready_line(backups_[i]));
+        copies_.push_back({backups_[i], static_cast<int>(i), backup_addresses_.back()});
+      }
       job_.Say("backups ready: " + JoinHosts(backup_addresses_));
     }
     return StartServersOf(-1);
   }
 
-  // --replicas=2: the backup of every shard, before its primary.
-  Outcome StartBackups() {
+  // A backup of shard `shard` (--replicas=2); with `rejoin_of`, a
+  // replacement that copies the shard from that primary.
+  ChildSpec BackupSpec(int shard, const std::string& name, const std::string& rejoin_of) const {
     const std::vector<std::string> placeholder(static_cast<std::size_t>(o_.servers),
                                                o_.host + ":0");
-    const std::string binary = ServerBinary(o_);
+    ChildSpec spec{.name = name,
+                   .argv = {ServerBinary(o_), "--tables=" + tables_path_, "--ready_fd=3",
+                            "--startup_timeout_s=" + std::to_string(o_.startup_timeout.count()),
+                            "--replicas=2", "--replica_role=backup"},
+                   .env = BaseEnv(),
+                   .server = true,
+                   .replicated = true,
+                   .ready_pipe = true};
+    AddLayoutEnv(o_, spec.env, true, shard, placeholder, token_);
+    AddCoordinatorEnv(spec.env);
+    if (!rejoin_of.empty()) spec.argv.push_back("--rejoin_as_backup_of=" + rejoin_of);
+    for (auto& arg : SplitArgs(o_.server_args)) spec.argv.push_back(std::move(arg));
+    if (o_.max_workers > 0) spec.argv.push_back("--max_workers=" + std::to_string(o_.max_workers));
+    return spec;
+  }
+
+  // --replicas=2: the backup of every shard, before its primary.
+  Outcome StartBackups() {
     for (int i = 0; i < o_.servers; ++i) {
-      ChildSpec spec{.name = "ps" + std::to_string(i) + "b",
-                     .argv = {binary, "--tables=" + tables_path_, "--ready_fd=3",
-                              "--startup_timeout_s=" + std::to_string(o_.startup_timeout.count()),
-                              "--replicas=2", "--replica_role=backup"},
-                     .env = BaseEnv(),
-                     .server = true,
-                     .replicated = true,
-                     .ready_pipe = true};
-      AddLayoutEnv(o_, spec.env, true, i, placeholder, token_);
-      AddCoordinatorEnv(spec.env);
-      for (auto& arg : SplitArgs(o_.server_args)) spec.argv.push_back(std::move(arg));
-      if (o_.max_workers > 0)
-        spec.argv.push_back("--max_workers=" + std::to_string(o_.max_workers));
+      const ChildSpec spec = BackupSpec(i, "ps" + std::to_string(i) + "b", "");
       auto id = job_.Spawn(spec);
       if (!id.ok()) {
         job_.Say(id.status().ToString());
@@ -342,6 +359,12 @@ class Launcher {
                " where the workers look; stopping");
       job_.StopAll();
       return 1;
+    }
+    if (o_.replicas == 2 && ps_.empty()) {
+      for (std::size_t i = 0; i < servers_.size(); ++i) {
+        copies_.push_back({servers_[i], static_cast<int>(i), ps[i]});
+      }
+      shards_.assign(servers_.size(), ShardCare{});
     }
     ps_ = ps;
     job_.Say("servers ready: " + JoinHosts(ps_));
@@ -427,7 +450,7 @@ class Launcher {
       // Elastic: the joiners start join_after after the first workers,
       // unless the job ends (or fails) first.
       const auto join_at = workers_started_ + o_.join_after;
-      auto wake = job_.WaitUntil(std::min(job_deadline_, join_at), workers_done_or_failure);
+      auto wake = WaitAndReprotect(std::min(job_deadline_, join_at), workers_done_or_failure);
       if (wake.reason == Job::Wake::kSignal) return job_.StopForSignal(wake.signal);
       if (wake.reason == Job::Wake::kDeadline && Clock::now() >= join_at) {
         joined_ = true;
@@ -436,7 +459,7 @@ class Launcher {
         if (Outcome rc = StartWorkerRange(o_.workers, o_.workers + o_.join_workers)) return rc;
       }
     }
-    auto wake = job_.WaitUntil(job_deadline_, workers_done_or_failure);
+    auto wake = WaitAndReprotect(job_deadline_, workers_done_or_failure);
     if (wake.reason == Job::Wake::kSignal) return job_.StopForSignal(wake.signal);
     if (job_.failure() && job_.failure()->server && restarts_ < o_.restart_servers) {
       // Only the dead server restarts, from the latest checkpoint; the
@@ -478,11 +501,140 @@ class Launcher {
     return std::nullopt;
   }
 
+  // Job::WaitUntil, and meanwhile re-protection (--replicas=2): a copy of a
+  // shard that died wakes it, and while a shard is being re-protected it
+  // looks at the shard map every kReprotectPoll.
+  Job::Wake WaitAndReprotect(Clock::time_point deadline, const std::function<bool()>& done) {
+    while (true) {
+      const bool busy = std::any_of(shards_.begin(), shards_.end(),
+                                    [](const ShardCare& s) { return s.lost_copy; });
+      const auto until = busy ? std::min(deadline, Clock::now() + kReprotectPoll) : deadline;
+      auto wake = job_.WaitUntil(until, [&] { return done() || NoticeDeadCopies(); });
+      if (wake.reason == Job::Wake::kSignal || done()) return wake;
+      if (wake.reason == Job::Wake::kDeadline && Clock::now() >= deadline) return wake;
+      for (std::size_t i = 0; i < shards_.size(); ++i) ReprotectStep(static_cast<int>(i));
+    }
+  }
+
+  // Marks the shards of copies that died (not exit 0: a promoted copy ends
+  // when its workers have closed) since the last call; true if there were.
+  bool NoticeDeadCopies() {
+    bool any = false;
+    for (Copy& c : copies_) {
+      const auto rc = job_.exit_code(c.id);
+      if (!rc || c.dead) continue;
+      c.dead = true;
+      if (*rc == 0 || o_.max_replacements == 0) continue;
+      ShardCare& s = shards_[static_cast<std::size_t>(c.shard)];
+      if (!s.lost_copy) s.lost_at = Clock::now();
+      s.lost_copy = true;
+      any = true;
+    }
+    return any;
+  }
+
+  // One look at shard `shard` that lost a copy: a replacement that came in
+  // sync (the map names it) or died, or the map naming a live survivor
+  // alone (then a replacement starts).
+  void ReprotectStep(int shard) {
+    ShardCare& s = shards_[static_cast<std::size_t>(shard)];
+    if (!s.lost_copy) return;
+    const std::string what = "shard " + std::to_string(shard);
+    if (!decider_) {
+      auto d = OpenDecider();
+      if (!d.ok()) {
+        job_.Say(what + " lost a copy, but the shard map cannot be read (" + d.status().ToString() +
+                 "); it is not re-protected");
+        s.lost_copy = false;
+        return;
+      }
+      decider_ = std::move(d).value();
+    }
+    auto entry = decider_->Current(static_cast<std::uint32_t>(shard));
+    if (s.replacement) {
+      const ChildId r = *s.replacement;
+      const auto ready = job_.ready_line(r);
+      if (job_.exit_code(r)) {
+        job_.Say(job_.name(r) + " ended (" + job_.how(r) + ") before it was in sync; " + what +
+                 " still has one copy");
+        s.replacement.reset();
+        s.not_before = Clock::now() + kRetryAfter;
+      } else if (ready && entry.ok() && entry->backup == *ready) {
+        job_.Say(what + " is protected again: " + job_.name(r) + " (" + *ready +
+                 ") is the backup of " + entry->primary + " at epoch " +
+                 std::to_string(entry->epoch));
+        copies_.push_back({r, shard, *ready});
+        s.replacement.reset();
+        s.lost_copy = false;
+      } else if (Clock::now() >= s.give_up) {
+        job_.Say(job_.name(r) + " is not in sync " + std::to_string(o_.startup_timeout.count()) +
+                 " s after it started; killing it");
+        job_.Signal(r, SIGKILL);
+        s.give_up = Clock::time_point::max();  // (its exit is handled above)
+      }
+      return;
+    }
+    if (Clock::now() < s.not_before) return;
+    // The survivor's decision: the shard map names it as the only copy.
+    const Copy* survivor = nullptr;
+    if (entry.ok() && entry->backup.empty()) {
+      for (const Copy& c : copies_) {
+        if (c.address == entry->primary && !job_.exit_code(c.id)) survivor = &c;
+      }
+    }
+    if (!survivor) {
+      const bool decided = entry.ok() && entry->backup.empty();
+      if (decided || Clock::now() >= s.lost_at + o_.startup_timeout) {
+        job_.Say(what + " has no live copy the shard map names alone (" +
+                 (entry.ok() ? "primary " + entry->primary + ", backup " +
+                                   (entry->backup.empty() ? "none" : entry->backup)
+                             : entry.status().ToString()) +
+                 "); it is not re-protected");
+        s.lost_copy = false;
+      }
+      return;  // (else the survivor has not reported the loss yet)
+    }
+    if (replacements_.size() >= static_cast<std::size_t>(o_.max_replacements)) {
+      job_.Say(what + " runs with one copy: the " + std::to_string(o_.max_replacements) +
+               " replacements of --max_replacements are used up");
+      s.lost_copy = false;
+      return;
+    }
+    const std::string name = "ps" + std::to_string(shard) + "r" + std::to_string(++s.started);
+    auto id = job_.Spawn(BackupSpec(shard, name, survivor->address));
+    if (!id.ok()) {
+      job_.Say("starting " + name + ": " + id.status().ToString() + "; " + what +
+               " is not re-protected");
+      s.lost_copy = false;
+      return;
+    }
+    replacements_.push_back(*id);
+    s.replacement = *id;
+    s.give_up = Clock::now() + o_.startup_timeout;
+    job_.Say(name + " pid=" + std::to_string(job_.pid(*id)) + " started (replacement backup of " +
+             what + ", copying it from " + survivor->address + ")");
+  }
+
+  // The shard map the servers keep, in the coordinator they were given
+  // (rdmaps-server resolves it from the same environment).
+  Result<std::shared_ptr<FailoverDecider>> OpenDecider() const {
+    auto env = BaseEnv();
+    const std::vector<std::string> placeholder(static_cast<std::size_t>(o_.servers),
+                                               o_.host + ":0");
+    AddLayoutEnv(o_, env, true, 0, placeholder, token_);
+    AddCoordinatorEnv(env);
+    RDMAPS_ASSIGN_OR_RETURN(auto layout, ResolveCluster(ClusterOptions{}, env));
+    CoordinatorConfig coordinator = layout.coordinator;
+    if (coordinator.job_prefix.empty()) coordinator.job_prefix = "rdmaps/job/";
+    return OpenFailoverDecider(coordinator);
+  }
+
   // Servers exit by themselves once every worker has closed.
   int TearDown() {
     // A backup that was never promoted has no workers to wait for, and a
     // promoted one may wait for workers that finished before it served.
     for (ChildId id : backups_) job_.Signal(id, SIGTERM);
+    for (ChildId id : replacements_) job_.Signal(id, SIGTERM);
     const auto servers_by = std::min(job_deadline_, Clock::now() + o_.grace);
     auto wake = job_.WaitUntil(servers_by, [&] { return job_.Live() == 0; });
     if (wake.reason == Job::Wake::kSignal) return job_.StopForSignal(wake.signal);
@@ -519,6 +671,28 @@ class Launcher {
   Clock::time_point workers_started_;
   int restarts_ = 0;
   bool joined_ = false;  // the join_workers were started
+
+  // Re-protection (--replicas=2).
+  struct Copy {
+    ChildId id;
+    int shard;
+    std::string address;
+    bool dead = false;  // seen by NoticeDeadCopies
+  };
+  struct ShardCare {
+    bool lost_copy = false;  // a copy died; not yet re-protected (or given up)
+    Clock::time_point lost_at;
+    std::optional<ChildId> replacement;  // started, not yet named by the map
+    Clock::time_point give_up;           // for the replacement to be in sync
+    Clock::time_point not_before;        // the next replacement after one failed
+    int started = 0;                     // replacements of this shard, for names
+  };
+  static constexpr std::chrono::milliseconds kReprotectPoll{100};
+  static constexpr std::chrono::milliseconds kRetryAfter{500};
+  std::vector<Copy> copies_;  // every copy of a shard that served or was in sync
+  std::vector<ShardCare> shards_;
+  std::vector<ChildId> replacements_;  // every replacement started
+  std::shared_ptr<FailoverDecider> decider_;
 };
 
 }  // namespace

@@ -16,6 +16,8 @@
 //    to every child) or the job deadline stop everything: SIGTERM, then
 //    SIGKILL after the grace period. With restart_servers, a server that
 //    dies has every server restarted from the latest checkpoint instead.
+//    With replicas = 2 a dead copy of a shard is replaced by a new backup
+//    that copies the shard from the survivor (max_replacements).
 // The children are supervised by a Job (job.h).
 //
 // Thread safety: Launch blocks the calling thread until the job has ended.
@@ -79,6 +81,15 @@ struct LaunchOptions {
   // the other copy serves its shard. Backups still running when the last
   // worker has exited are stopped (SIGTERM) at once.
   int replicas = 1;
+  // Re-protection (docs/ps.md, "Re-protection"), with replicas = 2: when a
+  // copy of a shard dies and the shard map names its survivor as the
+  // shard's only copy, a replacement rdmaps-server (ps<i>r<k>) is started
+  // with --rejoin_as_backup_of=the survivor; it copies the shard while the
+  // workers go on and becomes its backup, so the shard survives another
+  // death. At most this many replacements are started over the whole job
+  // (each attempt counts; one that fails is tried again 0.5 s later). 0:
+  // none (a shard stays with one copy).
+  int max_replacements = 4;
   // Print the layout the workers would get, start nothing.
   bool print_layout = false;
   // The worker command.

@@ -45,6 +45,10 @@ DEFINE_int32(omit_worker, -1, "fault drill: do not start this worker (its slot s
 DEFINE_int32(replicas, 1,
              "copies of each shard: 2 starts a backup and a primary per shard (rdmaps-server "
              "--replicas=2); a server that dies is replaced by its shard's other copy");
+DEFINE_int32(max_replacements, 4,
+             "with --replicas=2: when a copy of a shard dies, start a replacement backup that "
+             "copies the shard from the survivor while training goes on (re-protection), at "
+             "most this many over the job; 0: none (the shard stays with one copy)");
 DEFINE_bool(print_layout, false, "print the layout the workers would get and exit");
 DEFINE_int32(max_workers, 0,
              "elastic mode: servers keep slots for this many workers, who may join and leave "
@@ -105,6 +109,7 @@ int main(int argc, char** argv) {
   options.join_workers = FLAGS_join_workers;
   options.join_after = std::chrono::seconds(FLAGS_join_after_s);
   options.replicas = FLAGS_replicas;
+  options.max_replacements = FLAGS_max_replacements;
   options.print_layout = FLAGS_print_layout;
   // No exception reaches std::terminate (tools/common/exit.h).
   return rdmaps::tools::GuardedMain("rdmaps-local", [&] { return rdmaps::local::Launch(options); });

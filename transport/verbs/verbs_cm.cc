@@ -400,6 +400,10 @@ Result<std::unique_ptr<Connection>> VerbsEndpoint::DoConnect(std::string_view ad
   RDMAPS_RETURN_IF_ERROR(conn->PostHandshakeSends(proof));
   RDMAPS_RETURN_IF_ERROR(AwaitProofAccepted(ch.get(), qpn, where, deadline));
   conn->set_peer_id(rep->peer_id);
+  // PeerInfo::connection is non-zero on both sides (transport.h): a consumer
+  // that takes immediates on a connection it opened (a replacement backup's
+  // log from its primary) matches them to it.
+  conn->set_connection_from_qp();
   conn->Register();  // before the migrate: publishes the id under mu (see ProgressLoop)
   if (rdma_migrate_id(idp, shared_->channel.get()) != 0) {
     return ErrnoError("rdma_migrate_id", errno);
