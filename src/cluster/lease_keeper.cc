@@ -41,6 +41,7 @@ Result<std::unique_ptr<LeaseKeeper>> LeaseKeeper::Start(Coordinator* coord,
         break;
       }
       if (cas->swapped) {
+        keeper->key_mod_revision_ = cas->revision;
         put = Status();
         break;
       }
@@ -116,10 +117,20 @@ void LeaseKeeper::Run() {
       CoordDeadline deadline = std::max(valid_until(), sent + std::chrono::milliseconds(1));
       Status s = coord_->KeepAlive(lease_, deadline);
       if (s.ok()) {
-        MutexLock lock(mu_);
-        valid_until_ = std::max(valid_until_, sent + SafeTtl(options_.ttl));
-        next = sent + interval;
-        continue;
+        {
+          MutexLock lock(mu_);
+          valid_until_ = std::max(valid_until_, sent + SafeTtl(options_.ttl));
+          next = sent + interval;
+        }
+        if (!options_.heartbeat || options_.key.empty() || heartbeat_paused_.load()) continue;
+        s = Beat(std::max(valid_until(), CoordClock::now() + std::chrono::milliseconds(1)));
+        if (s.ok()) continue;
+        if (s.code() == StatusCode::kFailedPrecondition) {
+          Lose(s);
+          return;
+        }
+        // The lease holds; the heartbeat is retried soon (a watcher allows
+        // a whole TTL without one).
       }
       if (s.code() == StatusCode::kNotFound) {
         Lose(s.WithContext("lease " + std::to_string(lease_) + " lost (" + coord_->Describe() +
@@ -137,6 +148,28 @@ void LeaseKeeper::Run() {
       return;
     }
   }
+}
+
+Status LeaseKeeper::Beat(CoordDeadline deadline) {
+  // Two tries: a put that timed out after the coordinator applied it shows
+  // up as the key under our own lease at a newer mod_revision.
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    RDMAPS_ASSIGN_OR_RETURN(
+        CasResult cas,
+        coord_->CompareAndSwap(options_.key, key_mod_revision_, options_.value, lease_, deadline));
+    if (cas.swapped) {
+      key_mod_revision_ = cas.revision;
+      return Status::OK();
+    }
+    if (!cas.current || cas.current->lease != lease_) {
+      return FailedPreconditionError(
+          "the key " + options_.key + " of lease " + std::to_string(lease_) + " is " +
+          (cas.current ? "held by lease " + std::to_string(cas.current->lease) : "gone") + " (" +
+          coord_->Describe() + "): another holder took it over");
+    }
+    key_mod_revision_ = cas.current->mod_revision;
+  }
+  return UnavailableError("the heartbeat of " + options_.key + " kept missing its revision");
 }
 
 void LeaseKeeper::Stop() {

@@ -55,8 +55,16 @@ struct LeaseKeeperOptions {
   // this server's previous incarnation whose lease has not expired yet).
   std::string key;
   std::string value;
-  // Called once when the lease is lost: expired (NotFound) or not renewed
-  // before valid_until() (Unavailable naming the last error).
+  // With `key`: every renewal also re-puts the key (same value, a new
+  // mod_revision): a heartbeat that a watcher times with its own clock. A
+  // coordinator may stretch the lease itself (etcd grants at least its
+  // minimum TTL, 2 s with its default flags), the heartbeat it cannot.
+  // The re-put is a CAS on the key's last mod_revision under this lease: a
+  // key that another lease took over loses the lease (FailedPrecondition).
+  bool heartbeat = false;
+  // Called once when the lease is lost: expired (NotFound), not renewed
+  // before valid_until() (Unavailable naming the last error) or, with
+  // `heartbeat`, its key taken over (FailedPrecondition).
   std::function<void(const Status&)> on_lost;
 };
 
@@ -88,12 +96,18 @@ class LeaseKeeper {
 
   // Renewals stop (true) or resume (false): a slow server, for tests.
   void TEST_PauseRenewals(bool paused) { paused_.store(paused); }
+  // The heartbeat's re-puts stop (true) or resume (false) while the lease
+  // is still renewed: only a heartbeat watcher can notice, for tests.
+  void TEST_PauseHeartbeat(bool paused) { heartbeat_paused_.store(paused); }
 
  private:
   LeaseKeeper(Coordinator* coord, LeaseKeeperOptions options, LeaseId lease,
               CoordDeadline valid_until);
   void Run();
   void Lose(Status why) RDMAPS_EXCLUDES(mu_);
+  // The heartbeat's re-put of the key (Run's thread only): OK, a transient
+  // error (retry soon), or FailedPrecondition when another lease holds it.
+  Status Beat(CoordDeadline deadline);
 
   // Constant after construction
   Coordinator* const coord_;
@@ -101,6 +115,10 @@ class LeaseKeeper {
   const LeaseId lease_;
 
   std::atomic<bool> paused_{false};
+  std::atomic<bool> heartbeat_paused_{false};
+  // The key's mod_revision as this keeper last put it (Run's thread, after
+  // Start).
+  std::int64_t key_mod_revision_ = 0;
   mutable Mutex mu_;
   std::condition_variable cv_;  // stop_, lost_
   bool stop_ RDMAPS_GUARDED_BY(mu_) = false;

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "rdmaps/failover.h"
+#include "src/cluster/coord_failover.h"
 
 namespace rdmaps::internal::failover_cases {
 
@@ -113,6 +114,45 @@ inline void WatchFiresWhenThePrimaryLeaseGoes(const OpenDecider& open) {
   EXPECT_EQ(fired.load(), 1);
   watch->reset();
   EXPECT_EQ(fired.load(), 1);
+}
+
+// A primary that still renews its lease but no longer beats (what a hung
+// primary looks like while a coordinator such as etcd stretches its lease
+// to seconds): the backup's watch fires on its own clock, not before
+// lease_ttl minus one heartbeat period after the last beat, while the
+// lease key is still there. Without the heartbeat timer it never fires.
+inline void AHungPrimaryIsDetectedByItsHeartbeat(const OpenDecider& open,
+                                                 std::chrono::milliseconds ttl) {
+  auto primary = open();
+  auto backup = open();
+  auto* coord_primary = dynamic_cast<CoordFailoverDecider*>(primary.get());
+  ASSERT_NE(coord_primary, nullptr);
+  ASSERT_TRUE(primary->Register(6, "p:1", "q:2").ok());
+  std::atomic<bool> fired{false};
+  std::atomic<std::int64_t> fired_at_ns{0};
+  auto watch = backup->WatchPrimary(6, [&] {
+    fired_at_ns.store(std::chrono::steady_clock::now().time_since_epoch().count());
+    fired.store(true);
+  });
+  ASSERT_TRUE(watch.ok()) << watch.status();
+  const auto paused_at = std::chrono::steady_clock::now();
+  ASSERT_TRUE(coord_primary->TEST_PauseHeartbeat(6, true));
+  const auto until = paused_at + std::chrono::seconds(20);
+  while (!fired.load() && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));  // polling a flag, with a deadline
+  }
+  ASSERT_TRUE(fired.load()) << "no heartbeat for 20 s and the watch never fired";
+  const auto fired_at = std::chrono::steady_clock::time_point(
+      std::chrono::steady_clock::duration(fired_at_ns.load()));
+  // The last beat was at most ttl/3 (plus its own latency) before the pause.
+  EXPECT_GE(fired_at - paused_at, ttl / 2);
+  // The lease itself is still held (renewed): only the heartbeat told.
+  auto& coord = coord_primary->coordinator();
+  auto key =
+      coord.Get(FailoverLeaseKey(6), std::chrono::steady_clock::now() + std::chrono::seconds(5));
+  ASSERT_TRUE(key.ok()) << key.status();
+  EXPECT_TRUE(key->kv.has_value());
+  watch->reset();
 }
 
 }  // namespace rdmaps::internal::failover_cases

@@ -113,6 +113,11 @@ TEST(CoordFailoverTest, WatchFiresWhenThePrimaryLeaseGoes) {
   failover_cases::WatchFiresWhenThePrimaryLeaseGoes(Opener("failover-watch"));
 }
 
+TEST(CoordFailoverTest, AHungPrimaryIsDetectedByItsHeartbeat) {
+  failover_cases::AHungPrimaryIsDetectedByItsHeartbeat(Opener("failover-heartbeat"),
+                                                       kDefaultLeaseTtl);
+}
+
 // A hung primary: its lease is not renewed while the (fake) clock runs past
 // its TTL; the backup's watch fires and its report promotes it.
 TEST(CoordFailoverTest, AHungPrimaryLosesItsLeaseAndTheBackupIsPromoted) {
