@@ -53,12 +53,13 @@ bool Line(std::string_view& text, std::string_view word, std::string_view* value
   return true;
 }
 
-// The backup's watch of its primary's lease key (see "Detection" in
-// coord_failover.h). Fires when the key vanishes (the lease expired or was
-// revoked) or when a successful read shows the key at the mod_revision it
-// had `ttl` ago by this process's monotonic clock (no heartbeat for a
-// whole TTL). A read that fails never fires it: a backup that cannot reach
-// the coordinator could not be promoted either.
+// The backup's watch of its primary's lease key (see "Leases and
+// heartbeats" in coord_failover.h). Fires when the key vanishes (the lease
+// expired or was revoked) or, once the key has changed under the watch (a
+// beating primary: the lease's key is re-put only as a heartbeat), when a
+// successful read shows it at the mod_revision it had `ttl` ago by this
+// process's monotonic clock. A read that fails never fires it: a backup
+// that cannot reach the coordinator could not be promoted either.
 class CoordPrimaryWatch final : public PrimaryWatch {
  public:
   // `seen`: the key's mod_revision when the watch started (0: absent).
@@ -77,6 +78,7 @@ class CoordPrimaryWatch final : public PrimaryWatch {
     // When this process first saw the key at seen_mod (a read that
     // returned then: later than the heartbeat itself, so never early).
     CoordDeadline seen_at = CoordClock::now();
+    bool beating = false;  // the key changed while it existed: heartbeats
     while (!stop_.load()) {
       const CoordDeadline asked = CoordClock::now();
       auto r = coord_->Get(key_, asked + std::chrono::milliseconds(200));
@@ -93,9 +95,10 @@ class CoordPrimaryWatch final : public PrimaryWatch {
           return;
         }
       } else if (r->kv->mod_revision != seen_mod) {
+        beating = beating || seen_mod != 0;
         seen_mod = r->kv->mod_revision;
         seen_at = CoordClock::now();
-      } else if (asked - seen_at >= ttl_) {
+      } else if (beating && asked - seen_at >= ttl_) {
         // Read after a whole TTL, and still the heartbeat seen then.
         const auto silent =
             std::chrono::duration_cast<std::chrono::milliseconds>(asked - seen_at).count();
@@ -108,7 +111,7 @@ class CoordPrimaryWatch final : public PrimaryWatch {
       // Short waits, so that the destructor is not held up; at most until
       // the heartbeat is due.
       CoordDeadline until = CoordClock::now() + std::chrono::milliseconds(200);
-      if (seen_mod != 0) until = std::min(until, seen_at + ttl_);
+      if (beating) until = std::min(until, seen_at + ttl_);
       auto w = coord_->WaitForChange(key_, false, r->revision, until);
       if (!w.ok() && w.status().code() != StatusCode::kTimedOut) {
         std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -243,7 +246,7 @@ Status CoordFailoverDecider::HoldLease(std::uint32_t shard, const std::string& p
   lo.ttl = options_.lease_ttl;
   lo.key = FailoverLeaseKey(shard);
   lo.value = primary;
-  lo.heartbeat = true;
+  lo.heartbeat = options_.heartbeat;
   lo.on_lost = [shard](const Status& why) {
     RDMAPS_LOG(ERROR) << "ps server " << shard << ": lost its primary lease (" << why
                       << "); its backup takes over, and this primary stops at its next log "

@@ -24,18 +24,20 @@
 // == Leases and heartbeats (detection beyond connection loss) ==
 // The primary of a replicated shard (Register with a backup) holds a lease
 // (LeaseKeeper, TTL `lease_ttl`, default 750 ms) with the key
-// "failover/lease/<i>" = its address, and re-puts that key at every
-// renewal (every TTL/3: a heartbeat, LeaseKeeperOptions::heartbeat). The
-// backup's WatchPrimary fires when
-//   - a read shows the key at the mod_revision this process first saw a
-//     whole `lease_ttl` ago by its own monotonic clock (no heartbeat for a
-//     TTL: the primary hung or died), or
-//   - the key vanished (the lease expired or was revoked: the backstop).
-// The first is what bounds detection on etcd, which stretches any lease to
-// its minimum TTL (ceil(1.5 x election timeout) = 2 s with default flags)
-// and checks expiry every 500 ms; the heartbeat needs no etcd setting.
-// Only a successful read can fire the watch (a backup that cannot reach
-// the coordinator could not be promoted either), and every delay (a slow
+// "failover/lease/<i>" = its address. When the coordinator stretched that
+// lease (etcd grants at least its minimum TTL, ceil(1.5 x election
+// timeout) = 2 s with its default flags, and checks expiry every 500 ms)
+// the primary also re-puts the key at every renewal (every TTL/3: a
+// heartbeat, LeaseKeeperOptions::heartbeat). The backup's WatchPrimary
+// fires when
+//   - the key vanished (the lease expired or was revoked; with exact
+//     leases, the embedded coordinators, this alone bounds detection), or
+//   - the key has been beating (it changed under the watch) and a read
+//     shows it at the mod_revision this process first saw a whole
+//     `lease_ttl` ago by its own monotonic clock (no heartbeat for a TTL).
+// So detection is bounded by lease_ttl whatever etcd's flags. Only a
+// successful read can fire the watch (a backup that cannot reach the
+// coordinator could not be promoted either), and every delay (a slow
 // coordinator, a descheduled backup) only postpones it. Primary and backup
 // must use the same lease_ttl (rdmaps-server --lease_ttl_ms).
 //
@@ -79,6 +81,9 @@ struct CoordFailoverOptions {
   std::chrono::milliseconds call_timeout{5000};
   // The primary's lease (the detection bound of a hung primary).
   std::chrono::milliseconds lease_ttl = kDefaultLeaseTtl;
+  // When the primary re-puts its lease key as a heartbeat: by default only
+  // when the coordinator stretched the lease (etcd); kAlways for tests.
+  LeaseKeeperOptions::Heartbeat heartbeat = LeaseKeeperOptions::Heartbeat::kWhenStretched;
 };
 
 class CoordFailoverDecider final : public FailoverDecider {

@@ -22,7 +22,7 @@ Result<std::unique_ptr<LeaseKeeper>> LeaseKeeper::Start(Coordinator* coord,
   const auto sent = CoordClock::now();
   RDMAPS_ASSIGN_OR_RETURN(LeaseGrant grant, coord->GrantLease(options.ttl, deadline));
   std::unique_ptr<LeaseKeeper> keeper(
-      new LeaseKeeper(coord, options, grant.id, sent + SafeTtl(options.ttl)));
+      new LeaseKeeper(coord, options, grant, sent + SafeTtl(options.ttl)));
   if (!options.key.empty()) {
     // Put the key under our lease whatever it holds (a CAS loop: the
     // interface has no blind put, and a racing writer of our key is a bug
@@ -55,9 +55,17 @@ Result<std::unique_ptr<LeaseKeeper>> LeaseKeeper::Start(Coordinator* coord,
   return keeper;
 }
 
-LeaseKeeper::LeaseKeeper(Coordinator* coord, LeaseKeeperOptions options, LeaseId lease,
+LeaseKeeper::LeaseKeeper(Coordinator* coord, LeaseKeeperOptions options, LeaseGrant grant,
                          CoordDeadline valid_until)
-    : coord_(coord), options_(std::move(options)), lease_(lease), valid_until_(valid_until) {}
+    : coord_(coord),
+      options_(std::move(options)),
+      lease_(grant.id),
+      granted_ttl_(std::max(grant.ttl, options_.ttl)),
+      beats_(!options_.key.empty() &&
+             (options_.heartbeat == LeaseKeeperOptions::Heartbeat::kAlways ||
+              (options_.heartbeat == LeaseKeeperOptions::Heartbeat::kWhenStretched &&
+               grant.ttl > options_.ttl))),
+      valid_until_(valid_until) {}
 
 LeaseKeeper::~LeaseKeeper() { Stop(); }
 
@@ -122,7 +130,7 @@ void LeaseKeeper::Run() {
           valid_until_ = std::max(valid_until_, sent + SafeTtl(options_.ttl));
           next = sent + interval;
         }
-        if (!options_.heartbeat || options_.key.empty() || heartbeat_paused_.load()) continue;
+        if (!beats_ || heartbeat_paused_.load()) continue;
         s = Beat(std::max(valid_until(), CoordClock::now() + std::chrono::milliseconds(1)));
         if (s.ok()) continue;
         if (s.code() == StatusCode::kFailedPrecondition) {

@@ -56,12 +56,15 @@ struct LeaseKeeperOptions {
   std::string key;
   std::string value;
   // With `key`: every renewal also re-puts the key (same value, a new
-  // mod_revision): a heartbeat that a watcher times with its own clock. A
-  // coordinator may stretch the lease itself (etcd grants at least its
-  // minimum TTL, 2 s with its default flags), the heartbeat it cannot.
-  // The re-put is a CAS on the key's last mod_revision under this lease: a
-  // key that another lease took over loses the lease (FailedPrecondition).
-  bool heartbeat = false;
+  // mod_revision): a heartbeat that a watcher times with its own clock.
+  // kWhenStretched beats only when the coordinator granted more than `ttl`
+  // (etcd grants at least its minimum TTL, 2 s with its default flags):
+  // an exact lease (the embedded coordinators) needs no heartbeat, and the
+  // directory coordinator is spared a state-file write per renewal. The
+  // re-put is a CAS on the key's last mod_revision under this lease: a key
+  // that another lease took over loses the lease (FailedPrecondition).
+  enum class Heartbeat { kNone, kWhenStretched, kAlways };
+  Heartbeat heartbeat = Heartbeat::kNone;
   // Called once when the lease is lost: expired (NotFound), not renewed
   // before valid_until() (Unavailable naming the last error) or, with
   // `heartbeat`, its key taken over (FailedPrecondition).
@@ -85,6 +88,10 @@ class LeaseKeeper {
   CoordDeadline valid_until() const;
   // Not lost and now < valid_until().
   bool Valid() const;
+  // The TTL the coordinator granted (>= options.ttl).
+  std::chrono::milliseconds granted_ttl() const { return granted_ttl_; }
+  // Whether renewals also re-put the key (see LeaseKeeperOptions::heartbeat).
+  bool beats() const { return beats_; }
   // OK while held; the reason once lost.
   Status status() const;
   // Blocks until the lease is lost (its reason) or the deadline passes
@@ -101,7 +108,7 @@ class LeaseKeeper {
   void TEST_PauseHeartbeat(bool paused) { heartbeat_paused_.store(paused); }
 
  private:
-  LeaseKeeper(Coordinator* coord, LeaseKeeperOptions options, LeaseId lease,
+  LeaseKeeper(Coordinator* coord, LeaseKeeperOptions options, LeaseGrant grant,
               CoordDeadline valid_until);
   void Run();
   void Lose(Status why) RDMAPS_EXCLUDES(mu_);
@@ -113,6 +120,8 @@ class LeaseKeeper {
   Coordinator* const coord_;
   const LeaseKeeperOptions options_;
   const LeaseId lease_;
+  const std::chrono::milliseconds granted_ttl_;
+  const bool beats_;
 
   std::atomic<bool> paused_{false};
   std::atomic<bool> heartbeat_paused_{false};

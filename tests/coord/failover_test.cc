@@ -113,9 +113,42 @@ TEST(CoordFailoverTest, WatchFiresWhenThePrimaryLeaseGoes) {
   failover_cases::WatchFiresWhenThePrimaryLeaseGoes(Opener("failover-watch"));
 }
 
+// The memory store's leases are exact, so its primaries do not beat unless
+// told to (kAlways): the heartbeat timer on a store whose lease never ends.
 TEST(CoordFailoverTest, AHungPrimaryIsDetectedByItsHeartbeat) {
-  failover_cases::AHungPrimaryIsDetectedByItsHeartbeat(Opener("failover-heartbeat"),
-                                                       kDefaultLeaseTtl);
+  auto store = MemoryCoordinator::Open({.name = "failover-heartbeat", .fake_clock = true});
+  CoordFailoverOptions o;
+  o.heartbeat = LeaseKeeperOptions::Heartbeat::kAlways;
+  failover_cases::AHungPrimaryIsDetectedByItsHeartbeat(
+      [&]() -> std::shared_ptr<FailoverDecider> {
+        return std::make_shared<CoordFailoverDecider>(std::shared_ptr<Coordinator>(store->Share()),
+                                                      o);
+      },
+      kDefaultLeaseTtl);
+}
+
+// Exact leases (the embedded coordinators): no heartbeat writes, and a
+// watch that never saw the key change does not time it (it waits for the
+// lease to go).
+TEST(CoordFailoverTest, ExactLeasesNeedNoHeartbeat) {
+  auto store = MemoryCoordinator::Open({.name = "failover-exact", .fake_clock = true});
+  auto primary =
+      std::make_shared<CoordFailoverDecider>(std::shared_ptr<Coordinator>(store->Share()));
+  auto backup =
+      std::make_shared<CoordFailoverDecider>(std::shared_ptr<Coordinator>(store->Share()));
+  ASSERT_TRUE(primary->Register(0, "p:1", "q:2").ok());
+  auto before = store->Get(FailoverLeaseKey(0), CoordClock::now() + milliseconds(1000));
+  ASSERT_TRUE(before.ok() && before->kv);
+  std::atomic<int> fired{0};
+  auto watch = backup->WatchPrimary(0, [&] { ++fired; });
+  ASSERT_TRUE(watch.ok() && *watch);
+  // Several renewals later (real time; the fake clock holds the lease).
+  auto waited = backup->WaitForEpochAfter(0, 1, CoordClock::now() + 2 * kDefaultLeaseTtl);
+  EXPECT_EQ(waited.status().code(), StatusCode::kTimedOut);
+  auto after = store->Get(FailoverLeaseKey(0), CoordClock::now() + milliseconds(1000));
+  ASSERT_TRUE(after.ok() && after->kv);
+  EXPECT_EQ(after->kv->mod_revision, before->kv->mod_revision) << "a heartbeat write";
+  EXPECT_EQ(fired.load(), 0);
 }
 
 // A hung primary: its lease is not renewed while the (fake) clock runs past
