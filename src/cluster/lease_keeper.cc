@@ -22,7 +22,7 @@ Result<std::unique_ptr<LeaseKeeper>> LeaseKeeper::Start(Coordinator* coord,
   const auto sent = CoordClock::now();
   RDMAPS_ASSIGN_OR_RETURN(LeaseGrant grant, coord->GrantLease(options.ttl, deadline));
   std::unique_ptr<LeaseKeeper> keeper(
-      new LeaseKeeper(coord, options, grant, sent + SafeTtl(options.ttl)));
+      new LeaseKeeper(coord, options, grant, sent + SafeTtl(std::max(grant.ttl, options.ttl))));
   if (!options.key.empty()) {
     // Put the key under our lease whatever it holds (a CAS loop: the
     // interface has no blind put, and a racing writer of our key is a bug
@@ -127,7 +127,7 @@ void LeaseKeeper::Run() {
       if (s.ok()) {
         {
           MutexLock lock(mu_);
-          valid_until_ = std::max(valid_until_, sent + SafeTtl(options_.ttl));
+          valid_until_ = std::max(valid_until_, sent + SafeTtl(granted_ttl_));
           next = sent + interval;
         }
         if (!beats_ || heartbeat_paused_.load()) continue;
@@ -151,7 +151,7 @@ void LeaseKeeper::Run() {
     if (CoordClock::now() >= valid_until()) {
       Lose(UnavailableError(
           "lease " + std::to_string(lease_) + " was not renewed within its TTL of " +
-          std::to_string(options_.ttl.count()) + " ms (" + coord_->Describe() +
+          std::to_string(granted_ttl_.count()) + " ms (" + coord_->Describe() +
           "): " + (last_error.ok() ? std::string("renewals were paused") : last_error.ToString())));
       return;
     }

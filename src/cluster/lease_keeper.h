@@ -12,7 +12,8 @@
 //
 // Fencing (why a slow but alive primary cannot act after its lease is
 // gone): valid_until() is the time the last successful renewal was SENT plus
-// TTL × (1 - kLeaseSafetyMargin). The coordinator starts that renewal's TTL
+// TTL × (1 - kLeaseSafetyMargin), TTL being what the coordinator granted
+// (etcd may grant more than asked; renewals still go every asked TTL/3). The coordinator starts that renewal's TTL
 // when it RECEIVES it, which is later, so it expires the lease strictly
 // after valid_until() (clock rates differ by far less than the 10 % margin).
 // A holder that acknowledges anything only while Valid() has therefore

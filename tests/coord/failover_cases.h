@@ -143,27 +143,35 @@ inline void AHungPrimaryIsDetectedByItsHeartbeat(const OpenDecider& open,
     fired.store(true);
   });
   ASSERT_TRUE(watch.ok()) << watch.status();
-  // One heartbeat after the watch started: it has seen the key beat.
-  const std::int64_t at_start = mod_now();
-  ASSERT_NE(at_start, 0);
-  const auto until = Clock::now() + std::chrono::seconds(20);
-  while (mod_now() == at_start && Clock::now() < until) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));  // polling a key, with a deadline
-  }
-  ASSERT_TRUE(coord_primary->TEST_PauseHeartbeat(6, true));
-  // Until it fires: the start of the last read that showed the key before
-  // its last change (a beat still in flight at the pause may land).
+  // Reads of the key, remembering the start of the last read that showed
+  // the key before its latest change: that change (the last beat the
+  // watch can have seen) was committed after it.
   std::int64_t last = 0;
-  Clock::time_point before_last_change = Clock::now(), read_started = Clock::now();
-  while (!fired.load() && Clock::now() < until) {
+  Clock::time_point before_last_change{}, previous_read = Clock::now();
+  auto observe = [&] {
     const auto started = Clock::now();
     const std::int64_t m = mod_now();
     if (m != last) {
       last = m;
-      before_last_change = read_started;
+      before_last_change = previous_read;
     }
-    read_started = started;
+    previous_read = started;
+  };
+  observe();
+  const std::int64_t at_start = last;
+  ASSERT_NE(at_start, 0);
+  // One heartbeat after the watch started: it has seen the key beat.
+  const auto until = Clock::now() + std::chrono::seconds(20);
+  while (last == at_start && Clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));  // polling a key, with a deadline
+    observe();
+  }
+  ASSERT_NE(last, at_start) << "the primary never beat";
+  ASSERT_TRUE(coord_primary->TEST_PauseHeartbeat(6, true));
+  // (A beat still in flight at the pause may land: observed too.)
+  while (!fired.load() && Clock::now() < until) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));  // polling, with a deadline
+    observe();
   }
   ASSERT_TRUE(fired.load()) << "no heartbeat for seconds and the watch never fired";
   const Clock::time_point fired_time{Clock::duration(fired_at.load())};

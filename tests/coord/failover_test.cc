@@ -66,6 +66,37 @@ TEST(CoordFailoverTest, RecordRoundTripsAndHostileRecordsAreDataLoss) {
   }
 }
 
+// Every truncation and every byte of a valid record replaced by each of a
+// few hostile bytes: DataLoss naming the key, or a record that re-encodes to
+// exactly the text parsed (never a crash, never a half-read record).
+TEST(CoordFailoverTest, EveryTruncationAndByteFlipIsDataLossOrExact) {
+  ShardAssignment a;
+  a.shard = 4;
+  a.epoch = 12;
+  a.primary = "10.0.0.5:7470";
+  a.backup = "10.0.0.6:7470";
+  const std::string text = EncodeFailoverRecord(a);
+  auto check = [](const std::string& t) {
+    auto r = ParseFailoverRecord(4, t);
+    if (r.ok()) {
+      EXPECT_EQ(EncodeFailoverRecord(*r), t);
+      EXPECT_GE(r->epoch, 1u);
+      EXPECT_NE(r->primary, r->backup);
+    } else {
+      EXPECT_EQ(r.status().code(), StatusCode::kDataLoss) << r.status();
+      EXPECT_NE(r.status().message().find("failover/shard/4"), std::string::npos);
+    }
+  };
+  for (std::size_t n = 0; n < text.size(); ++n) check(text.substr(0, n));
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    for (char c : {'\0', '\n', ' ', '-', '0', '9', 'x', '\x7f', '\xff'}) {
+      std::string t = text;
+      t[i] = c;
+      check(t);
+    }
+  }
+}
+
 TEST(CoordFailoverTest, RegisterRules) {
   auto open = Opener("failover-register");
   auto d = open();
