@@ -6,15 +6,18 @@
 // key vanishes at most TTL after its last renewal reached the coordinator.
 // With kDefaultLeaseTtl (750 ms) and renewals every 250 ms a crashed server
 // is gone from the coordinator within 750 ms (embedded coordinators; etcd
-// grants whole seconds and checks expiry every 500 ms, docs/coordination.md).
+// grants whole seconds, at least its minimum TTL, and checks expiry every
+// 500 ms: there the key's heartbeat, LeaseKeeperOptions::heartbeat, is what
+// a watcher times, docs/coordination.md).
 // Transport errors (a refused connection, a completion error) detect a
 // crash faster; the lease is the bound when nothing else notices.
 //
 // Fencing (why a slow but alive primary cannot act after its lease is
 // gone): valid_until() is the time the last successful renewal was SENT plus
 // TTL × (1 - kLeaseSafetyMargin), TTL being what the coordinator granted
-// (etcd may grant more than asked; renewals still go every asked TTL/3). The coordinator starts that renewal's TTL
-// when it RECEIVES it, which is later, so it expires the lease strictly
+// (etcd may grant more than asked; renewals still go every asked TTL/3).
+// The coordinator starts that renewal's TTL when it RECEIVES it, which is
+// later, so it expires the lease strictly
 // after valid_until() (clock rates differ by far less than the 10 % margin).
 // A holder that acknowledges anything only while Valid() has therefore
 // stopped before any decider can see the lease gone and promote a backup.
