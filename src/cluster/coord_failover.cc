@@ -1,5 +1,6 @@
 #include "src/cluster/coord_failover.h"
 
+#include <algorithm>
 #include <atomic>
 #include <thread>
 
@@ -58,18 +59,29 @@ bool HeldBy(const std::optional<KeyValue>& kv, const std::string& holder) {
   return kv && (holder.empty() || kv->value == holder);
 }
 
+// The backup's watch of its primary's lease key (see "Leases and
+// heartbeats" in coord_failover.h). Fires when the key vanishes (the lease
+// expired or was revoked) or, once the key has changed under the watch (a
+// beating primary: the lease's key is re-put only as a heartbeat), when a
+// successful read shows it at the mod_revision it had `ttl` ago by this
+// process's monotonic clock. A read that fails never fires it: a backup
+// that cannot reach the coordinator could not be promoted either. Only the
+// lease of `holder`, the primary the shard map named when the watch
+// started, counts (empty: anyone's), so that a replacement backup started
+// while the dead primary's lease has not expired yet does not take its
+// expiry for its new primary's.
 class CoordPrimaryWatch final : public PrimaryWatch {
  public:
-  // `seen`: the lease was held when the watch started. `holder`: the
-  // primary the shard map named then; only its lease counts (empty: any),
-  // so that a replacement backup started while the dead primary's lease
-  // has not expired yet does not take its expiry for its new primary's.
+  // `seen`: the key's mod_revision when the watch started (0: absent, or
+  // not `holder`'s).
   CoordPrimaryWatch(Coordinator* coord, std::string key, std::string holder,
-                    std::function<void()> on_lost, bool seen)
+                    std::function<void()> on_lost, std::int64_t seen,
+                    std::chrono::milliseconds ttl)
       : coord_(coord),
         key_(std::move(key)),
         holder_(std::move(holder)),
-        on_lost_(std::move(on_lost)) {
+        on_lost_(std::move(on_lost)),
+        ttl_(ttl) {
     thread_ = std::thread([this, seen] { Run(seen); });
   }
 
@@ -79,27 +91,45 @@ class CoordPrimaryWatch final : public PrimaryWatch {
   }
 
  private:
-  void Run(bool seen) {
-    std::int64_t after = 0;
+  void Run(std::int64_t seen_mod) {
+    // When this process first saw the key at seen_mod (a read that
+    // returned then: later than the heartbeat itself, so never early).
+    CoordDeadline seen_at = CoordClock::now();
+    bool beating = false;  // the key changed while it existed: heartbeats
     while (!stop_.load()) {
-      // Short waits, so that the destructor is not held up.
-      const CoordDeadline deadline = CoordClock::now() + std::chrono::milliseconds(200);
-      auto r = coord_->Get(key_, deadline);
+      const CoordDeadline asked = CoordClock::now();
+      auto r = coord_->Get(key_, asked + std::chrono::milliseconds(200));
       if (!r.ok()) {
         RDMAPS_LOG_EVERY_T(WARNING, 5.0) << "failover watch of " << key_ << ": " << r.status();
         std::this_thread::sleep_for(std::chrono::milliseconds(50));
         continue;
       }
-      const bool held = HeldBy(r->kv, holder_);
-      if (held) seen = true;
-      if (!held && seen) {
+      if (!HeldBy(r->kv, holder_)) {
+        if (seen_mod != 0) {
+          RDMAPS_LOG(WARNING) << "failover: the primary's lease " << key_
+                              << " is gone (the primary stopped renewing it)";
+          on_lost_();
+          return;
+        }
+      } else if (r->kv->mod_revision != seen_mod) {
+        beating = beating || seen_mod != 0;
+        seen_mod = r->kv->mod_revision;
+        seen_at = CoordClock::now();
+      } else if (beating && asked - seen_at >= ttl_) {
+        // Read after a whole TTL, and still the heartbeat seen then.
+        const auto silent =
+            std::chrono::duration_cast<std::chrono::milliseconds>(asked - seen_at).count();
         RDMAPS_LOG(WARNING) << "failover: the primary's lease " << key_
-                            << " is gone (the primary stopped renewing it)";
+                            << " has had no heartbeat for " << silent << " ms (lease_ttl "
+                            << ttl_.count() << " ms): the primary is taken as dead";
         on_lost_();
         return;
       }
-      after = r->revision;
-      auto w = coord_->WaitForChange(key_, false, after, deadline);
+      // Short waits, so that the destructor is not held up; at most until
+      // the heartbeat is due.
+      CoordDeadline until = CoordClock::now() + std::chrono::milliseconds(200);
+      if (beating) until = std::min(until, seen_at + ttl_);
+      auto w = coord_->WaitForChange(key_, false, r->revision, until);
       if (!w.ok() && w.status().code() != StatusCode::kTimedOut) {
         std::this_thread::sleep_for(std::chrono::milliseconds(50));
       }
@@ -110,6 +140,7 @@ class CoordPrimaryWatch final : public PrimaryWatch {
   const std::string key_;
   const std::string holder_;
   const std::function<void()> on_lost_;
+  const std::chrono::milliseconds ttl_;
   std::atomic<bool> stop_{false};
   std::thread thread_;
 };
@@ -233,6 +264,7 @@ Status CoordFailoverDecider::HoldLease(std::uint32_t shard, const std::string& p
   lo.ttl = options_.lease_ttl;
   lo.key = FailoverLeaseKey(shard);
   lo.value = primary;
+  lo.heartbeat = options_.heartbeat;
   lo.on_lost = [shard](const Status& why) {
     RDMAPS_LOG(ERROR) << "ps server " << shard << ": lost its primary lease (" << why
                       << "); its backup takes over, and this primary stops at its next log "
@@ -240,6 +272,22 @@ Status CoordFailoverDecider::HoldLease(std::uint32_t shard, const std::string& p
   };
   RDMAPS_ASSIGN_OR_RETURN(leases_[shard], LeaseKeeper::Start(coord_.get(), lo, deadline));
   return Status::OK();
+}
+
+bool CoordFailoverDecider::TEST_PauseLease(std::uint32_t shard, bool paused) {
+  MutexLock lock(mu_);
+  auto it = leases_.find(shard);
+  if (it == leases_.end()) return false;
+  it->second->TEST_PauseRenewals(paused);
+  return true;
+}
+
+bool CoordFailoverDecider::TEST_PauseHeartbeat(std::uint32_t shard, bool paused) {
+  MutexLock lock(mu_);
+  auto it = leases_.find(shard);
+  if (it == leases_.end()) return false;
+  it->second->TEST_PauseHeartbeat(paused);
+  return true;
 }
 
 Result<::rdmaps::ShardAssignment> CoordFailoverDecider::AddBackup(std::uint32_t shard,
@@ -353,7 +401,9 @@ Result<std::unique_ptr<PrimaryWatch>> CoordFailoverDecider::WatchPrimary(
   const std::string holder = entry.entry ? entry.entry->primary : std::string();
   RDMAPS_ASSIGN_OR_RETURN(ReadResult r, coord_->Get(FailoverLeaseKey(shard), CallDeadline()));
   return std::unique_ptr<PrimaryWatch>(new CoordPrimaryWatch(
-      coord_.get(), FailoverLeaseKey(shard), holder, std::move(on_lost), HeldBy(r.kv, holder)));
+      coord_.get(), FailoverLeaseKey(shard), holder, std::move(on_lost),
+      HeldBy(r.kv, holder) ? std::max<std::int64_t>(r.kv->mod_revision, 1) : 0,
+      options_.lease_ttl));
 }
 
 }  // namespace rdmaps::internal

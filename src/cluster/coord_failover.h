@@ -21,18 +21,34 @@
 // never both win (the loser re-reads and gets the winner's entry). Epochs
 // are per shard: a failover of shard 0 does not move shard 1.
 //
-// == Leases (detection beyond connection loss) ==
+// == Leases and heartbeats (detection beyond connection loss) ==
 // The primary of a replicated shard (Register with a backup) holds a lease
 // (LeaseKeeper, TTL `lease_ttl`, default 750 ms) with the key
-// "failover/lease/<i>" = its address. A primary that hangs with its
-// connections open (SIGSTOP, a pause) stops renewing; the key vanishes
-// within the TTL, and the backup's WatchPrimary fires: the backup then
-// drops its primary's connection, which runs the same decision as a lost
-// connection (ReportPrimaryLost). When the hung primary resumes, the backup
-// has closed its log connection and deregistered its ring: its next log
-// write fails, it asks the decider, and the entry names another primary, so
-// it is fenced (acknowledges nothing more). Its lease keeper has lost the
-// lease too (logged).
+// "failover/lease/<i>" = its address. When the coordinator stretched that
+// lease (etcd grants at least its minimum TTL, ceil(1.5 x election
+// timeout) = 2 s with its default flags, and checks expiry every 500 ms)
+// the primary also re-puts the key at every renewal (every TTL/3: a
+// heartbeat, LeaseKeeperOptions::heartbeat). The backup's WatchPrimary
+// fires when
+//   - the key vanished (the lease expired or was revoked; with exact
+//     leases, the embedded coordinators, this alone bounds detection), or
+//   - the key has been beating (it changed under the watch) and a read
+//     shows it at the mod_revision this process first saw a whole
+//     `lease_ttl` ago by its own monotonic clock (no heartbeat for a TTL).
+// So detection is bounded by lease_ttl whatever etcd's flags. Only a
+// successful read can fire the watch (a backup that cannot reach the
+// coordinator could not be promoted either), and every delay (a slow
+// coordinator, a descheduled backup) only postpones it. Primary and backup
+// must use the same lease_ttl (rdmaps-server --lease_ttl_ms).
+//
+// When the watch fires the backup drops its primary's connection, which
+// runs the same decision as a lost connection (ReportPrimaryLost). Why a
+// primary that was only slow cannot acknowledge afterwards: it
+// acknowledges a push only once its log write into the backup completed,
+// and the backup closed that connection before its promoting CAS and then
+// deregistered its ring; the resumed primary's next log write fails, it
+// asks the decider, the entry names another primary, so it is fenced. Its
+// lease keeper loses the lease too (expired, or its key taken over).
 //
 // Thread safety: safe for concurrent use by many threads.
 #pragma once
@@ -65,6 +81,9 @@ struct CoordFailoverOptions {
   std::chrono::milliseconds call_timeout{5000};
   // The primary's lease (the detection bound of a hung primary).
   std::chrono::milliseconds lease_ttl = kDefaultLeaseTtl;
+  // When the primary re-puts its lease key as a heartbeat: by default only
+  // when the coordinator stretched the lease (etcd); kAlways for tests.
+  LeaseKeeperOptions::Heartbeat heartbeat = LeaseKeeperOptions::Heartbeat::kWhenStretched;
 };
 
 class CoordFailoverDecider final : public FailoverDecider {
@@ -91,6 +110,13 @@ class CoordFailoverDecider final : public FailoverDecider {
                                                      std::function<void()> on_lost) override;
 
   Coordinator& coordinator() { return *coord_; }
+  // The lease (and heartbeat) of `shard`'s primary stops (true) or resumes
+  // (false) being renewed: a hung primary, for tests. False when this
+  // decider holds no lease for `shard`.
+  bool TEST_PauseLease(std::uint32_t shard, bool paused) RDMAPS_EXCLUDES(mu_);
+  // Only the heartbeat stops (the lease is still renewed): what only the
+  // backup's heartbeat timer can notice, for tests.
+  bool TEST_PauseHeartbeat(std::uint32_t shard, bool paused) RDMAPS_EXCLUDES(mu_);
 
  private:
   struct Read {

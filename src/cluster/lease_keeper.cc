@@ -22,7 +22,7 @@ Result<std::unique_ptr<LeaseKeeper>> LeaseKeeper::Start(Coordinator* coord,
   const auto sent = CoordClock::now();
   RDMAPS_ASSIGN_OR_RETURN(LeaseGrant grant, coord->GrantLease(options.ttl, deadline));
   std::unique_ptr<LeaseKeeper> keeper(
-      new LeaseKeeper(coord, options, grant.id, sent + SafeTtl(options.ttl)));
+      new LeaseKeeper(coord, options, grant, sent + SafeTtl(std::max(grant.ttl, options.ttl))));
   if (!options.key.empty()) {
     // Put the key under our lease whatever it holds (a CAS loop: the
     // interface has no blind put, and a racing writer of our key is a bug
@@ -41,6 +41,7 @@ Result<std::unique_ptr<LeaseKeeper>> LeaseKeeper::Start(Coordinator* coord,
         break;
       }
       if (cas->swapped) {
+        keeper->key_mod_revision_ = cas->revision;
         put = Status();
         break;
       }
@@ -54,9 +55,17 @@ Result<std::unique_ptr<LeaseKeeper>> LeaseKeeper::Start(Coordinator* coord,
   return keeper;
 }
 
-LeaseKeeper::LeaseKeeper(Coordinator* coord, LeaseKeeperOptions options, LeaseId lease,
+LeaseKeeper::LeaseKeeper(Coordinator* coord, LeaseKeeperOptions options, LeaseGrant grant,
                          CoordDeadline valid_until)
-    : coord_(coord), options_(std::move(options)), lease_(lease), valid_until_(valid_until) {}
+    : coord_(coord),
+      options_(std::move(options)),
+      lease_(grant.id),
+      granted_ttl_(std::max(grant.ttl, options_.ttl)),
+      beats_(!options_.key.empty() &&
+             (options_.heartbeat == LeaseKeeperOptions::Heartbeat::kAlways ||
+              (options_.heartbeat == LeaseKeeperOptions::Heartbeat::kWhenStretched &&
+               grant.ttl > options_.ttl))),
+      valid_until_(valid_until) {}
 
 LeaseKeeper::~LeaseKeeper() { Stop(); }
 
@@ -116,10 +125,20 @@ void LeaseKeeper::Run() {
       CoordDeadline deadline = std::max(valid_until(), sent + std::chrono::milliseconds(1));
       Status s = coord_->KeepAlive(lease_, deadline);
       if (s.ok()) {
-        MutexLock lock(mu_);
-        valid_until_ = std::max(valid_until_, sent + SafeTtl(options_.ttl));
-        next = sent + interval;
-        continue;
+        {
+          MutexLock lock(mu_);
+          valid_until_ = std::max(valid_until_, sent + SafeTtl(granted_ttl_));
+          next = sent + interval;
+        }
+        if (!beats_ || heartbeat_paused_.load()) continue;
+        s = Beat(std::max(valid_until(), CoordClock::now() + std::chrono::milliseconds(1)));
+        if (s.ok()) continue;
+        if (s.code() == StatusCode::kFailedPrecondition) {
+          Lose(s);
+          return;
+        }
+        // The lease holds; the heartbeat is retried soon (a watcher allows
+        // a whole TTL without one).
       }
       if (s.code() == StatusCode::kNotFound) {
         Lose(s.WithContext("lease " + std::to_string(lease_) + " lost (" + coord_->Describe() +
@@ -132,11 +151,33 @@ void LeaseKeeper::Run() {
     if (CoordClock::now() >= valid_until()) {
       Lose(UnavailableError(
           "lease " + std::to_string(lease_) + " was not renewed within its TTL of " +
-          std::to_string(options_.ttl.count()) + " ms (" + coord_->Describe() +
+          std::to_string(granted_ttl_.count()) + " ms (" + coord_->Describe() +
           "): " + (last_error.ok() ? std::string("renewals were paused") : last_error.ToString())));
       return;
     }
   }
+}
+
+Status LeaseKeeper::Beat(CoordDeadline deadline) {
+  // Two tries: a put that timed out after the coordinator applied it shows
+  // up as the key under our own lease at a newer mod_revision.
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    RDMAPS_ASSIGN_OR_RETURN(
+        CasResult cas,
+        coord_->CompareAndSwap(options_.key, key_mod_revision_, options_.value, lease_, deadline));
+    if (cas.swapped) {
+      key_mod_revision_ = cas.revision;
+      return Status::OK();
+    }
+    if (!cas.current || cas.current->lease != lease_) {
+      return FailedPreconditionError(
+          "the key " + options_.key + " of lease " + std::to_string(lease_) + " is " +
+          (cas.current ? "held by lease " + std::to_string(cas.current->lease) : "gone") + " (" +
+          coord_->Describe() + "): another holder took it over");
+    }
+    key_mod_revision_ = cas.current->mod_revision;
+  }
+  return UnavailableError("the heartbeat of " + options_.key + " kept missing its revision");
 }
 
 void LeaseKeeper::Stop() {

@@ -6,14 +6,18 @@
 // key vanishes at most TTL after its last renewal reached the coordinator.
 // With kDefaultLeaseTtl (750 ms) and renewals every 250 ms a crashed server
 // is gone from the coordinator within 750 ms (embedded coordinators; etcd
-// grants whole seconds and checks expiry every 500 ms, docs/coordination.md).
+// grants whole seconds, at least its minimum TTL, and checks expiry every
+// 500 ms: there the key's heartbeat, LeaseKeeperOptions::heartbeat, is what
+// a watcher times, docs/coordination.md).
 // Transport errors (a refused connection, a completion error) detect a
 // crash faster; the lease is the bound when nothing else notices.
 //
 // Fencing (why a slow but alive primary cannot act after its lease is
 // gone): valid_until() is the time the last successful renewal was SENT plus
-// TTL × (1 - kLeaseSafetyMargin). The coordinator starts that renewal's TTL
-// when it RECEIVES it, which is later, so it expires the lease strictly
+// TTL × (1 - kLeaseSafetyMargin), TTL being what the coordinator granted
+// (etcd may grant more than asked; renewals still go every asked TTL/3).
+// The coordinator starts that renewal's TTL when it RECEIVES it, which is
+// later, so it expires the lease strictly
 // after valid_until() (clock rates differ by far less than the 10 % margin).
 // A holder that acknowledges anything only while Valid() has therefore
 // stopped before any decider can see the lease gone and promote a backup.
@@ -55,8 +59,19 @@ struct LeaseKeeperOptions {
   // this server's previous incarnation whose lease has not expired yet).
   std::string key;
   std::string value;
-  // Called once when the lease is lost: expired (NotFound) or not renewed
-  // before valid_until() (Unavailable naming the last error).
+  // With `key`: every renewal also re-puts the key (same value, a new
+  // mod_revision): a heartbeat that a watcher times with its own clock.
+  // kWhenStretched beats only when the coordinator granted more than `ttl`
+  // (etcd grants at least its minimum TTL, 2 s with its default flags):
+  // an exact lease (the embedded coordinators) needs no heartbeat, and the
+  // directory coordinator is spared a state-file write per renewal. The
+  // re-put is a CAS on the key's last mod_revision under this lease: a key
+  // that another lease took over loses the lease (FailedPrecondition).
+  enum class Heartbeat { kNone, kWhenStretched, kAlways };
+  Heartbeat heartbeat = Heartbeat::kNone;
+  // Called once when the lease is lost: expired (NotFound), not renewed
+  // before valid_until() (Unavailable naming the last error) or, with
+  // `heartbeat`, its key taken over (FailedPrecondition).
   std::function<void(const Status&)> on_lost;
 };
 
@@ -77,6 +92,10 @@ class LeaseKeeper {
   CoordDeadline valid_until() const;
   // Not lost and now < valid_until().
   bool Valid() const;
+  // The TTL the coordinator granted (>= options.ttl).
+  std::chrono::milliseconds granted_ttl() const { return granted_ttl_; }
+  // Whether renewals also re-put the key (see LeaseKeeperOptions::heartbeat).
+  bool beats() const { return beats_; }
   // OK while held; the reason once lost.
   Status status() const;
   // Blocks until the lease is lost (its reason) or the deadline passes
@@ -88,19 +107,31 @@ class LeaseKeeper {
 
   // Renewals stop (true) or resume (false): a slow server, for tests.
   void TEST_PauseRenewals(bool paused) { paused_.store(paused); }
+  // The heartbeat's re-puts stop (true) or resume (false) while the lease
+  // is still renewed: only a heartbeat watcher can notice, for tests.
+  void TEST_PauseHeartbeat(bool paused) { heartbeat_paused_.store(paused); }
 
  private:
-  LeaseKeeper(Coordinator* coord, LeaseKeeperOptions options, LeaseId lease,
+  LeaseKeeper(Coordinator* coord, LeaseKeeperOptions options, LeaseGrant grant,
               CoordDeadline valid_until);
   void Run();
   void Lose(Status why) RDMAPS_EXCLUDES(mu_);
+  // The heartbeat's re-put of the key (Run's thread only): OK, a transient
+  // error (retry soon), or FailedPrecondition when another lease holds it.
+  Status Beat(CoordDeadline deadline);
 
   // Constant after construction
   Coordinator* const coord_;
   const LeaseKeeperOptions options_;
   const LeaseId lease_;
+  const std::chrono::milliseconds granted_ttl_;
+  const bool beats_;
 
   std::atomic<bool> paused_{false};
+  std::atomic<bool> heartbeat_paused_{false};
+  // The key's mod_revision as this keeper last put it (Run's thread, after
+  // Start).
+  std::int64_t key_mod_revision_ = 0;
   mutable Mutex mu_;
   std::condition_variable cv_;  // stop_, lost_
   bool stop_ RDMAPS_GUARDED_BY(mu_) = false;

@@ -415,6 +415,15 @@ bool CheckpointCut::Complete(const std::vector<bool>& done) const {
   return true;
 }
 
+bool CheckpointCut::Overtaken(const std::vector<bool>& done) const {
+  if (pending_.empty()) return false;
+  const std::uint64_t c = *pending_.begin();
+  for (std::size_t w = 0; w < clocks_.size(); ++w) {
+    if (!done[w] && clocks_[w] > c) return true;
+  }
+  return false;
+}
+
 void CheckpointCut::Release(bool captured) {
   if (pending_.empty()) return;
   const std::uint64_t c = *pending_.begin();

@@ -100,6 +100,11 @@ class CheckpointCut {
   }
   // The cut is armed and every worker not `done` has reached it.
   bool Complete(const std::vector<bool>& done) const;
+  // The armed cut can never be complete: a worker not `done` is past it
+  // (its clock only grows). Never so on a primary, which holds every
+  // worker at the cut; on a backup applying its log, or a backup promoted
+  // with a cut its log had passed, it would else wait out the timeout.
+  bool Overtaken(const std::vector<bool>& done) const;
   // The smallest pending cut: the one the apply thread holds for.
   std::optional<std::uint64_t> armed() const {
     return pending_.empty() ? std::nullopt : std::optional<std::uint64_t>(*pending_.begin());

@@ -1823,8 +1823,17 @@ void ServerImpl::ApplyLogRecord(std::uint32_t w, const SlotHeader& h, const std:
     MutexLock lock(mu_);
     ++stats_.protocol_errors;
   }
-  MutexLock lock(mu_);
-  ++stats_.log_records;
+  {
+    MutexLock lock(mu_);
+    ++stats_.log_records;
+  }
+  // Pass a cut where the primary passed it: right after the record that
+  // completed it, before the next one (a later kClock of a worker the
+  // primary held until its capture). Once per batch would let such a record
+  // move a worker past the cut first, and the cut would then wait out
+  // checkpoint_timeout here - and hold the workers once this backup is
+  // promoted (the fault matrix's checkpoint cell).
+  if (cut_->armed()) AdvanceCut();
 }
 
 void ServerImpl::OnBackupNotification(const transport::Notification& n) {
@@ -1943,6 +1952,18 @@ void ServerImpl::AdvanceCut() {
                           << " ms";
       if (writer_) writer_->Submit(std::move(snap));
       captured = true;
+    } else if (cut_->Overtaken(done)) {
+      // (A worker's clock went past the cut unheld: see Overtaken.) It can
+      // never be taken here; waiting for the timeout would hold every
+      // worker that reaches it.
+      RDMAPS_LOG(WARNING) << "ps server " << options_.server_index << ": checkpoint at clock "
+                          << clock << " passed: a worker is past it already";
+      if (!log_receiver_ || log_receiver_->serving()) {
+        std::uint64_t cur = failed_plus1_.load();
+        while (cur < clock + 1 && !failed_plus1_.compare_exchange_weak(cur, clock + 1)) {
+        }
+        NotifyCheckpoint();
+      }
     } else if (std::chrono::steady_clock::now() - cut_->armed_at() >= options_.checkpoint_timeout) {
       RDMAPS_LOG(ERROR) << "ps server " << options_.server_index << ": checkpoint at clock "
                         << clock << " abandoned: not every worker reached it within "

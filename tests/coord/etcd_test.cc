@@ -129,7 +129,7 @@ class EtcdTest : public ::testing::Test {
       const std::string log = dir_ + "/etcd.log";
       std::filesystem::remove_all(dir_ + "/data");
       // Fast elections make etcd's minimum lease TTL 1 s (1.5 x the election
-      // timeout, rounded up to seconds).
+      // timeout, rounded up to seconds); etcd's defaults make it 2 s.
       std::vector<std::string> argv = {RDMAPS_ETCD_BIN,
                                        "--name",
                                        "t",
@@ -144,11 +144,10 @@ class EtcdTest : public ::testing::Test {
                                        "--initial-advertise-peer-urls",
                                        p,
                                        "--initial-cluster",
-                                       "t=" + p,
-                                       "--heartbeat-interval",
-                                       "50",
-                                       "--election-timeout",
-                                       "500"};
+                                       "t=" + p};
+      if (!default_flags_) {
+        argv.insert(argv.end(), {"--heartbeat-interval", "50", "--election-timeout", "500"});
+      }
       pid_ = fork();
       ASSERT_GE(pid_, 0);
       if (pid_ == 0) {
@@ -201,6 +200,13 @@ class EtcdTest : public ::testing::Test {
 
   std::string dir_, endpoint_;
   pid_t pid_ = -1;
+  bool default_flags_ = false;  // etcd's own election timing (users' etcds)
+};
+
+// An etcd started with none of our flags, as users run theirs.
+class EtcdDefaultsTest : public EtcdTest {
+ protected:
+  EtcdDefaultsTest() { default_flags_ = true; }
 };
 
 TEST_F(EtcdTest, GetCasListDelete) {
@@ -385,6 +391,27 @@ TEST_F(EtcdTest, FailoverDeciderOnEtcd) {
   auto r = c->Get(FailoverShardKey(3), In(seconds(5)));
   ASSERT_TRUE(r.ok() && r->kv) << r.status();
   EXPECT_EQ(r->kv->value, "rdmaps failover shard v1\nepoch 2\nprimary q:2\nbackup -\n");
+}
+
+}  // namespace
+}  // namespace rdmaps::internal
+
+namespace rdmaps::internal {
+namespace {
+
+// On an etcd with its default flags a lease is at least 2 s, yet a primary
+// that stops beating is found within lease_ttl (750 ms) by the backup's own
+// clock while its lease still holds.
+TEST_F(EtcdDefaultsTest, AHungPrimaryIsDetectedByItsHeartbeatWithinTheTtl) {
+  auto grant = Open("defaults/")->GrantLease(milliseconds(750), In(seconds(5)));
+  ASSERT_TRUE(grant.ok()) << grant.status();
+  EXPECT_GE(grant->ttl, seconds(2)) << "etcd's default minimum TTL";
+  auto open = [&]() -> std::shared_ptr<FailoverDecider> {
+    std::shared_ptr<Coordinator> c = Open("defaults-job/");
+    if (!c) return nullptr;
+    return std::make_shared<CoordFailoverDecider>(c);  // lease_ttl 750 ms
+  };
+  failover_cases::AHungPrimaryIsDetectedByItsHeartbeat(open, kDefaultLeaseTtl);
 }
 
 }  // namespace

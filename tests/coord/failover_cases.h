@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "rdmaps/failover.h"
+#include "src/cluster/coord_failover.h"
 
 namespace rdmaps::internal::failover_cases {
 
@@ -113,6 +114,71 @@ inline void WatchFiresWhenThePrimaryLeaseGoes(const OpenDecider& open) {
   EXPECT_EQ(fired.load(), 1);
   watch->reset();
   EXPECT_EQ(fired.load(), 1);
+}
+
+// A primary that still renews its lease but no longer beats (what a hung
+// primary looks like while a coordinator such as etcd stretches its lease
+// to seconds): the backup's watch fires on its own clock while the lease
+// key is still there, never sooner than lease_ttl after the last beat.
+// Without the heartbeat timer it never fires. `open` must give deciders
+// whose primaries beat (a stretching coordinator, or Heartbeat::kAlways).
+inline void AHungPrimaryIsDetectedByItsHeartbeat(const OpenDecider& open,
+                                                 std::chrono::milliseconds ttl) {
+  using Clock = std::chrono::steady_clock;
+  auto primary = open();
+  auto backup = open();
+  auto* coord_primary = dynamic_cast<CoordFailoverDecider*>(primary.get());
+  ASSERT_NE(coord_primary, nullptr);
+  Coordinator& coord = coord_primary->coordinator();
+  ASSERT_TRUE(primary->Register(6, "p:1", "q:2").ok());
+  auto mod_now = [&]() -> std::int64_t {
+    auto r = coord.Get(FailoverLeaseKey(6), Clock::now() + std::chrono::seconds(5));
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() && r->kv ? r->kv->mod_revision : 0;
+  };
+  std::atomic<bool> fired{false};
+  std::atomic<Clock::rep> fired_at{0};
+  auto watch = backup->WatchPrimary(6, [&] {
+    fired_at.store(Clock::now().time_since_epoch().count());
+    fired.store(true);
+  });
+  ASSERT_TRUE(watch.ok()) << watch.status();
+  // Reads of the key, remembering the start of the last read that showed
+  // the key before its latest change: that change (the last beat the
+  // watch can have seen) was committed after it.
+  std::int64_t last = 0;
+  Clock::time_point before_last_change{}, previous_read = Clock::now();
+  auto observe = [&] {
+    const auto started = Clock::now();
+    const std::int64_t m = mod_now();
+    if (m != last) {
+      last = m;
+      before_last_change = previous_read;
+    }
+    previous_read = started;
+  };
+  observe();
+  const std::int64_t at_start = last;
+  ASSERT_NE(at_start, 0);
+  // One heartbeat after the watch started: it has seen the key beat.
+  const auto until = Clock::now() + std::chrono::seconds(20);
+  while (last == at_start && Clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));  // polling a key, with a deadline
+    observe();
+  }
+  ASSERT_NE(last, at_start) << "the primary never beat";
+  ASSERT_TRUE(coord_primary->TEST_PauseHeartbeat(6, true));
+  // (A beat still in flight at the pause may land: observed too.)
+  while (!fired.load() && Clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));  // polling, with a deadline
+    observe();
+  }
+  ASSERT_TRUE(fired.load()) << "no heartbeat for seconds and the watch never fired";
+  const Clock::time_point fired_time{Clock::duration(fired_at.load())};
+  EXPECT_GE(fired_time - before_last_change, ttl);
+  // The lease itself is still held (renewed): only the heartbeat told.
+  EXPECT_NE(mod_now(), 0);
+  watch->reset();
 }
 
 }  // namespace rdmaps::internal::failover_cases

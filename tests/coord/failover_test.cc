@@ -66,6 +66,37 @@ TEST(CoordFailoverTest, RecordRoundTripsAndHostileRecordsAreDataLoss) {
   }
 }
 
+// Every truncation and every byte of a valid record replaced by each of a
+// few hostile bytes: DataLoss naming the key, or a record that re-encodes to
+// exactly the text parsed (never a crash, never a half-read record).
+TEST(CoordFailoverTest, EveryTruncationAndByteFlipIsDataLossOrExact) {
+  ShardAssignment a;
+  a.shard = 4;
+  a.epoch = 12;
+  a.primary = "10.0.0.5:7470";
+  a.backup = "10.0.0.6:7470";
+  const std::string text = EncodeFailoverRecord(a);
+  auto check = [](const std::string& t) {
+    auto r = ParseFailoverRecord(4, t);
+    if (r.ok()) {
+      EXPECT_EQ(EncodeFailoverRecord(*r), t);
+      EXPECT_GE(r->epoch, 1u);
+      EXPECT_NE(r->primary, r->backup);
+    } else {
+      EXPECT_EQ(r.status().code(), StatusCode::kDataLoss) << r.status();
+      EXPECT_NE(r.status().message().find("failover/shard/4"), std::string::npos);
+    }
+  };
+  for (std::size_t n = 0; n < text.size(); ++n) check(text.substr(0, n));
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    for (char c : {'\0', '\n', ' ', '-', '0', '9', 'x', '\x7f', '\xff'}) {
+      std::string t = text;
+      t[i] = c;
+      check(t);
+    }
+  }
+}
+
 TEST(CoordFailoverTest, RegisterRules) {
   auto open = Opener("failover-register");
   auto d = open();
@@ -111,6 +142,44 @@ TEST(CoordFailoverTest, WaiterWakesOnPromotion) {
 
 TEST(CoordFailoverTest, WatchFiresWhenThePrimaryLeaseGoes) {
   failover_cases::WatchFiresWhenThePrimaryLeaseGoes(Opener("failover-watch"));
+}
+
+// The memory store's leases are exact, so its primaries do not beat unless
+// told to (kAlways): the heartbeat timer on a store whose lease never ends.
+TEST(CoordFailoverTest, AHungPrimaryIsDetectedByItsHeartbeat) {
+  auto store = MemoryCoordinator::Open({.name = "failover-heartbeat", .fake_clock = true});
+  CoordFailoverOptions o;
+  o.heartbeat = LeaseKeeperOptions::Heartbeat::kAlways;
+  failover_cases::AHungPrimaryIsDetectedByItsHeartbeat(
+      [&]() -> std::shared_ptr<FailoverDecider> {
+        return std::make_shared<CoordFailoverDecider>(std::shared_ptr<Coordinator>(store->Share()),
+                                                      o);
+      },
+      kDefaultLeaseTtl);
+}
+
+// Exact leases (the embedded coordinators): no heartbeat writes, and a
+// watch that never saw the key change does not time it (it waits for the
+// lease to go).
+TEST(CoordFailoverTest, ExactLeasesNeedNoHeartbeat) {
+  auto store = MemoryCoordinator::Open({.name = "failover-exact", .fake_clock = true});
+  auto primary =
+      std::make_shared<CoordFailoverDecider>(std::shared_ptr<Coordinator>(store->Share()));
+  auto backup =
+      std::make_shared<CoordFailoverDecider>(std::shared_ptr<Coordinator>(store->Share()));
+  ASSERT_TRUE(primary->Register(0, "p:1", "q:2").ok());
+  auto before = store->Get(FailoverLeaseKey(0), CoordClock::now() + milliseconds(1000));
+  ASSERT_TRUE(before.ok() && before->kv);
+  std::atomic<int> fired{0};
+  auto watch = backup->WatchPrimary(0, [&] { ++fired; });
+  ASSERT_TRUE(watch.ok() && *watch);
+  // Several renewals later (real time; the fake clock holds the lease).
+  auto waited = backup->WaitForEpochAfter(0, 1, CoordClock::now() + 2 * kDefaultLeaseTtl);
+  EXPECT_EQ(waited.status().code(), StatusCode::kTimedOut);
+  auto after = store->Get(FailoverLeaseKey(0), CoordClock::now() + milliseconds(1000));
+  ASSERT_TRUE(after.ok() && after->kv);
+  EXPECT_EQ(after->kv->mod_revision, before->kv->mod_revision) << "a heartbeat write";
+  EXPECT_EQ(fired.load(), 0);
 }
 
 // A hung primary: its lease is not renewed while the (fake) clock runs past

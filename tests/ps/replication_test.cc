@@ -39,10 +39,11 @@ struct Replicated {
 // Per shard a backup, then its primary; then the workers.
 void Start(Replicated* c, const std::string& transport, std::uint32_t S, std::uint32_t W,
            const std::vector<TableOptions>& tables, milliseconds wait_timeout = seconds(20),
-           const std::string& checkpoint_dir = "") {
+           const std::string& checkpoint_dir = "", std::uint64_t checkpoint_every = 0) {
   for (std::uint32_t i = 0; i < S; ++i) {
     ServerOptions b = MakeServerOptions(transport, i, S, W, tables);
     b.checkpoint_dir = checkpoint_dir;
+    b.checkpoint_every = checkpoint_every;
     b.replicas = 2;
     b.replica_role = ReplicaRole::kBackup;
     b.failover = c->decider;
@@ -51,6 +52,7 @@ void Start(Replicated* c, const std::string& transport, std::uint32_t S, std::ui
     ASSERT_TRUE(backup.ok()) << backup.status();
     ServerOptions p = MakeServerOptions(transport, i, S, W, tables);
     p.checkpoint_dir = checkpoint_dir;
+    p.checkpoint_every = checkpoint_every;
     p.replicas = 2;
     p.backup_address = (*backup)->address();
     p.failover = c->decider;
@@ -380,6 +382,65 @@ TEST_P(ReplicationTest, CheckpointAcrossAFailoverFailsRetryablyThenCompletes) {
     ASSERT_TRUE(read.ok()) << read;
     for (float v : local) ASSERT_EQ(v, float{W});
   }
+}
+
+// A backup passes each checkpoint cut at the log record that completed it
+// on its primary. Here its apply thread is paused while two workers clock
+// through cuts at 2 and 4, so it applies their records in one batch, in
+// which the record completing a cut is followed by later clocks. (It
+// passed cuts once per batch: the cut at 2 was overtaken and waited out
+// checkpoint_timeout, and once promoted this backup took no checkpoint
+// meanwhile: the fault matrix's checkpoint cell, under load.) After the
+// primary's death the promoted backup must take the cut at 6 in time.
+TEST_P(ReplicationTest, APromotedBackupTakesTheCutsAfterABatchOfPassedOnes) {
+  constexpr std::uint32_t W = 2;
+  char tmpl[] = "/tmp/rdmaps-repl-cut-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  struct Remove {
+    std::string path;
+    ~Remove() {
+      std::error_code ec;
+      std::filesystem::remove_all(path, ec);
+    }
+  } remove{dir};
+  Replicated c;
+  // checkpoint_timeout stays 600 s: only a cut passed in time counts.
+  Start(&c, GetParam(), 1, W, {MakeTable(1, "count", 8, 4, 0)}, seconds(20), dir, 2);
+  ASSERT_FALSE(HasFatalFailure());
+  const std::vector<float> minus_one(8 * 4, -1.0f);
+  auto run = [&](int clocks, bool push) {
+    std::vector<Status> st(W);
+    std::vector<std::thread> ts;
+    for (std::uint32_t w = 0; w < W; ++w) {
+      ts.emplace_back([&, w] {
+        for (int i = 0; i < clocks && st[w].ok(); ++i) {
+          if (push) st[w] = c.clients[w]->Push(1, RowRange{0, 8}, minus_one);
+          if (st[w].ok()) st[w] = c.clients[w]->Clock().status();
+        }
+      });
+    }
+    for (auto& t : ts) t.join();
+    for (std::uint32_t w = 0; w < W; ++w)
+      ASSERT_TRUE(st[w].ok()) << "worker " << w << ": " << st[w];
+  };
+  internal::TEST_PauseApply(*c.backups[0], true);
+  // Clocks 1..3 (6 records: the backup's log ring holds push_slots = 8):
+  // the primary takes the cut at 2.
+  run(3, false);
+  ASSERT_FALSE(HasFatalFailure());
+  const std::uint64_t records = c.backups[0]->stats().log_records;
+  internal::TEST_PauseApply(*c.backups[0], false);
+  // Every record of those clocks applied at the backup, then the primary
+  // dies.
+  ASSERT_TRUE(Eventually([&] { return c.backups[0]->stats().log_records >= records + 6; }));
+  internal::TEST_Kill(*c.primaries[0]);
+  run(5, true);  // clocks 4..8 at the promoted backup
+  ASSERT_FALSE(HasFatalFailure());
+  ASSERT_TRUE(c.clients[0]->Flush().ok());
+  const std::string cut6 = dir + "/" + internal::CheckpointName(6);
+  EXPECT_TRUE(Eventually([&] { return internal::OpenCheckpoint(cut6).ok(); }))
+      << cut6 << " not written: the promoted backup still held an overtaken cut";
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, ReplicationTest, ::testing::Values("fake", "tcp"));
