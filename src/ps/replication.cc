@@ -171,6 +171,7 @@ Status LogSender::WaitCredit(std::uint64_t need, std::vector<Op>* ops, Deadline 
     ops->push_back(Op::Read(ctl, staging_mr_.get(), sizeof(LogControl), backup_.control.addr,
                             backup_.control.rkey, kReadContext));
     read_pending_ = true;
+    credit_reads_.fetch_add(1, std::memory_order_relaxed);
     RDMAPS_RETURN_IF_ERROR(Flush(ops));
     RDMAPS_RETURN_IF_ERROR(Drain(0, true, deadline));
     LogControl c;
@@ -241,6 +242,7 @@ Status LogSender::Post(std::span<const Item> items) {
           Op::WriteWithImm(hdr, staging_mr_.get(), kLogRecordBytes, at, backup_.ring.rkey, imm));
     }
     ops.back().context = index;
+    writes_.fetch_add(1, std::memory_order_relaxed);
     ++next_index_;
   }
   if (Status st = Flush(&ops); !st.ok()) return Lost(st);

@@ -279,6 +279,9 @@ class LogSender {
   bool alone() const { return alone_; }
   std::uint64_t epoch() const { return epoch_.load(); }
   std::uint64_t forwarded() const { return next_index_ - 1; }
+  // Log WRITEs and credit READs posted since Start (any thread).
+  std::uint64_t writes() const { return writes_.load(std::memory_order_relaxed); }
+  std::uint64_t credit_reads() const { return credit_reads_.load(std::memory_order_relaxed); }
   // Records posted together at most.
   static constexpr std::size_t kMaxBatch = 64;
   // In-process kill (tests): never asks the decider again; every later
@@ -327,6 +330,8 @@ class LogSender {
   std::atomic<bool> fenced_{false};
   std::atomic<bool> killed_{false};
   std::atomic<std::uint64_t> epoch_{1};
+  std::atomic<std::uint64_t> writes_{0};
+  std::atomic<std::uint64_t> credit_reads_{0};
 };
 
 // The backup's side.

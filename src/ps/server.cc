@@ -117,8 +117,16 @@ class ServerImpl final : public Server {
   Status RunUntil(Deadline deadline) override;
   void Stop() override;
   ServerStats stats() const override {
-    MutexLock lock(mu_);
-    return stats_;
+    ServerStats s;
+    {
+      MutexLock lock(mu_);
+      s = stats_;
+    }
+    if (log_sender_) {
+      s.log_writes = log_sender_->writes();
+      s.log_credit_reads = log_sender_->credit_reads();
+    }
+    return s;
   }
   Status ReadLocal(std::uint32_t table, RowRange range, std::vector<float>* out) const override;
   void RequestCheckpoint() override { ++trigger_requests_; }
@@ -299,7 +307,7 @@ class ServerImpl final : public Server {
     std::chrono::steady_clock::time_point start;
   };
   std::unique_ptr<Catchup> catchup_;  // set in Init
-  AlignedBuffer death_slot_;  // ForwardDeath's record body (a SlotHeader)
+  AlignedBuffer death_slot_;          // ForwardDeath's record body (a SlotHeader)
   std::unique_ptr<transport::MemoryRegion> death_slot_mr_;
 
   // Apply thread only. apply_mu_ guards the shards' contents (behind
