@@ -294,7 +294,7 @@ struct Notification {
   Kind kind = Kind::kImmediate;
   std::uint32_t peer_id = 0;
   std::uint32_t imm = 0;
-  std::uint32_t length = 0;  // Bytes the WRITE_WITH_IMM carried.
+  std::uint32_t length = 0;      // Bytes the WRITE_WITH_IMM carried.
   std::uint64_t connection = 0;  // PeerInfo::connection of the accepted connection
 };
 
@@ -319,6 +319,11 @@ class Connection {
   // returns how many were moved (0 only at the deadline). Returns
   // FailedPrecondition at once when nothing is outstanding.
   virtual Result<std::size_t> Wait(std::span<Completion> out, Deadline deadline) = 0;
+
+  // How long this connection's Wait spins before sleeping (the endpoint's
+  // EndpointOptions::busy_poll until set). Not concurrently with Wait. A
+  // backend that never spins (fake) ignores it.
+  virtual void set_busy_poll(std::chrono::microseconds spin) { (void)spin; }
 
   // Ops posted whose completions have not been polled yet.
   virtual std::size_t outstanding() const = 0;

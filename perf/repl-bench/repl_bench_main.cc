@@ -50,9 +50,12 @@ DEFINE_int32(repeat, 3, "push runs of each kind (median reported)");
 DEFINE_int32(drills, 20, "failover drills");
 DEFINE_int32(catchup_mib, 64, "catch-up: MiB of table rows (Adam: the state doubles it); 0 skips");
 DEFINE_int32(catchup_repeat, 3, "catch-up runs (median reported)");
-DEFINE_int32(busy_poll_us, -1,
-             "completion waits' spin (EndpointOptions::busy_poll) of every server and the "
-             "worker; -1: the library's default");
+DEFINE_int32(server_busy_poll_us, -1,
+             "completion waits' spin (TransportOptions::busy_poll) of the servers; -1: the "
+             "library's default");
+DEFINE_int32(worker_busy_poll_us, -1, "the same for the worker");
+DEFINE_int32(log_busy_poll_us, -1,
+             "ServerOptions::log_busy_poll of the primary; -1: the library's default");
 DEFINE_bool(json, false, "print one JSON object instead of a table");
 
 namespace {
@@ -98,8 +101,9 @@ Shard StartShard(const rdmaps::TableOptions& table, bool replicated) {
   ServerOptions o;
   o.transport.transport = FLAGS_transport;
   o.transport.job_token = "repl-bench";
-  if (FLAGS_busy_poll_us >= 0)
-    o.transport.busy_poll = std::chrono::microseconds(FLAGS_busy_poll_us);
+  if (FLAGS_server_busy_poll_us >= 0) {
+    o.transport.busy_poll = std::chrono::microseconds(FLAGS_server_busy_poll_us);
+  }
   o.listen_address = Listen();
   o.tables = {table};
   o.exit_when_workers_done = false;
@@ -111,12 +115,18 @@ Shard StartShard(const rdmaps::TableOptions& table, bool replicated) {
     b.failover = s.decider;
     s.backup = Must(Server::Start(b), "starting the backup");
     o.replicas = 2;
+    if (FLAGS_log_busy_poll_us >= 0) {
+      o.log_busy_poll = std::chrono::microseconds(FLAGS_log_busy_poll_us);
+    }
     o.backup_address = s.backup->address();
     o.failover = s.decider;
   }
   s.primary = Must(Server::Start(o), "starting the primary");
   ClientOptions c;
   c.transport = o.transport;
+  if (FLAGS_worker_busy_poll_us >= 0) {
+    c.transport.busy_poll = std::chrono::microseconds(FLAGS_worker_busy_poll_us);
+  }
   c.servers = {s.primary->address()};
   c.failover = s.decider;
   c.wait_timeout = std::chrono::seconds(30);

@@ -77,6 +77,7 @@ Status LogSender::Connect(const std::string& backup_address, Deadline deadline) 
     auto r = endpoint_->Connect(backup_address, copts, deadline);
     if (r.ok()) {
       conn_ = std::move(r).value();
+      conn_->set_busy_poll(busy_poll_);
       break;
     }
     if (r.status().code() != StatusCode::kUnavailable || SteadyClock::now() >= deadline) {
@@ -317,6 +318,7 @@ Status LogSender::AttachCandidate(std::unique_ptr<transport::Connection>& conn,
   RDMAPS_RETURN_IF_ERROR(AllocateStaging());
   if (conn_) conn_->Close();
   conn_ = std::move(conn);
+  conn_->set_busy_poll(busy_poll_);
   backup_ = ring;
   acked_index_ = next_index_ - 1;
   // A fresh connection: nothing of it is in flight (records posted while

@@ -192,6 +192,14 @@ struct LogControl {
 };
 static_assert(sizeof(LogControl) == 16);
 
+// Records of a backup's log ring: two per push slot, so that the backup's
+// apply may lag the primary's by more than a worker's push ring before the
+// primary waits for credits (with push_slots records, a run of 4 MiB
+// pushes, 69 slots each, stalled on them several times per push).
+inline std::uint32_t LogSlots(std::uint32_t push_slots) {
+  return push_slots <= UINT32_MAX / 2 ? 2 * push_slots : push_slots;
+}
+
 // Bytes of slot `h` a primary forwards (header and payload): rows of
 // `dim` floats (0: not a data slot of a known table), at most slot_bytes.
 std::size_t UsedSlotBytes(const SlotHeader& h, std::uint32_t dim, std::uint32_t slot_bytes);
@@ -210,12 +218,16 @@ Status CheckLogBootstrap(const LogBootstrap& b, std::uint32_t shard, std::uint32
 // The primary's side. Apply thread only, after Connect (Init).
 class LogSender {
  public:
+  // busy_poll: how long a wait for log WRITE completions spins
+  // (ServerOptions::log_busy_poll).
   LogSender(transport::Endpoint* endpoint, std::uint32_t shard, std::uint32_t push_slot_bytes,
-            std::chrono::milliseconds op_timeout, std::shared_ptr<FailoverDecider> decider)
+            std::chrono::milliseconds op_timeout, std::chrono::microseconds busy_poll,
+            std::shared_ptr<FailoverDecider> decider)
       : endpoint_(endpoint),
         shard_(shard),
         push_slot_bytes_(push_slot_bytes),
         op_timeout_(op_timeout),
+        busy_poll_(busy_poll),
         decider_(std::move(decider)) {}
 
   // Connects to the backup at `backup_address` (retrying while it does not
@@ -308,6 +320,7 @@ class LogSender {
   const std::uint32_t shard_;
   const std::uint32_t push_slot_bytes_;
   const std::chrono::milliseconds op_timeout_;
+  const std::chrono::microseconds busy_poll_;
   const std::shared_ptr<FailoverDecider> decider_;
   std::string self_;
   std::unique_ptr<transport::Connection> conn_;
