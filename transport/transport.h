@@ -294,7 +294,7 @@ struct Notification {
   Kind kind = Kind::kImmediate;
   std::uint32_t peer_id = 0;
   std::uint32_t imm = 0;
-  std::uint32_t length = 0;      // Bytes the WRITE_WITH_IMM carried.
+  std::uint32_t length = 0;  // Bytes the WRITE_WITH_IMM carried.
   std::uint64_t connection = 0;  // PeerInfo::connection of the accepted connection
 };
 

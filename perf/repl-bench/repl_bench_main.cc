@@ -6,7 +6,10 @@
 //            (primary and backup in this process, over --transport), runs
 //            alternating, --repeat times; median pushes/s of each and the
 //            ratio replicated / unreplicated. Each run ends with a Flush,
-//            so every push counted is acknowledged.
+//            so every push counted is acknowledged. Per push (of the run
+//            of median throughput): process CPU, the worker thread's part,
+//            and the primary's slots, log records, log WRITEs, credit
+//            READs and both apply loops' notification batches.
 //   catchup  --catchup_repeat times: a replicated shard of an Adam table of
 //            --catchup_mib MiB of rows loses its primary; the promoted
 //            backup serves alone while a worker keeps pushing; a
@@ -134,9 +137,9 @@ Shard StartShard(const rdmaps::TableOptions& table, bool replicated) {
   return s;
 }
 
-// Process CPU time (user + sys, every thread: worker, servers, progress
-// threads), in seconds.
-// who: RUSAGE_SELF, or RUSAGE_THREAD (the calling thread: the worker).
+// CPU time (user + sys) in seconds of `who`: RUSAGE_SELF, the process
+// (every thread: worker, servers, progress threads), or RUSAGE_THREAD, the
+// calling thread (the worker).
 double CpuSeconds(int who = RUSAGE_SELF) {
   rusage u{};
   ::getrusage(who, &u);

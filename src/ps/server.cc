@@ -307,7 +307,7 @@ class ServerImpl final : public Server {
     std::chrono::steady_clock::time_point start;
   };
   std::unique_ptr<Catchup> catchup_;  // set in Init
-  AlignedBuffer death_slot_;          // ForwardDeath's record body (a SlotHeader)
+  AlignedBuffer death_slot_;  // ForwardDeath's record body (a SlotHeader)
   std::unique_ptr<transport::MemoryRegion> death_slot_mr_;
 
   // Apply thread only. apply_mu_ guards the shards' contents (behind
