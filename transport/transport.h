@@ -320,6 +320,11 @@ class Connection {
   // FailedPrecondition at once when nothing is outstanding.
   virtual Result<std::size_t> Wait(std::span<Completion> out, Deadline deadline) = 0;
 
+  // How long this connection's Wait spins before sleeping (the endpoint's
+  // EndpointOptions::busy_poll until set). Not concurrently with Wait. A
+  // backend that never spins (fake) ignores it.
+  virtual void set_busy_poll(std::chrono::microseconds spin) { (void)spin; }
+
   // Ops posted whose completions have not been polled yet.
   virtual std::size_t outstanding() const = 0;
   virtual std::size_t max_outstanding() const = 0;

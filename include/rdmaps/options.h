@@ -133,6 +133,13 @@ struct ServerOptions {
   // A primary with replicas == 2: the address its backup listens on
   // (Server::address() of the backup, started first).
   std::string backup_address;
+  // How long a primary's wait for its log WRITEs (the backup holds them)
+  // spins before sleeping, instead of transport.busy_poll. 0 (default):
+  // sleep at once. The wait is a round trip through the backup's process
+  // (tens of microseconds on tcp); spinning through it takes a core from
+  // the backup and the workers where cores are few (docs/perf.md,
+  // "repl-bench"). Raise it where every thread has a core of its own.
+  std::chrono::microseconds log_busy_poll{0};
   // Where the primary registers its shard and the survivor of a lost peer
   // asks who serves next (the job's coordinator, or
   // rdmaps::NewEmbeddedFailoverDecider() in one process).

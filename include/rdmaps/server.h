@@ -50,6 +50,11 @@ struct ServerStats {
   // Replication: slots forwarded to the backup (a primary) or applied from
   // the primary's log (a backup).
   std::uint64_t log_records = 0;
+  // A primary: log WRITEs posted to its backup (each one transfer and one
+  // completion; log_records / log_writes records per WRITE) and READs of
+  // the backup's applied index (credits).
+  std::uint64_t log_writes = 0;
+  std::uint64_t log_credit_reads = 0;
   // Re-protection, on a replacement backup: bytes of shard state (rows,
   // optimizer state, worker words) copied from the primary's snapshot, and
   // the time from its Start until it was in sync (0 until then).

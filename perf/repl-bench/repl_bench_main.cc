@@ -6,7 +6,10 @@
 //            (primary and backup in this process, over --transport), runs
 //            alternating, --repeat times; median pushes/s of each and the
 //            ratio replicated / unreplicated. Each run ends with a Flush,
-//            so every push counted is acknowledged.
+//            so every push counted is acknowledged. Per push (of the run
+//            of median throughput): process CPU, the worker thread's part,
+//            and the primary's slots, log records, log WRITEs, credit
+//            READs and both apply loops' notification batches.
 //   catchup  --catchup_repeat times: a replicated shard of an Adam table of
 //            --catchup_mib MiB of rows loses its primary; the promoted
 //            backup serves alone while a worker keeps pushing; a
@@ -23,12 +26,14 @@
 //            and max.
 // Output: a table, or one JSON object (--json).
 #include <gflags/gflags.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <atomic>
 #include <charconv>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <sstream>
@@ -48,6 +53,12 @@ DEFINE_int32(repeat, 3, "push runs of each kind (median reported)");
 DEFINE_int32(drills, 20, "failover drills");
 DEFINE_int32(catchup_mib, 64, "catch-up: MiB of table rows (Adam: the state doubles it); 0 skips");
 DEFINE_int32(catchup_repeat, 3, "catch-up runs (median reported)");
+DEFINE_int32(server_busy_poll_us, -1,
+             "completion waits' spin (TransportOptions::busy_poll) of the servers; -1: the "
+             "library's default");
+DEFINE_int32(worker_busy_poll_us, -1, "the same for the worker");
+DEFINE_int32(log_busy_poll_us, -1,
+             "ServerOptions::log_busy_poll of the primary; -1: the library's default");
 DEFINE_bool(json, false, "print one JSON object instead of a table");
 
 namespace {
@@ -93,6 +104,9 @@ Shard StartShard(const rdmaps::TableOptions& table, bool replicated) {
   ServerOptions o;
   o.transport.transport = FLAGS_transport;
   o.transport.job_token = "repl-bench";
+  if (FLAGS_server_busy_poll_us >= 0) {
+    o.transport.busy_poll = std::chrono::microseconds(FLAGS_server_busy_poll_us);
+  }
   o.listen_address = Listen();
   o.tables = {table};
   o.exit_when_workers_done = false;
@@ -104,12 +118,18 @@ Shard StartShard(const rdmaps::TableOptions& table, bool replicated) {
     b.failover = s.decider;
     s.backup = Must(Server::Start(b), "starting the backup");
     o.replicas = 2;
+    if (FLAGS_log_busy_poll_us >= 0) {
+      o.log_busy_poll = std::chrono::microseconds(FLAGS_log_busy_poll_us);
+    }
     o.backup_address = s.backup->address();
     o.failover = s.decider;
   }
   s.primary = Must(Server::Start(o), "starting the primary");
   ClientOptions c;
   c.transport = o.transport;
+  if (FLAGS_worker_busy_poll_us >= 0) {
+    c.transport.busy_poll = std::chrono::microseconds(FLAGS_worker_busy_poll_us);
+  }
   c.servers = {s.primary->address()};
   c.failover = s.decider;
   c.wait_timeout = std::chrono::seconds(30);
@@ -117,8 +137,28 @@ Shard StartShard(const rdmaps::TableOptions& table, bool replicated) {
   return s;
 }
 
-// Pushes of `floats` for about FLAGS_seconds; pushes per second.
-double PushRate(std::uint64_t floats, bool replicated) {
+// CPU time (user + sys) in seconds of `who`: RUSAGE_SELF, the process
+// (every thread: worker, servers, progress threads), or RUSAGE_THREAD, the
+// calling thread (the worker).
+double CpuSeconds(int who = RUSAGE_SELF) {
+  rusage u{};
+  ::getrusage(who, &u);
+  auto secs = [](const timeval& t) { return static_cast<double>(t.tv_sec) + t.tv_usec * 1e-6; };
+  return secs(u.ru_utime) + secs(u.ru_stime);
+}
+
+struct PushRun {
+  double per_s = 0;
+  double cpu_us = 0;         // process CPU per push
+  double worker_cpu_us = 0;  // of it, the worker's thread (the rest: the servers')
+  // Per push: slots the primary applied, log records and WRITEs it sent,
+  // credit READs, notification batches of the primary's and the backup's
+  // apply loop.
+  double slots = 0, records = 0, writes = 0, reads = 0, primary_batches = 0, backup_batches = 0;
+};
+
+// Pushes of `floats` for about FLAGS_seconds.
+PushRun PushRate(std::uint64_t floats, bool replicated) {
   const rdmaps::TableOptions t = Table(floats);
   Shard s = StartShard(t, replicated);
   std::vector<float> grads(t.rows * t.dim, 1e-3f);
@@ -131,6 +171,10 @@ double PushRate(std::uint64_t floats, bool replicated) {
   }
   if (auto st = s.client->Flush(); !st.ok()) Die("Flush", st);
   std::uint64_t n = 0;
+  const rdmaps::ServerStats p0 = s.primary->stats();
+  const rdmaps::ServerStats b0 = replicated ? s.backup->stats() : rdmaps::ServerStats{};
+  const double cpu0 = CpuSeconds();
+  const double worker0 = CpuSeconds(RUSAGE_THREAD);
   const auto t0 = Clock::now();
   const auto until = t0 + std::chrono::duration<double>(FLAGS_seconds);
   while (Clock::now() < until) {
@@ -140,12 +184,31 @@ double PushRate(std::uint64_t floats, bool replicated) {
   }
   if (auto st = s.client->Flush(); !st.ok()) Die("Flush", st);
   const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  const double cpu = CpuSeconds() - cpu0;
+  const double worker_cpu = CpuSeconds(RUSAGE_THREAD) - worker0;
+  const rdmaps::ServerStats p1 = s.primary->stats();
+  const rdmaps::ServerStats b1 = replicated ? s.backup->stats() : rdmaps::ServerStats{};
   (void)s.client->Close();
-  return static_cast<double>(n) / secs;
+  const auto per = [&](std::uint64_t a, std::uint64_t b) {
+    return static_cast<double>(b - a) / static_cast<double>(n);
+  };
+  PushRun run;
+  run.per_s = static_cast<double>(n) / secs;
+  run.cpu_us = cpu * 1e6 / static_cast<double>(n);
+  run.worker_cpu_us = worker_cpu * 1e6 / static_cast<double>(n);
+  run.slots = per(p0.pushes_applied, p1.pushes_applied);
+  run.records = per(p0.log_records, p1.log_records);
+  run.writes = per(p0.log_writes, p1.log_writes);
+  run.reads = per(p0.log_credit_reads, p1.log_credit_reads);
+  run.primary_batches = per(p0.apply_batches, p1.apply_batches);
+  run.backup_batches = per(b0.apply_batches, b1.apply_batches);
+  return run;
 }
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
+// The run of median throughput.
+PushRun MedianRun(std::vector<PushRun> v) {
+  std::sort(v.begin(), v.end(),
+            [](const PushRun& a, const PushRun& b) { return a.per_s < b.per_s; });
   return v[v.size() / 2];
 }
 
@@ -280,17 +343,19 @@ int main(int argc, char** argv) {
   }
   struct Row {
     std::uint64_t bytes;
-    double plain, replicated;
+    PushRun plain, replicated;
   };
   std::vector<Row> rows;
   for (std::uint64_t b : sizes) {
-    std::vector<double> plain, repl;
+    std::vector<PushRun> plain, repl;
     for (int r = 0; r < FLAGS_repeat; ++r) {
       plain.push_back(PushRate(b / 4, false));
       repl.push_back(PushRate(b / 4, true));
     }
-    rows.push_back({b, Median(plain), Median(repl)});
+    rows.push_back({b, MedianRun(plain), MedianRun(repl)});
   }
+  double load[3] = {0, 0, 0};
+  if (::getloadavg(load, 3) < 1) load[0] = -1;
   std::vector<Catchup> catchups;
   for (int i = 0; FLAGS_catchup_mib > 0 && i < FLAGS_catchup_repeat; ++i) {
     catchups.push_back(CatchupRun());
@@ -309,13 +374,23 @@ int main(int argc, char** argv) {
   const double p50 = drills.empty() ? 0 : drills[drills.size() / 2];
   const double max = drills.empty() ? 0 : drills.back();
   if (FLAGS_json) {
-    std::printf("{\"transport\":\"%s\",\"push\":[", FLAGS_transport.c_str());
+    std::printf("{\"transport\":\"%s\",\"load_average\":%.2f,\"push\":[", FLAGS_transport.c_str(),
+                load[0]);
     for (std::size_t i = 0; i < rows.size(); ++i) {
+      const PushRun& p = rows[i].plain;
+      const PushRun& r = rows[i].replicated;
       std::printf(
           "%s{\"bytes\":%llu,\"unreplicated_per_s\":%.1f,\"replicated_per_s\":%.1f,"
-          "\"ratio\":%.3f}",
-          i ? "," : "", static_cast<unsigned long long>(rows[i].bytes), rows[i].plain,
-          rows[i].replicated, rows[i].replicated / rows[i].plain);
+          "\"ratio\":%.3f,\"unreplicated_cpu_us\":%.2f,\"replicated_cpu_us\":%.2f,"
+          "\"cpu_ratio\":%.3f,\"unreplicated_worker_cpu_us\":%.2f,"
+          "\"replicated_worker_cpu_us\":%.2f,\"slots_per_push\":%.2f,\"records_per_push\":%.2f,"
+          "\"writes_per_push\":%.3f,\"credit_reads_per_push\":%.3f,"
+          "\"unreplicated_batches_per_push\":%.3f,\"primary_batches_per_push\":%.3f,"
+          "\"backup_batches_per_push\":%.3f}",
+          i ? "," : "", static_cast<unsigned long long>(rows[i].bytes), p.per_s, r.per_s,
+          r.per_s / p.per_s, p.cpu_us, r.cpu_us, r.cpu_us / p.cpu_us, p.worker_cpu_us,
+          r.worker_cpu_us, r.slots, r.records, r.writes, r.reads, p.primary_batches,
+          r.primary_batches, r.backup_batches);
     }
     std::printf(
         "],\"catchup\":{\"runs\":%zu,\"bytes\":%.0f,\"seconds\":%.4f,\"bytes_per_s\":%.0f,"
@@ -327,13 +402,32 @@ int main(int argc, char** argv) {
                 p50, max);
     return 0;
   }
-  std::printf("transport %s, one shard, one worker, medians of %d runs\n", FLAGS_transport.c_str(),
-              FLAGS_repeat);
-  std::printf("%12s %18s %18s %8s\n", "push bytes", "replicas=1 push/s", "replicas=2 push/s",
-              "ratio");
+  std::printf("transport %s, one shard, one worker, medians of %d runs, load average %.2f\n",
+              FLAGS_transport.c_str(), FLAGS_repeat, load[0]);
+  std::printf("%12s %18s %18s %8s %12s %12s %9s\n", "push bytes", "replicas=1 push/s",
+              "replicas=2 push/s", "ratio", "cpu us r=1", "cpu us r=2", "cpu ratio");
   for (const Row& r : rows) {
-    std::printf("%12llu %18.1f %18.1f %8.3f\n", static_cast<unsigned long long>(r.bytes), r.plain,
-                r.replicated, r.replicated / r.plain);
+    std::printf("%12llu %18.1f %18.1f %8.3f %12.2f %12.2f %9.3f\n",
+                static_cast<unsigned long long>(r.bytes), r.plain.per_s, r.replicated.per_s,
+                r.replicated.per_s / r.plain.per_s, r.plain.cpu_us, r.replicated.cpu_us,
+                r.replicated.cpu_us / r.plain.cpu_us);
+  }
+  std::printf("%12s %18s %18s %12s %12s %9s\n", "cpu us/push", "worker r=1", "worker r=2",
+              "servers r=1", "servers r=2", "ratio");
+  for (const Row& r : rows) {
+    const double s1 = r.plain.cpu_us - r.plain.worker_cpu_us;
+    const double s2 = r.replicated.cpu_us - r.replicated.worker_cpu_us;
+    std::printf("%12llu %18.2f %18.2f %12.2f %12.2f %9.3f\n",
+                static_cast<unsigned long long>(r.bytes), r.plain.worker_cpu_us,
+                r.replicated.worker_cpu_us, s1, s2, s2 / s1);
+  }
+  std::printf("%12s %9s %9s %9s %9s %12s %12s %12s\n", "per push", "slots", "records", "writes",
+              "reads", "batches r=1", "primary r=2", "backup r=2");
+  for (const Row& r : rows) {
+    const PushRun& x = r.replicated;
+    std::printf("%12llu %9.2f %9.2f %9.3f %9.3f %12.3f %12.3f %12.3f\n",
+                static_cast<unsigned long long>(r.bytes), x.slots, x.records, x.writes, x.reads,
+                r.plain.primary_batches, x.primary_batches, x.backup_batches);
   }
   if (!catchups.empty()) {
     std::printf(

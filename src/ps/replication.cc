@@ -77,6 +77,7 @@ Status LogSender::Connect(const std::string& backup_address, Deadline deadline) 
     auto r = endpoint_->Connect(backup_address, copts, deadline);
     if (r.ok()) {
       conn_ = std::move(r).value();
+      conn_->set_busy_poll(busy_poll_);
       break;
     }
     if (r.status().code() != StatusCode::kUnavailable || SteadyClock::now() >= deadline) {
@@ -171,6 +172,7 @@ Status LogSender::WaitCredit(std::uint64_t need, std::vector<Op>* ops, Deadline 
     ops->push_back(Op::Read(ctl, staging_mr_.get(), sizeof(LogControl), backup_.control.addr,
                             backup_.control.rkey, kReadContext));
     read_pending_ = true;
+    credit_reads_.fetch_add(1, std::memory_order_relaxed);
     RDMAPS_RETURN_IF_ERROR(Flush(ops));
     RDMAPS_RETURN_IF_ERROR(Drain(0, true, deadline));
     LogControl c;
@@ -241,6 +243,7 @@ Status LogSender::Post(std::span<const Item> items) {
           Op::WriteWithImm(hdr, staging_mr_.get(), kLogRecordBytes, at, backup_.ring.rkey, imm));
     }
     ops.back().context = index;
+    writes_.fetch_add(1, std::memory_order_relaxed);
     ++next_index_;
   }
   if (Status st = Flush(&ops); !st.ok()) return Lost(st);
@@ -315,6 +318,7 @@ Status LogSender::AttachCandidate(std::unique_ptr<transport::Connection>& conn,
   RDMAPS_RETURN_IF_ERROR(AllocateStaging());
   if (conn_) conn_->Close();
   conn_ = std::move(conn);
+  conn_->set_busy_poll(busy_poll_);
   backup_ = ring;
   acked_index_ = next_index_ - 1;
   // A fresh connection: nothing of it is in flight (records posted while

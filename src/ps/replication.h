@@ -203,6 +203,14 @@ struct LogControl {
 };
 static_assert(sizeof(LogControl) == 16);
 
+// Records of a backup's log ring: two per push slot, so that the backup's
+// apply may lag the primary's by more than a worker's push ring before the
+// primary waits for credits (with push_slots records, a run of 4 MiB
+// pushes, 69 slots each, stalled on them several times per push).
+inline std::uint32_t LogSlots(std::uint32_t push_slots) {
+  return push_slots <= UINT32_MAX / 2 ? 2 * push_slots : push_slots;
+}
+
 // Bytes of slot `h` a primary forwards (header and payload): rows of
 // `dim` floats (0: not a data slot of a known table), at most slot_bytes.
 std::size_t UsedSlotBytes(const SlotHeader& h, std::uint32_t dim, std::uint32_t slot_bytes);
@@ -221,12 +229,16 @@ Status CheckLogBootstrap(const LogBootstrap& b, std::uint32_t shard, std::uint32
 // The primary's side. Apply thread only, after Connect (Init).
 class LogSender {
  public:
+  // busy_poll: how long a wait for log WRITE completions spins
+  // (ServerOptions::log_busy_poll).
   LogSender(transport::Endpoint* endpoint, std::uint32_t shard, std::uint32_t push_slot_bytes,
-            std::chrono::milliseconds op_timeout, std::shared_ptr<FailoverDecider> decider)
+            std::chrono::milliseconds op_timeout, std::chrono::microseconds busy_poll,
+            std::shared_ptr<FailoverDecider> decider)
       : endpoint_(endpoint),
         shard_(shard),
         push_slot_bytes_(push_slot_bytes),
         op_timeout_(op_timeout),
+        busy_poll_(busy_poll),
         decider_(std::move(decider)) {}
 
   // Connects to the backup at `backup_address` (retrying while it does not
@@ -290,6 +302,9 @@ class LogSender {
   bool alone() const { return alone_; }
   std::uint64_t epoch() const { return epoch_.load(); }
   std::uint64_t forwarded() const { return next_index_ - 1; }
+  // Log WRITEs and credit READs posted since Start (any thread).
+  std::uint64_t writes() const { return writes_.load(std::memory_order_relaxed); }
+  std::uint64_t credit_reads() const { return credit_reads_.load(std::memory_order_relaxed); }
   // Records posted together at most.
   static constexpr std::size_t kMaxBatch = 64;
   // In-process kill (tests): never asks the decider again; every later
@@ -316,6 +331,7 @@ class LogSender {
   const std::uint32_t shard_;
   const std::uint32_t push_slot_bytes_;
   const std::chrono::milliseconds op_timeout_;
+  const std::chrono::microseconds busy_poll_;
   const std::shared_ptr<FailoverDecider> decider_;
   std::string self_;
   std::unique_ptr<transport::Connection> conn_;
@@ -338,6 +354,8 @@ class LogSender {
   std::atomic<bool> fenced_{false};
   std::atomic<bool> killed_{false};
   std::atomic<std::uint64_t> epoch_{1};
+  std::atomic<std::uint64_t> writes_{0};
+  std::atomic<std::uint64_t> credit_reads_{0};
 };
 
 // The backup's side.

@@ -117,8 +117,16 @@ class ServerImpl final : public Server {
   Status RunUntil(Deadline deadline) override;
   void Stop() override;
   ServerStats stats() const override {
-    MutexLock lock(mu_);
-    return stats_;
+    ServerStats s;
+    {
+      MutexLock lock(mu_);
+      s = stats_;
+    }
+    if (log_sender_) {
+      s.log_writes = log_sender_->writes();
+      s.log_credit_reads = log_sender_->credit_reads();
+    }
+    return s;
   }
   Status ReadLocal(std::uint32_t table, RowRange range, std::vector<float>* out) const override;
   void RequestCheckpoint() override { ++trigger_requests_; }
@@ -407,6 +415,11 @@ Status ValidateServerOptions(const ServerOptions& o) {
     return InvalidArgumentError("ServerOptions.replicas " + std::to_string(o.replicas) +
                                 " must be 1 or 2 (more copies are not built yet)");
   }
+  if (o.log_busy_poll.count() < 0) {
+    return InvalidArgumentError("ServerOptions.log_busy_poll " +
+                                std::to_string(o.log_busy_poll.count()) +
+                                " us is negative; use 0 to sleep at once");
+  }
   if (o.replicas == 2 && o.failover == nullptr) {
     return InvalidArgumentError(
         "ServerOptions.replicas is 2 but ServerOptions.failover is not set: a replicated shard "
@@ -472,8 +485,8 @@ Status ServerImpl::Init() {
   RDMAPS_RETURN_IF_ERROR(RegisterAll());
   if (backup) {
     log_receiver_ = std::make_unique<internal::LogReceiver>(
-        endpoint_.get(), options_.server_index, options_.push_slots, options_.push_slot_bytes,
-        options_.failover);
+        endpoint_.get(), options_.server_index, internal::LogSlots(options_.push_slots),
+        options_.push_slot_bytes, options_.failover);
     std::size_t registered = 0;
     RDMAPS_RETURN_IF_ERROR(log_receiver_->Register(&registered));
     MutexLock lock(mu_);
@@ -485,7 +498,7 @@ Status ServerImpl::Init() {
     forwarded_seq_.assign(slots_, 0);
     log_sender_ = std::make_unique<internal::LogSender>(
         endpoint_.get(), options_.server_index, options_.push_slot_bytes,
-        options_.transport.op_timeout, options_.failover);
+        options_.transport.op_timeout, options_.log_busy_poll, options_.failover);
     if (!backup) {
       RDMAPS_RETURN_IF_ERROR(log_sender_->Connect(options_.backup_address,
                                                   DeadlineAfter(options_.transport.op_timeout)));

@@ -526,6 +526,36 @@ TEST(ReplicationFakeTest, RecordsInFlightAreAppliedOnlyOnceTheBackupHoldsThem) {
   EXPECT_EQ(b.stats().protocol_errors, 0u);
 }
 
+// The backup's log ring holds two push rings' worth of records: with the
+// backup's apply held, a worker still gets 2 * push_slots - 1 single-slot
+// pushes acknowledged without the primary waiting for a free record (no
+// credit READ; with a ring of push_slots records the Flush would wait
+// out its deadline). Released, the backup applies every one.
+TEST(ReplicationFakeTest, LogRingHoldsTwoPushRingsAheadOfTheBackupsApply) {
+  Replicated c;
+  Start(&c, "fake", 1, 1, {MakeTable(1, "count", 8, 4)});
+  ASSERT_FALSE(HasFatalFailure());
+  Server& p = *c.primaries[0];
+  Server& b = *c.backups[0];
+  internal::TEST_PauseApply(b, true);
+  const std::uint32_t push_slots = 8;  // MakeServerOptions'
+  const std::vector<float> one(4, 1.0f);
+  for (std::uint32_t i = 0; i + 1 < 2 * push_slots; ++i) {
+    const Status pushed = c.clients[0]->Push(1, RowRange{0, 1}, one);
+    ASSERT_TRUE(pushed.ok()) << pushed;
+  }
+  const Status flushed = c.clients[0]->Flush();
+  EXPECT_TRUE(flushed.ok()) << flushed;
+  EXPECT_EQ(p.stats().log_credit_reads, 0u);
+  EXPECT_GE(p.stats().log_records, 2 * push_slots - 1);
+  EXPECT_EQ(p.stats().log_writes, p.stats().log_records);
+  internal::TEST_PauseApply(b, false);
+  ASSERT_TRUE(Eventually([&] { return b.stats().log_records == p.stats().log_records; }));
+  std::vector<float> local;
+  ASSERT_TRUE(b.ReadLocal(1, RowRange{0, 1}, &local).ok());
+  EXPECT_EQ(local[0], -static_cast<float>(2 * push_slots - 1));
+}
+
 // The primary is cut off from its backup but stays alive: the decider lets
 // exactly one of them go on, the other acknowledges nothing more, and the
 // worker's pushes all land once on the one that goes on.
@@ -580,6 +610,12 @@ TEST(ReplicationOptionsTest, RefusedWithTheFix) {
   ASSERT_EQ(s.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(s.status().message().find("must be 1 or 2"), std::string::npos) << s.status();
   o.replicas = 2;
+  o.log_busy_poll = std::chrono::microseconds(-1);
+  s = Server::Start(o);
+  ASSERT_EQ(s.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.status().message().find("log_busy_poll -1 us is negative"), std::string::npos)
+      << s.status();
+  o.log_busy_poll = std::chrono::microseconds(0);
   s = Server::Start(o);
   ASSERT_EQ(s.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(s.status().message().find("failover is not set"), std::string::npos) << s.status();

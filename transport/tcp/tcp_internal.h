@@ -184,6 +184,7 @@ class TcpConnection final : public Connection {
   Status Post(std::span<const Op> ops) override;
   std::size_t Poll(std::span<Completion> out) override;
   Result<std::size_t> Wait(std::span<Completion> out, Deadline deadline) override;
+  void set_busy_poll(std::chrono::microseconds spin) override { busy_poll_ = spin; }
   std::size_t outstanding() const override { return pending_.size() + ready_.size(); }
   std::size_t max_outstanding() const override { return max_outstanding_; }
   std::size_t max_segments() const override { return kMaxSegments; }
@@ -229,7 +230,7 @@ class TcpConnection final : public Connection {
   // Constant after construction.
   const std::size_t max_outstanding_;
   const std::chrono::milliseconds op_timeout_;
-  const std::chrono::microseconds busy_poll_;
+  std::chrono::microseconds busy_poll_;  // (set_busy_poll changes it: the caller's thread)
   const RegionTable* const table_;
   const PeerInfo peer_;
   const std::shared_ptr<Inbound> served_;

@@ -369,7 +369,7 @@ Result<std::size_t> VerbsConnection::Wait(std::span<Completion> out, Deadline de
     }
     const auto now = SteadyClock::now();
     if (!clock_read) {
-      spin_until = now + shared_->options.busy_poll;
+      spin_until = now + busy_poll_;
       clock_read = true;
     }
     if (!pending_.empty() && now >= pending_.front().posted + shared_->options.op_timeout) {

@@ -238,6 +238,7 @@ class VerbsConnection final : public Connection {
   Status Post(std::span<const Op> ops) override;
   std::size_t Poll(std::span<Completion> out) override;
   Result<std::size_t> Wait(std::span<Completion> out, Deadline deadline) override;
+  void set_busy_poll(std::chrono::microseconds spin) override { busy_poll_ = spin; }
   std::size_t outstanding() const override { return pending_.size() + ready_.size(); }
   std::size_t max_outstanding() const override { return max_outstanding_; }
   std::size_t max_segments() const override { return max_segments_; }
@@ -294,7 +295,8 @@ class VerbsConnection final : public Connection {
   std::uint32_t qp_num_ = 0;
   std::uint32_t max_inline_ = 0;
   std::size_t max_outstanding_ = 0;
-  std::size_t max_segments_ = 1;  // SGEs per READ: the QP's and the device's limit
+  std::chrono::microseconds busy_poll_;  // Wait's spin (the endpoint's, until set)
+  std::size_t max_segments_ = 1;         // SGEs per READ: the QP's and the device's limit
   std::uint32_t signal_every_ = 1;
   int granted_access_ = 0;  // held back by ConnectQp(hold_remote_access)
 

@@ -40,7 +40,7 @@ std::string FormatLimit(rlim_t v) {
 // --- VerbsConnection -----------------------------------------------------
 
 VerbsConnection::VerbsConnection(std::shared_ptr<Shared> shared, PeerInfo peer)
-    : shared_(std::move(shared)), peer_(std::move(peer)) {}
+    : shared_(std::move(shared)), peer_(std::move(peer)), busy_poll_(shared_->options.busy_poll) {}
 
 VerbsConnection::~VerbsConnection() {
   Close();
