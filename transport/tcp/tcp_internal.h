@@ -46,6 +46,12 @@ inline constexpr std::size_t kRxBufferBytes = 64 * 1024;
 // instead of being received into the buffer and copied (a second copy of
 // nearly every 64 KiB push slot otherwise).
 inline constexpr std::size_t kDirectLookahead = 1024;
+// Acknowledgements a served socket holds back while it reads the payload of
+// the next WRITE (sent together once the socket is empty, or this many are
+// held): fewer than half the window a pipelining initiator waits for
+// (src/ps/push_writer.h completes half of its 16 slots at a time), so the
+// pipe never drains for an acknowledgement.
+inline constexpr std::size_t kMaxHeldAcks = 4;
 // A served socket stops executing requests while this many response bytes
 // wait to be sent (it resumes when the peer reads).
 inline constexpr std::size_t kMaxTxBacklog = 4 << 20;
@@ -183,7 +189,12 @@ class TcpConnection final : public Connection {
 
   Status Post(std::span<const Op> ops) override;
   std::size_t Poll(std::span<Completion> out) override;
-  Result<std::size_t> Wait(std::span<Completion> out, Deadline deadline) override;
+  Result<std::size_t> Wait(std::span<Completion> out, Deadline deadline) override {
+    return WaitSpinning(out, deadline, busy_poll_);
+  }
+  Result<std::size_t> WaitLong(std::span<Completion> out, Deadline deadline) override {
+    return WaitSpinning(out, deadline, std::chrono::microseconds(0));
+  }
   std::size_t outstanding() const override { return pending_.size() + ready_.size(); }
   std::size_t max_outstanding() const override { return max_outstanding_; }
   std::size_t max_segments() const override { return kMaxSegments; }
@@ -206,6 +217,9 @@ class TcpConnection final : public Connection {
   // A scattered READ is received straight into its segments only when they
   // average at least this much.
   static constexpr std::size_t kDirectSegmentBytes = 4096;
+  // Wait, spinning for `spin` before sleeping in poll(2).
+  Result<std::size_t> WaitSpinning(std::span<Completion> out, Deadline deadline,
+                                   std::chrono::microseconds spin);
   Status Validate(const Op& op) const;
   Status ValidateLocal(const void* addr, const MemoryRegion* local_mr, std::uint64_t length) const;
   // Puts the next n payload bytes of the READ at the head where they belong
@@ -386,6 +400,7 @@ class EndpointCore {
   std::atomic<std::uint64_t> fd_exhaustion_sheds_{0};  // connections shed at EMFILE
   std::atomic<std::uint64_t> handshakes_dropped_{0};   // oldest dropped at the cap
   std::atomic<std::uint64_t> handshakes_refused_{0};   // bad secret, version, format
+  std::atomic<std::uint64_t> acks_held_{0};  // Serve held acknowledgements back (kMaxHeldAcks)
 };
 
 // noinline so that ThreadSanitizer reports of the by-design race between
