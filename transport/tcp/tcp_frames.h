@@ -1,8 +1,9 @@
 // The tcp backend's checks of the data-path frames that arrive from a peer
 // (tcp_wire.h), as pure functions over the bytes: the target's Request and
 // the initiator's Response, and the region bounds a request is served
-// within (the handshake's parsers are in tcp_handshake.h). The progress threads call them before
-// acting on any number of a frame; tests/fuzz/tcp_frames_fuzz.cc drives them with arbitrary bytes.
+// within (the handshake's parsers are in tcp_handshake.h). The progress threads call them before acting on any
+// number of a frame; tests/fuzz/tcp_frames_fuzz.cc drives them with
+// arbitrary bytes.
 //
 // Thread safety: pure functions.
 #pragma once
