@@ -294,7 +294,7 @@ struct Notification {
   Kind kind = Kind::kImmediate;
   std::uint32_t peer_id = 0;
   std::uint32_t imm = 0;
-  std::uint32_t length = 0;      // Bytes the WRITE_WITH_IMM carried.
+  std::uint32_t length = 0;  // Bytes the WRITE_WITH_IMM carried.
   std::uint64_t connection = 0;  // PeerInfo::connection of the accepted connection
 };
 
@@ -319,16 +319,6 @@ class Connection {
   // returns how many were moved (0 only at the deadline). Returns
   // FailedPrecondition at once when nothing is outstanding.
   virtual Result<std::size_t> Wait(std::span<Completion> out, Deadline deadline) = 0;
-
-  // Wait, for a completion the caller expects to take longer than the
-  // busy poll (EndpointOptions::busy_poll): a pipeline of large transfers
-  // is ahead of it. The backend may then sleep at once instead of spinning,
-  // leaving the core to the threads that move the data (tcp does: on a
-  // 2-core box a spinning initiator took a core from the target's receive
-  // and apply; verbs and fake wait as Wait does).
-  virtual Result<std::size_t> WaitLong(std::span<Completion> out, Deadline deadline) {
-    return Wait(out, deadline);
-  }
 
   // Ops posted whose completions have not been polled yet.
   virtual std::size_t outstanding() const = 0;

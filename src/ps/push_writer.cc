@@ -22,18 +22,10 @@ std::uint64_t SlotAddress(const ServerLink& s, std::uint64_t seq) {
 
 }  // namespace
 
-std::uint64_t PushWriter::BytesOfOldest(const ServerLink& s, std::size_t n) {
-  std::uint64_t bytes = 0;
-  for (std::size_t i = 0; i < n && i < s.slots_in_flight.size(); ++i) {
-    bytes += s.slots_in_flight[i].bytes;
-  }
-  return bytes;
-}
-
-Status PushWriter::FinishOldest(ServerLink& s, Deadline deadline, bool long_wait) {
+Status PushWriter::FinishOldest(ServerLink& s, Deadline deadline) {
   const ServerLink::SlotInFlight f = s.slots_in_flight.front();
   s.slots_in_flight.pop_front();
-  RDMAPS_RETURN_IF_ERROR(links_->Drain(s, f.ops, deadline, long_wait));
+  RDMAPS_RETURN_IF_ERROR(links_->Drain(s, f.ops, deadline));
   if (f.ctrl) {
     s.ctrl_inflight = false;
     (void)links_->ParseControl(s);  // torn: ignore, a later poll will tell
@@ -43,20 +35,16 @@ Status PushWriter::FinishOldest(ServerLink& s, Deadline deadline, bool long_wait
 }
 
 Status PushWriter::FinishAll(ServerLink& s, Deadline deadline) {
-  while (!s.slots_in_flight.empty()) {
-    const bool long_wait = BytesOfOldest(s, s.slots_in_flight.size()) > kSpinWaitBytes;
-    RDMAPS_RETURN_IF_ERROR(FinishOldest(s, deadline, long_wait));
-  }
+  while (!s.slots_in_flight.empty()) RDMAPS_RETURN_IF_ERROR(FinishOldest(s, deadline));
   return Status::OK();
 }
 
 Status PushWriter::MakeRoom(ServerLink& s, Deadline deadline) {
   if (s.slots_in_flight.size() < s.push_depth) return Status::OK();
   const std::size_t keep = s.push_depth / 2;
-  while (s.slots_in_flight.size() > keep) {
-    const bool long_wait = BytesOfOldest(s, s.slots_in_flight.size() - keep) > kSpinWaitBytes;
-    RDMAPS_RETURN_IF_ERROR(FinishOldest(s, deadline, long_wait));
-  }
+  // (The transport sleeps rather than spins while many slot bytes are
+  // outstanding: tcp's kSpinMaxPendingBytes.)
+  while (s.slots_in_flight.size() > keep) RDMAPS_RETURN_IF_ERROR(FinishOldest(s, deadline));
   return Status::OK();
 }
 
@@ -141,7 +129,7 @@ Status PushWriter::PostSlot(ServerLink& s, SlotHeader h, std::size_t bytes,
   }
   RDMAPS_RETURN_IF_ERROR(links_->PostOps(s, {ops, n}));
   s.ctrl_inflight |= refresh;
-  s.slots_in_flight.push_back({static_cast<std::uint32_t>(n), refresh, total});
+  s.slots_in_flight.push_back({static_cast<std::uint32_t>(n), refresh});
   s.pushed_seq = h.seq;
   stats_->Update([&](ClientStats& st) { st.bytes_written += total; });
   return Status::OK();

@@ -39,14 +39,6 @@ inline constexpr std::size_t kMaxGatherRuns = 8;
 // kMaxPushDepth and the ring's slots; 16 slots of the default 64 KiB).
 inline constexpr std::size_t kPushStagingBytes = 1 << 20;
 inline constexpr std::uint32_t kMaxPushDepth = 16;
-// A wait for the completion of more slot bytes than this is expected to
-// outlast the transport's busy poll (50 us by default: tcp loopback moves
-// 128 KiB in about 35-45 us at its 3-4 GB/s here), so it sleeps at once
-// (Connection::WaitLong) instead of spinning: on a 2-core box the
-// spinning worker took a core from the server's receive and apply (a 4 MiB
-// push cost 3.3-5.5 ms of CPU with spinning waits, 2.5-2.9 without;
-// docs/ps.md, "Push, flow control"). Smaller waits (a 1 KiB push) spin.
-inline constexpr std::uint64_t kSpinWaitBytes = 128 * 1024;
 
 // Slots in flight per server for rings of `ring_slots` slots of
 // `slot_bytes`, on a connection taking `max_outstanding` ops.
@@ -108,10 +100,7 @@ class PushWriter {
   Status PostSlot(ServerLink& s, SlotHeader h, std::size_t bytes,
                   std::span<const transport::Segment> data = {}, bool read_control = false);
   // Completes the oldest slot in flight (and its piggybacked control READ).
-  // `long_wait`: Connection::WaitLong (more than kSpinWaitBytes to wait for).
-  Status FinishOldest(ServerLink& s, transport::Deadline deadline, bool long_wait = false);
-  // The bytes of the oldest n slots in flight on s.
-  static std::uint64_t BytesOfOldest(const ServerLink& s, std::size_t n);
+  Status FinishOldest(ServerLink& s, transport::Deadline deadline);
   // Completes every slot in flight on s.
   Status FinishAll(ServerLink& s, transport::Deadline deadline);
   // Sends slots round robin, one per server per turn, until has_more(server

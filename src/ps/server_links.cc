@@ -38,19 +38,18 @@ Status ServerLinks::PostOps(ServerLink& s, std::span<const Op> ops) {
   return Status::OK();
 }
 
-Status ServerLinks::Drain(ServerLink& s, std::size_t n, Deadline deadline, bool long_wait) {
+Status ServerLinks::Drain(ServerLink& s, std::size_t n, Deadline deadline) {
   std::size_t completed = 0;
-  return DrainSome(s, n, n, &completed, deadline, long_wait);
+  return DrainSome(s, n, n, &completed, deadline);
 }
 
 Status ServerLinks::DrainSome(ServerLink& s, std::size_t at_least, std::size_t at_most,
-                              std::size_t* completed, Deadline deadline, bool long_wait) {
+                              std::size_t* completed, Deadline deadline) {
   Completion c[64];
   std::size_t got = 0;
   Status first;
   while (got < at_least) {
-    const std::span<Completion> out{c, std::min<std::size_t>(at_most - got, 64)};
-    auto r = long_wait ? s.conn->WaitLong(out, deadline) : s.conn->Wait(out, deadline);
+    auto r = s.conn->Wait({c, std::min<std::size_t>(at_most - got, 64)}, deadline);
     if (!r.ok()) return Fail(s, r.status());
     if (*r == 0) return Fail(s, TimedOutError("no completion by the deadline"));
     for (std::size_t i = 0; i < *r; ++i) {

@@ -112,7 +112,6 @@ struct ServerLink {
   struct SlotInFlight {
     std::uint32_t ops;
     bool ctrl;
-    std::uint64_t bytes;  // the slot's bytes on the wire
   };
   std::deque<SlotInFlight> slots_in_flight;
   // Replicated shards (ClientOptions::failover): the shard map epoch this
@@ -163,14 +162,12 @@ class ServerLinks {
                    const transport::ConnectOptions& options, transport::Deadline deadline);
 
   Status PostOps(ServerLink& s, std::span<const transport::Op> ops);
-  // Takes n completions of s; the first failed op fails the call. With
-  // `long_wait` the caller expects the wait to outlast the transport's busy
-  // poll (Connection::WaitLong: no spinning).
-  Status Drain(ServerLink& s, std::size_t n, transport::Deadline deadline, bool long_wait = false);
+  // Takes n completions of s; the first failed op fails the call.
+  Status Drain(ServerLink& s, std::size_t n, transport::Deadline deadline);
   // Takes at least `at_least` and at most `at_most` completions of s (adds
   // how many to *completed); the first failed op fails the call.
   Status DrainSome(ServerLink& s, std::size_t at_least, std::size_t at_most, std::size_t* completed,
-                   transport::Deadline deadline, bool long_wait = false);
+                   transport::Deadline deadline);
   // PostOps, then Drain of all of them.
   Status Exec(ServerLink& s, std::span<const transport::Op> ops, transport::Deadline deadline);
 

@@ -260,7 +260,8 @@ TEST(TcpDataPath, BackToBackLargePayloadsMixedWithSmallOpsLandIntact) {
 }
 
 // A push's train of WRITE_WITH_IMM slots (src/ps/push_writer.cc): a
-// window of 16 in flight, refilled 8 at a time after WaitLong, a small READ
+// window of 16 in flight, refilled 8 at a time (waits that sleep: over
+// kSpinMaxPendingBytes are outstanding), a small READ
 // riding behind every 8th. The target holds acknowledgements back while it
 // reads the next payload (kMaxHeldAcks); every op still completes, in order,
 // every notification arrives in order after its data, and the READs see the
@@ -289,8 +290,8 @@ TEST(TcpDataPath, PipelinedWriteTrainHoldsAcksAndLosesNothing) {
   auto complete = [&](std::size_t ops) {
     std::array<Completion, 64> out;
     for (std::size_t got = 0; got < ops;) {
-      auto r = conn->WaitLong({out.data(), std::min<std::size_t>(64, ops - got)},
-                              DeadlineAfter(seconds(10)));
+      auto r = conn->Wait({out.data(), std::min<std::size_t>(64, ops - got)},
+                          DeadlineAfter(seconds(10)));
       ASSERT_TRUE(r.ok()) << r.status();
       ASSERT_GT(*r, 0u) << "no completion within 10 s: an acknowledgement was held for good";
       for (std::size_t i = 0; i < *r; ++i) {

@@ -528,6 +528,7 @@ Status TcpConnection::Post(std::span<const Op> ops) {
     if (op.type == OpType::kRead) {
       pending_.push_back(Pending{op.context, op.type, static_cast<std::byte*>(op.local),
                                  static_cast<std::uint32_t>(op.length), now, op.num_segments});
+      pending_bytes_ += op.length;
       segments_.insert(segments_.end(), op.segments, op.segments + op.num_segments);
       continue;
     }
@@ -539,6 +540,7 @@ Status TcpConnection::Post(std::span<const Op> ops) {
     }
     pending_.push_back(Pending{op.context, op.type, static_cast<std::byte*>(op.local),
                                static_cast<std::uint32_t>(op.length), now, 0});
+    pending_bytes_ += op.length;
   }
   auto sent = tx_.Flush(fd_.get());
   if (!sent.ok()) {
@@ -551,6 +553,7 @@ Status TcpConnection::Post(std::span<const Op> ops) {
 void TcpConnection::CompleteHead(Status status) {
   const Pending p = pending_.front();
   pending_.pop_front();
+  pending_bytes_ -= p.length;
   segments_.erase(segments_.begin(), segments_.begin() + p.num_segments);
   ready_.push_back(Completion{p.context, p.type, std::move(status)});
 }
@@ -751,13 +754,14 @@ std::size_t TcpConnection::Poll(std::span<Completion> out) {
   return Drain(out);
 }
 
-Result<std::size_t> TcpConnection::WaitSpinning(std::span<Completion> out, Deadline deadline,
-                                                std::chrono::microseconds spin) {
+Result<std::size_t> TcpConnection::Wait(std::span<Completion> out, Deadline deadline) {
   if (outstanding() == 0) {
     return FailedPreconditionError("Wait on a connection with nothing outstanding");
   }
   if (out.empty()) return InvalidArgumentError("Wait needs room for at least one completion");
-  const auto spin_until = SteadyClock::now() + spin;
+  const auto spin_until =
+      SteadyClock::now() +
+      (pending_bytes_ <= kSpinMaxPendingBytes ? busy_poll_ : std::chrono::microseconds(0));
   for (;;) {
     if (ready_.empty()) Progress();
     if (!ready_.empty()) return Drain(out);

@@ -52,6 +52,15 @@ inline constexpr std::size_t kDirectLookahead = 1024;
 // (src/ps/push_writer.h completes half of its 16 slots at a time), so the
 // pipe never drains for an acknowledgement.
 inline constexpr std::size_t kMaxHeldAcks = 4;
+// A Wait spins for EndpointOptions::busy_poll only while the ops
+// outstanding on the connection carry at most this many payload bytes; with
+// more, the next completion is not expected within the spin (128 KiB take
+// 35-45 us at loopback's 3-4 GB/s here, about the default 50 us busy poll),
+// so it sleeps in poll(2) at once. On a 2-core box a spinning initiator
+// took a core from the peer's receive and apply: a 4 MiB push (64 slots in
+// a window of 16) cost 3.3-5.5 ms of CPU with spinning waits, 2.5-2.9 ms
+// without (docs/ps.md, "How a long push waits"). Small ops still spin.
+inline constexpr std::uint64_t kSpinMaxPendingBytes = 128 * 1024;
 // A served socket stops executing requests while this many response bytes
 // wait to be sent (it resumes when the peer reads).
 inline constexpr std::size_t kMaxTxBacklog = 4 << 20;
@@ -189,12 +198,7 @@ class TcpConnection final : public Connection {
 
   Status Post(std::span<const Op> ops) override;
   std::size_t Poll(std::span<Completion> out) override;
-  Result<std::size_t> Wait(std::span<Completion> out, Deadline deadline) override {
-    return WaitSpinning(out, deadline, busy_poll_);
-  }
-  Result<std::size_t> WaitLong(std::span<Completion> out, Deadline deadline) override {
-    return WaitSpinning(out, deadline, std::chrono::microseconds(0));
-  }
+  Result<std::size_t> Wait(std::span<Completion> out, Deadline deadline) override;
   std::size_t outstanding() const override { return pending_.size() + ready_.size(); }
   std::size_t max_outstanding() const override { return max_outstanding_; }
   std::size_t max_segments() const override { return kMaxSegments; }
@@ -217,9 +221,6 @@ class TcpConnection final : public Connection {
   // A scattered READ is received straight into its segments only when they
   // average at least this much.
   static constexpr std::size_t kDirectSegmentBytes = 4096;
-  // Wait, spinning for `spin` before sleeping in poll(2).
-  Result<std::size_t> WaitSpinning(std::span<Completion> out, Deadline deadline,
-                                   std::chrono::microseconds spin);
   Status Validate(const Op& op) const;
   Status ValidateLocal(const void* addr, const MemoryRegion* local_mr, std::uint64_t length) const;
   // Puts the next n payload bytes of the READ at the head where they belong
@@ -253,6 +254,9 @@ class TcpConnection final : public Connection {
   Status health_;
   bool closed_ = false;
   std::deque<Pending> pending_;
+  // The bytes of the ops in pending_ (their payloads, either direction):
+  // Wait spins only while they are few (kSpinMaxPendingBytes).
+  std::uint64_t pending_bytes_ = 0;
   // The local sides of the scattered READs in pending_, in posting order.
   std::deque<Segment> segments_;
   std::vector<iovec> iov_;  // ReadPayloadDirect's scratch
