@@ -1,8 +1,5 @@
 #include "src/ps/scatter_plan.h"
 
-#include <tbb/blocked_range.h>
-#include <tbb/parallel_for.h>
-
 #include <algorithm>
 #include <cstring>
 #include <limits>
@@ -138,32 +135,22 @@ void GatherFromSpans(const RemoteTable& t, std::uint32_t num_servers, const Span
                      std::span<const std::uint64_t> rows, const float* scratch, float* out) {
   const std::uint32_t dim = t.info.dim;
   const std::uint32_t S = num_servers;
-  // Output rows [b, e).
-  auto gather = [&](std::size_t b, std::size_t e) {
-    if (S == 1) {
-      const std::uint64_t first = t.shards[0].begin + plan.lo[0];
-      if (dim == 1) {
-        for (std::size_t i = b; i < e; ++i) out[i] = scratch[rows[i] - first];
-        return;
-      }
-      for (std::size_t i = b; i < e; ++i) {
-        std::memcpy(out + i * dim, scratch + (rows[i] - first) * dim, dim * sizeof(float));
-      }
+  if (S == 1) {
+    const std::uint64_t first = t.shards[0].begin + plan.lo[0];
+    if (dim == 1) {
+      for (std::size_t i = 0; i < rows.size(); ++i) out[i] = scratch[rows[i] - first];
       return;
     }
-    for (std::size_t i = b; i < e; ++i) {
-      const std::uint32_t si = ServerOf(t, S, rows[i]);
-      const std::uint64_t at = plan.scratch_row[si] + (rows[i] - t.shards[si].begin - plan.lo[si]);
-      std::memcpy(out + i * dim, scratch + at * dim, dim * sizeof(float));
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+      std::memcpy(out + i * dim, scratch + (rows[i] - first) * dim, dim * sizeof(float));
     }
-  };
-  if (rows.size() < kParallelGatherRows) {
-    gather(0, rows.size());
     return;
   }
-  // Disjoint output rows per task: no two write the same bytes.
-  tbb::parallel_for(tbb::blocked_range<std::size_t>(0, rows.size(), kParallelGatherRows / 2),
-                    [&](const tbb::blocked_range<std::size_t>& r) { gather(r.begin(), r.end()); });
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const std::uint32_t si = ServerOf(t, S, rows[i]);
+    const std::uint64_t at = plan.scratch_row[si] + (rows[i] - t.shards[si].begin - plan.lo[si]);
+    std::memcpy(out + i * dim, scratch + at * dim, dim * sizeof(float));
+  }
 }
 
 }  // namespace rdmaps::internal

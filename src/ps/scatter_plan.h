@@ -67,11 +67,6 @@ struct IdSummary {
 };
 IdSummary SummarizeIds(std::span<const std::uint64_t> ids);
 
-// Gathers of at least this many rows are spread over cores (oneTBB): the
-// gather is random reads of the scratch, bound by the misses one core has
-// in flight, and the server's CPU is idle while the client gathers.
-inline constexpr std::size_t kParallelGatherRows = 1 << 17;
-
 // Plans a pull of `rows` (each < t.info.rows) of `t` on `num_servers`.
 // `summary`: SummarizeIds(rows) when the caller has it (one server needs
 // no other pass over the ids).
