@@ -39,6 +39,7 @@ DEFINE_int32(min_iters, 5, "worker: fewest iterations per shape");
 DEFINE_int32(max_iters, 20000, "worker: most iterations per shape");
 DEFINE_uint32(push_slot_bytes, 0, "server: ServerOptions::push_slot_bytes (0: the default)");
 DEFINE_uint32(push_slots, 0, "server: ServerOptions::push_slots (0: the default)");
+DEFINE_int32(busy_poll_us, -1, "TransportOptions::busy_poll in microseconds (-1: the default)");
 
 namespace rdmaps {
 namespace {
@@ -83,6 +84,8 @@ int RunServer() {
   ServerOptions so;
   so.transport.transport = FLAGS_transport;
   so.transport.job_token = JobSecret();
+  if (FLAGS_busy_poll_us >= 0)
+    so.transport.busy_poll = std::chrono::microseconds(FLAGS_busy_poll_us);
   so.listen_address = FLAGS_host + ":0";
   so.tables = Tables();
   if (FLAGS_push_slot_bytes != 0) so.push_slot_bytes = FLAGS_push_slot_bytes;
@@ -113,6 +116,8 @@ int RunWorker() {
   ClientOptions co;
   co.transport.transport = FLAGS_transport;
   co.transport.job_token = JobSecret();
+  if (FLAGS_busy_poll_us >= 0)
+    co.transport.busy_poll = std::chrono::microseconds(FLAGS_busy_poll_us);
   co.servers = {FLAGS_server};
   auto client = Client::Connect(co);
   Check(client.status(), "connecting");

@@ -243,9 +243,13 @@ class ClientImpl final : public Client {
   Result<const RemoteTable*> CheckCall(std::string_view call, std::string_view buffer,
                                        std::uint32_t table, RowRange range,
                                        std::size_t floats) const RDMAPS_REQUIRES(mu_);
+  // With `summary`, also the ids' span and runs (the same pass: a scattered
+  // pull plans from it).
   Result<const RemoteTable*> CheckCall(std::string_view call, std::string_view buffer,
                                        std::uint32_t table, std::span<const std::uint64_t> rows,
-                                       std::size_t floats) const RDMAPS_REQUIRES(mu_);
+                                       std::size_t floats,
+                                       internal::IdSummary* summary = nullptr) const
+      RDMAPS_REQUIRES(mu_);
   static Status CheckBuffer(std::string_view call, std::string_view buffer, const RemoteTable& t,
                             std::uint64_t rows, std::size_t floats);
 
@@ -642,10 +646,20 @@ Result<const RemoteTable*> ClientImpl::CheckCall(std::string_view call, std::str
 Result<const RemoteTable*> ClientImpl::CheckCall(std::string_view call, std::string_view buffer,
                                                  std::uint32_t table,
                                                  std::span<const std::uint64_t> rows,
-                                                 std::size_t floats) const {
+                                                 std::size_t floats,
+                                                 internal::IdSummary* summary) const {
   RDMAPS_RETURN_IF_ERROR(Usable());
   RDMAPS_ASSIGN_OR_RETURN(const RemoteTable* t, CheckTable(table));
-  for (std::size_t i = 0; i < rows.size(); ++i) {
+  // (One pass without branches; the bad id's index only when there is one.)
+  std::uint64_t max_id;
+  if (summary != nullptr) {
+    *summary = internal::SummarizeIds(rows);
+    max_id = summary->max;
+  } else {
+    max_id = internal::MaxId(rows);
+  }
+  const bool any_bad = !rows.empty() && max_id >= t->info.rows;
+  for (std::size_t i = 0; any_bad && i < rows.size(); ++i) {
     if (rows[i] >= t->info.rows) {
       return InvalidArgumentError(std::string(call) + ": row id " + std::to_string(rows[i]) +
                                   " (index " + std::to_string(i) + ") is out of range; table '" +
@@ -713,11 +727,14 @@ Status ClientImpl::Pull(std::uint32_t table, std::span<const std::uint64_t> rows
   const std::uint64_t epoch = Epoch();
   MutexLock lock(mu_);
   call_epoch_ = epoch;
-  RDMAPS_ASSIGN_OR_RETURN(const RemoteTable* t,
-                          CheckCall("Pull", "output", table, rows, out.size()));
+  const bool planned = rows.size() >= internal::kSpanMinRows;
+  internal::IdSummary summary;
+  RDMAPS_ASSIGN_OR_RETURN(const RemoteTable* t, CheckCall("Pull", "output", table, rows, out.size(),
+                                                          planned ? &summary : nullptr));
   if (rows.empty()) return Status::OK();
-  if (rows.size() >= internal::kSpanMinRows) {
-    const internal::SpanPlan plan = internal::PlanScatteredPull(*t, num_servers(), rows, costs_);
+  if (planned) {
+    const internal::SpanPlan plan =
+        internal::PlanScatteredPull(*t, num_servers(), rows, costs_, &summary);
     if (plan.use_span) {
       return Failsafe(CallDeadline(),
                       [&]() RDMAPS_REQUIRES(mu_) { return PullSpans(*t, plan, rows, out); });

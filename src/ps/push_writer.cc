@@ -40,9 +40,11 @@ Status PushWriter::FinishAll(ServerLink& s, Deadline deadline) {
 }
 
 Status PushWriter::MakeRoom(ServerLink& s, Deadline deadline) {
-  while (s.slots_in_flight.size() >= s.push_depth) {
-    RDMAPS_RETURN_IF_ERROR(FinishOldest(s, deadline));
-  }
+  if (s.slots_in_flight.size() < s.push_depth) return Status::OK();
+  const std::size_t keep = s.push_depth / 2;
+  // (The transport sleeps rather than spins while many slot bytes are
+  // outstanding: tcp's kSpinMaxPendingBytes.)
+  while (s.slots_in_flight.size() > keep) RDMAPS_RETURN_IF_ERROR(FinishOldest(s, deadline));
   return Status::OK();
 }
 

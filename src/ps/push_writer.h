@@ -82,8 +82,9 @@ class PushWriter {
   // Waits (completing the slots in flight, then polling the control block)
   // until s has a free ring slot.
   Status EnsureCredit(ServerLink& s, transport::Deadline deadline);
-  // Completes the oldest slots in flight until fewer than push_depth are:
-  // then Staging(s) is free.
+  // With push_depth slots in flight, completes the oldest until half of
+  // them are (the window is refilled in a burst, so a long push waits once
+  // per half window, not once per slot): then Staging(s) is free.
   Status MakeRoom(ServerLink& s, transport::Deadline deadline);
   // Where the next slot of s is built (header, ids, copied gradients).
   static std::byte* Staging(ServerLink& s) {

@@ -55,9 +55,24 @@ struct SpanPlan {
   double per_row_us = 0, span_us = 0;  // the model's estimates
 };
 
+// The largest of `ids` (0 when empty), without a branch per id: the
+// client's range check of a million ids costs a pass over them, not more.
+std::uint64_t MaxId(std::span<const std::uint64_t> ids);
+
+// The span of `ids` and the runs of consecutive ids they make (each id not
+// one more than the one before it starts a run), in one pass without a
+// branch per id. All 0 when empty.
+struct IdSummary {
+  std::uint64_t min = 0, max = 0, runs = 0;
+};
+IdSummary SummarizeIds(std::span<const std::uint64_t> ids);
+
 // Plans a pull of `rows` (each < t.info.rows) of `t` on `num_servers`.
+// `summary`: SummarizeIds(rows) when the caller has it (one server needs
+// no other pass over the ids).
 SpanPlan PlanScatteredPull(const RemoteTable& t, std::uint32_t num_servers,
-                           std::span<const std::uint64_t> rows, const PullCosts& costs);
+                           std::span<const std::uint64_t> rows, const PullCosts& costs,
+                           const IdSummary* summary = nullptr);
 
 // out[i] = row rows[i] of the span the plan put in `scratch`.
 void GatherFromSpans(const RemoteTable& t, std::uint32_t num_servers, const SpanPlan& plan,

@@ -259,6 +259,110 @@ TEST(TcpDataPath, BackToBackLargePayloadsMixedWithSmallOpsLandIntact) {
   EXPECT_TRUE(back == src) << "a READ response landed torn or misplaced";
 }
 
+// A push's train of WRITE_WITH_IMM slots (src/ps/push_writer.cc): a
+// window of 16 in flight, refilled 8 at a time in one post (its waits
+// sleep: over kSpinMaxPendingBytes are outstanding), a small READ riding
+// behind every 8th. The target holds acknowledgements back while it reads
+// the next payload (kMaxHeldAcks); every op still completes, in order, every
+// notification arrives in order after its data, and the READs see the
+// WRITEs before them. Trains run until one had acknowledgements held (the
+// new path ran; a target that keeps pace with its initiator slot by slot
+// holds none), at most 5.
+TEST(TcpDataPath, PipelinedWriteTrainHoldsAcksAndLosesNothing) {
+  auto server = MakeEndpoint(1);
+  auto client = MakeEndpoint(2);
+  constexpr std::size_t kSlot = 64 * 1024, kSlots = 96, kWindow = 16, kBurst = kWindow / 2;
+  std::vector<std::uint8_t> remote(kSlots * kSlot, 0), src(kSlots * kSlot);
+  std::vector<std::uint8_t> back(kSlots * 64, 0);
+  auto rmr = std::move(server->Register(remote.data(), remote.size(), kRemoteAll)).value();
+  auto smr = std::move(client->Register(src.data(), src.size(), kAccessNone)).value();
+  auto bmr = std::move(client->Register(back.data(), back.size(), kAccessNone)).value();
+  auto conn = std::move(client->Connect(server->Listen("127.0.0.1:0").value(), {},
+                                        DeadlineAfter(seconds(5))))
+                  .value();
+  const auto base = rmr->remote().addr;
+  std::uint64_t next_done = 0, posted_ops = 0;
+  auto complete = [&](std::size_t ops) {
+    std::array<Completion, 64> out;
+    for (std::size_t got = 0; got < ops;) {
+      auto r = conn->Wait({out.data(), std::min<std::size_t>(64, ops - got)},
+                          DeadlineAfter(seconds(10)));
+      ASSERT_TRUE(r.ok()) << r.status();
+      ASSERT_GT(*r, 0u) << "no completion within 10 s: an acknowledgement was held for good";
+      for (std::size_t i = 0; i < *r; ++i) {
+        ASSERT_TRUE(out[i].status.ok()) << out[i].status;
+        ASSERT_EQ(out[i].context, next_done++) << "completions out of posting order";
+      }
+      got += *r;
+    }
+  };
+  auto train = [&](std::uint32_t t) {
+    std::fill(remote.begin(), remote.end(), 0);
+    std::fill(back.begin(), back.end(), 0);
+    for (std::size_t i = 0; i < src.size(); ++i) {
+      src[i] = static_cast<std::uint8_t>(i * 29 + (i >> 16) + t);
+    }
+    std::vector<std::size_t> ops_of_slot;
+    std::vector<std::size_t> read_of_slot;
+    std::size_t in_flight = 0;  // slots
+    for (std::size_t k = 0; k < kSlots; k += kBurst) {
+      if (in_flight == kWindow) {
+        // Complete the oldest half of the window, as PushWriter::MakeRoom does.
+        std::size_t ops = 0;
+        for (std::size_t j = k - kWindow; j < k - kWindow / 2; ++j) ops += ops_of_slot[j];
+        ASSERT_NO_FATAL_FAILURE(complete(ops));
+        in_flight -= kWindow / 2;
+      }
+      std::vector<Op> batch;
+      for (std::size_t b = k; b < k + kBurst; ++b) {
+        const std::size_t first = batch.size();
+        batch.push_back(Op::WriteWithImm(src.data() + b * kSlot, smr.get(), kSlot, base + b * kSlot,
+                                         rmr->rkey(), static_cast<std::uint32_t>(t * kSlots + b),
+                                         posted_ops++));
+        if (b % 8 == 7) {
+          // The slot's first 64 bytes, READ back behind it.
+          batch.push_back(Op::Read(back.data() + b * 64, bmr.get(), 64, base + b * kSlot,
+                                   rmr->rkey(), posted_ops++));
+          read_of_slot.push_back(b);
+        }
+        ops_of_slot.push_back(batch.size() - first);
+      }
+      ASSERT_TRUE(conn->Post(batch).ok());
+      in_flight += kBurst;
+    }
+    ASSERT_NO_FATAL_FAILURE(complete(posted_ops - next_done));
+    std::vector<Notification> notes;
+    while (notes.size() < kSlots) {
+      std::array<Notification, 64> got;
+      auto r = server->WaitNotifications(got, DeadlineAfter(seconds(10)));
+      ASSERT_TRUE(r.ok()) << r.status();
+      ASSERT_GT(*r, 0u) << "a WRITE_WITH_IMM did not notify";
+      notes.insert(notes.end(), got.begin(), got.begin() + *r);
+    }
+    ASSERT_EQ(notes.size(), kSlots);
+    for (std::size_t i = 0; i < kSlots; ++i) {
+      ASSERT_EQ(notes[i].imm, t * kSlots + i) << "notifications out of order";
+      ASSERT_EQ(notes[i].length, kSlot);
+    }
+    ASSERT_TRUE(remote == src) << "a WRITE payload landed torn or misplaced";
+    for (std::size_t k : read_of_slot) {
+      ASSERT_EQ(std::memcmp(back.data() + k * 64, src.data() + k * kSlot, 64), 0)
+          << "the READ behind slot " << k << " did not see it";
+    }
+  };
+  auto held = [&] {
+    auto s = TEST_GetTcpStats(*server);
+    EXPECT_TRUE(s.ok());
+    return s.ok() ? s->acks_held : 0;
+  };
+  const std::uint64_t before = held();
+  for (std::uint32_t t = 0; t < 5 && held() == before; ++t) {
+    SCOPED_TRACE("train " + std::to_string(t));
+    ASSERT_NO_FATAL_FAILURE(train(t));
+  }
+  EXPECT_GT(held(), before) << "no acknowledgement was held in 5 trains of 96 slots";
+}
+
 TEST(TcpDataPath, ManyPipelinedOpsCompleteInOrderWithTheirData) {
   Pair p;
   ASSERT_TRUE(p.conn);

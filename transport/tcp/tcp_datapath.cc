@@ -339,11 +339,13 @@ Status EndpointCore::Serve(Inbound& in) {
       }
     }
     if (in.in_payload) {
-      if (last) return Status::OK();  // rx is empty: the rest is in the socket
-      bool blocked = false;
-      RDMAPS_RETURN_IF_ERROR(ContinuePayload(in, &blocked));
-      if (blocked) break;
-      continue;
+      bool blocked = last;  // (last: rx is empty, the rest is in the socket)
+      if (!last) RDMAPS_RETURN_IF_ERROR(ContinuePayload(in, &blocked));
+      if (!blocked) continue;
+      // The acknowledgements held back below go now: nothing more to read.
+      RDMAPS_ASSIGN_OR_RETURN(bool sent, in.tx.Flush(in.fd.get()));
+      (void)sent;  // UpdateEpoll waits for writability if needed
+      return Status::OK();
     }
     // Execute every complete request already received.
     while (in.phase == Inbound::Phase::kServing && !in.in_payload &&
@@ -383,8 +385,22 @@ Status EndpointCore::Serve(Inbound& in) {
       RDMAPS_RETURN_IF_ERROR(Execute(in, req));
     }
     if (in.phase == Inbound::Phase::kDraining) continue;
-    RDMAPS_ASSIGN_OR_RETURN(bool sent, in.tx.Flush(in.fd.get()));
-    if (!sent) return Status::OK();  // Back-pressure: wait until the peer reads.
+    // While the next WRITE's payload is being read, up to kMaxHeldAcks
+    // acknowledgements wait for it (sent above once the socket is empty or
+    // the round limit reached): pipelined push slots get their acks a few
+    // per send, not a TCP segment (and a wake-up of the initiator) each.
+    const bool hold = in.in_payload && !last && !in.tx.HasRegionRanges() &&
+                      in.tx.owned_bytes() < kMaxHeldAcks * sizeof(ResponseWire);
+    if (hold && !in.tx.empty()) acks_held_.fetch_add(1, std::memory_order_relaxed);
+    if (!hold) {
+      RDMAPS_ASSIGN_OR_RETURN(bool sent, in.tx.Flush(in.fd.get()));
+      if (!sent) return Status::OK();  // Back-pressure: wait until the peer reads.
+      // Their acknowledgements are out: the WRITE_WITH_IMMs of a long train
+      // reach the notification waiter now, a few at a time, not at the end
+      // of the round (the apply of a pipelined push follows its transfer,
+      // instead of starting on the last 16 slots after it).
+      if (in.in_payload) DeliverNotifications();
+    }
     if (in.in_payload) continue;
     // epoll is level-triggered: a recv now would most likely say EAGAIN.
     if (drained) return Status::OK();
@@ -512,6 +528,7 @@ Status TcpConnection::Post(std::span<const Op> ops) {
     if (op.type == OpType::kRead) {
       pending_.push_back(Pending{op.context, op.type, static_cast<std::byte*>(op.local),
                                  static_cast<std::uint32_t>(op.length), now, op.num_segments});
+      pending_bytes_ += op.length;
       segments_.insert(segments_.end(), op.segments, op.segments + op.num_segments);
       continue;
     }
@@ -523,6 +540,7 @@ Status TcpConnection::Post(std::span<const Op> ops) {
     }
     pending_.push_back(Pending{op.context, op.type, static_cast<std::byte*>(op.local),
                                static_cast<std::uint32_t>(op.length), now, 0});
+    pending_bytes_ += op.length;
   }
   auto sent = tx_.Flush(fd_.get());
   if (!sent.ok()) {
@@ -535,6 +553,7 @@ Status TcpConnection::Post(std::span<const Op> ops) {
 void TcpConnection::CompleteHead(Status status) {
   const Pending p = pending_.front();
   pending_.pop_front();
+  pending_bytes_ -= p.length;
   segments_.erase(segments_.begin(), segments_.begin() + p.num_segments);
   ready_.push_back(Completion{p.context, p.type, std::move(status)});
 }
@@ -740,7 +759,9 @@ Result<std::size_t> TcpConnection::Wait(std::span<Completion> out, Deadline dead
     return FailedPreconditionError("Wait on a connection with nothing outstanding");
   }
   if (out.empty()) return InvalidArgumentError("Wait needs room for at least one completion");
-  const auto spin_until = SteadyClock::now() + busy_poll_;
+  const auto spin_until =
+      SteadyClock::now() +
+      (pending_bytes_ <= kSpinMaxPendingBytes ? busy_poll_ : std::chrono::microseconds(0));
   for (;;) {
     if (ready_.empty()) Progress();
     if (!ready_.empty()) return Drain(out);

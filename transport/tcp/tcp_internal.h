@@ -46,6 +46,21 @@ inline constexpr std::size_t kRxBufferBytes = 64 * 1024;
 // instead of being received into the buffer and copied (a second copy of
 // nearly every 64 KiB push slot otherwise).
 inline constexpr std::size_t kDirectLookahead = 1024;
+// Acknowledgements a served socket holds back while it reads the payload of
+// the next WRITE (sent together once the socket is empty, or this many are
+// held): fewer than half the window a pipelining initiator waits for
+// (src/ps/push_writer.h completes half of its 16 slots at a time), so the
+// pipe never drains for an acknowledgement.
+inline constexpr std::size_t kMaxHeldAcks = 4;
+// A Wait spins for EndpointOptions::busy_poll only while the ops
+// outstanding on the connection carry at most this many payload bytes; with
+// more, the next completion is not expected within the spin (128 KiB take
+// 35-45 us at loopback's 3-4 GB/s here, about the default 50 us busy poll),
+// so it sleeps in poll(2) at once. On a 2-core box a spinning initiator
+// took a core from the peer's receive and apply: a 4 MiB push (64 slots in
+// a window of 16) cost 3.3-5.5 ms of CPU with spinning waits, 2.5-2.9 ms
+// without (docs/ps.md, "How a long push waits"). Small ops still spin.
+inline constexpr std::uint64_t kSpinMaxPendingBytes = 128 * 1024;
 // A served socket stops executing requests while this many response bytes
 // wait to be sent (it resumes when the peer reads).
 inline constexpr std::size_t kMaxTxBacklog = 4 << 20;
@@ -240,6 +255,9 @@ class TcpConnection final : public Connection {
   Status health_;
   bool closed_ = false;
   std::deque<Pending> pending_;
+  // The bytes of the ops in pending_ (their payloads, either direction):
+  // Wait spins only while they are few (kSpinMaxPendingBytes).
+  std::uint64_t pending_bytes_ = 0;
   // The local sides of the scattered READs in pending_, in posting order.
   std::deque<Segment> segments_;
   std::vector<iovec> iov_;  // ReadPayloadDirect's scratch
@@ -387,6 +405,7 @@ class EndpointCore {
   std::atomic<std::uint64_t> fd_exhaustion_sheds_{0};  // connections shed at EMFILE
   std::atomic<std::uint64_t> handshakes_dropped_{0};   // oldest dropped at the cap
   std::atomic<std::uint64_t> handshakes_refused_{0};   // bad secret, version, format
+  std::atomic<std::uint64_t> acks_held_{0};  // Serve held acknowledgements back (kMaxHeldAcks)
 };
 
 // noinline so that ThreadSanitizer reports of the by-design race between

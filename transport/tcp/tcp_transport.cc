@@ -887,6 +887,7 @@ Result<TcpStats> TEST_GetTcpStats(Endpoint& endpoint) {
   s.fd_exhaustion_sheds = c.fd_exhaustion_sheds_.load();
   s.handshakes_dropped = c.handshakes_dropped_.load();
   s.handshakes_refused = c.handshakes_refused_.load();
+  s.acks_held = c.acks_held_.load();
   return s;
 }
 

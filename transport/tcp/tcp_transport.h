@@ -25,6 +25,7 @@ struct TcpStats {
   std::uint64_t fd_exhaustion_sheds = 0;  // connections taken and closed at EMFILE
   std::uint64_t handshakes_dropped = 0;   // oldest pre-auth handshakes dropped at the cap
   std::uint64_t handshakes_refused = 0;   // bad secret, version or format
+  std::uint64_t acks_held = 0;            // WRITE acknowledgements held for the next payload
 };
 Result<TcpStats> TEST_GetTcpStats(Endpoint& endpoint);
 
