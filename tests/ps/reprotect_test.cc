@@ -121,6 +121,24 @@ class Job {
     }
   }
 
+  // `iters` more pushes per worker, during which `primary` dies once it
+  // applied `applied` more: `heir` must take over at `epoch` with every
+  // acknowledged push.
+  void KillDuringPushes(Server& primary, int iters, std::uint64_t applied, const Server& heir,
+                        std::uint64_t epoch) {
+    const std::uint64_t before = primary.stats().pushes_applied;
+    Push(iters);
+    ASSERT_TRUE(Eventually([&] { return primary.stats().pushes_applied >= before + applied; }));
+    internal::TEST_Kill(primary);
+    Join();
+    ASSERT_FALSE(::testing::Test::HasFatalFailure());
+    ExpectCounted();
+    auto a = decider->Current(0);
+    ASSERT_TRUE(a.ok()) << a.status();
+    EXPECT_EQ(a->epoch, epoch);
+    EXPECT_EQ(a->primary, heir.address());
+  }
+
   std::shared_ptr<FailoverDecider> decider = NewEmbeddedFailoverDecider();
   std::uint32_t max_workers = 0;                 // elastic: worker slots (before Start)
   std::vector<std::unique_ptr<Server>> servers;  // [0] primary, [1] backup, then replacements
@@ -213,17 +231,7 @@ TEST_P(ReprotectTest, ReplacementCatchesUpBecomesBackupAndTakesOver) {
   EXPECT_EQ(replacement.stats().protocol_errors, 0u);
   // 4. More pushes, during which the new primary dies: the replacement
   //    takes over with every acknowledged push.
-  const std::uint64_t before = promoted.stats().pushes_applied;
-  job.Push(80);
-  ASSERT_TRUE(Eventually([&] { return promoted.stats().pushes_applied >= before + 200; }));
-  internal::TEST_Kill(promoted);
-  job.Join();
-  ASSERT_FALSE(HasFatalFailure());
-  job.ExpectCounted();
-  auto a = job.decider->Current(0);
-  ASSERT_TRUE(a.ok());
-  EXPECT_EQ(a->epoch, 4u);
-  EXPECT_EQ(a->primary, replacement.address());
+  job.KillDuringPushes(promoted, 80, 200, replacement, 4);
 }
 
 TEST_P(ReprotectTest, ReplacementKilledDuringCatchUpLeavesThePrimaryServing) {
@@ -367,17 +375,8 @@ TEST_P(ReprotectTest, ElasticMembershipIsCopiedAndKeptEqual) {
   auto fresh = job.Connect(3, promoted.address());
   ASSERT_TRUE(fresh.ok()) << fresh.status();
   job.clients.push_back(std::move(fresh).value());
-  const std::uint64_t applied = promoted.stats().pushes_applied;
-  job.Push(30);
-  ASSERT_TRUE(Eventually([&] { return promoted.stats().pushes_applied >= applied + 60; }));
-  internal::TEST_Kill(promoted);
-  job.Join();
+  job.KillDuringPushes(promoted, 30, 60, replacement, 4);
   ASSERT_FALSE(HasFatalFailure());
-  job.ExpectCounted();
-  auto a = job.decider->Current(0);
-  ASSERT_TRUE(a.ok());
-  EXPECT_EQ(a->epoch, 4u);
-  EXPECT_EQ(a->primary, replacement.address());
   EXPECT_EQ(replacement.stats().members, 3u);
   EXPECT_EQ(replacement.stats().protocol_errors, 0u);
 }
