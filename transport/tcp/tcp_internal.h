@@ -54,13 +54,14 @@ inline constexpr std::size_t kDirectLookahead = 1024;
 inline constexpr std::size_t kMaxHeldAcks = 4;
 // A Wait spins for EndpointOptions::busy_poll only while the ops
 // outstanding on the connection carry at most this many payload bytes; with
-// more, the next completion is not expected within the spin (128 KiB take
-// 35-45 us at loopback's 3-4 GB/s here, about the default 50 us busy poll),
-// so it sleeps in poll(2) at once. On a 2-core box a spinning initiator
-// took a core from the peer's receive and apply: a 4 MiB push (64 slots in
-// a window of 16) cost 3.3-5.5 ms of CPU with spinning waits, 2.5-2.9 ms
-// without (docs/ps.md, "How a long push waits"). Small ops still spin.
-inline constexpr std::uint64_t kSpinMaxPendingBytes = 128 * 1024;
+// more (a long push's window: 16 slots of 64 KiB, half of it still
+// outstanding when it waits), it sleeps in poll(2) at once. On a 2-core box
+// a spinning initiator took a core from the peer's receive and apply: a
+// 4 MiB push (64 slots in a window of 16) cost 3.3-5.5 ms of CPU with
+// spinning waits, 2.5-2.9 ms without (docs/ps.md, "How a long push
+// waits"). Single ops up to this size still spin: at 128 KiB a 256 KiB
+// pull (256x256) was 10-20% slower on an idle box than with its spin.
+inline constexpr std::uint64_t kSpinMaxPendingBytes = 512 * 1024;
 // A served socket stops executing requests while this many response bytes
 // wait to be sent (it resumes when the peer reads).
 inline constexpr std::size_t kMaxTxBacklog = 4 << 20;
