@@ -402,17 +402,8 @@ Status ClientImpl::ConnectAll(Deadline deadline) {
                            static_cast<std::uint32_t>(boot_bytes)};
   connect_options_.user_data.resize(sizeof(hello));
   std::memcpy(connect_options_.user_data.data(), &hello, sizeof(hello));
-  if (options_.failover) {
-    // The shard map's primaries win over the addresses at start (a map
-    // that cannot be read is an error here, not a reason to guess).
-    for (std::uint32_t i = 0; i < S; ++i) {
-      auto a = options_.failover->Current(i);
-      if (!a.ok() && a.status().code() != StatusCode::kNotFound) {
-        return a.status().WithContext("reading the shard map");
-      }
-    }
-  }
-  // With failover ServerLinks follows the map while it connects.
+  // With failover ServerLinks follows the map while it connects: its
+  // primaries win over the addresses at start.
   return links_.Connect(*endpoint_, options_.servers, connect_options_, deadline);
 }
 

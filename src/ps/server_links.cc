@@ -21,6 +21,10 @@ constexpr std::chrono::seconds kControlReadGrace{1};
 // again in between: a hung primary accepts TCP connections but never
 // answers the handshake.
 constexpr std::chrono::milliseconds kConnectAttempt{1000};
+// The doubling stops here (each attempt is bounded by the call's deadline
+// anyway): a primary that refuses at once is retried every 20 ms, and an
+// unbounded doubling would overflow the clock arithmetic within a second.
+constexpr std::chrono::milliseconds kConnectAttemptMax{std::chrono::minutes(10)};
 
 }  // namespace
 
@@ -153,12 +157,16 @@ Status ServerLinks::CheckMoved(const std::vector<std::uint32_t>& servers) {
   return Status::OK();
 }
 
-void ServerLinks::FollowMap(ServerLink& s) {
-  if (!failover_) return;
+Status ServerLinks::FollowMap(ServerLink& s) {
+  if (!failover_) return Status::OK();
   auto a = failover_->Current(s.index);
-  if (!a.ok()) return;  // NotFound: one copy; else the addresses given
+  // NotFound: one copy, at the address given. Any other error is one here,
+  // not a reason to guess.
+  if (!a.ok() && a.status().code() == StatusCode::kNotFound) return Status::OK();
+  if (!a.ok()) return a.status().WithContext("reading the shard map");
   s.address = a->primary;
   s.epoch = a->epoch;
+  return Status::OK();
 }
 
 Status ServerLinks::Connect(transport::Endpoint& endpoint,
@@ -175,8 +183,8 @@ Status ServerLinks::Connect(transport::Endpoint& endpoint,
       s.index = i;
       s.address = addresses[i];
       std::chrono::milliseconds attempt = kConnectAttempt;
+      RDMAPS_RETURN_IF_ERROR(FollowMap(s));
       while (true) {
-        FollowMap(s);
         const Deadline try_by = std::min(deadline, transport::CoarseNowCeil() + attempt);
         Status st = Reconnect(endpoint, s, options, try_by);
         if (st.ok()) break;
@@ -198,8 +206,9 @@ Status ServerLinks::Connect(transport::Endpoint& endpoint,
                                 "): neither answered before connect_timeout; is its primary "
                                 "running, or its backup promoted (see the servers' logs)?");
         }
-        attempt *= 2;
+        attempt = std::min(attempt * 2, kConnectAttemptMax);
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        (void)FollowMap(s);  // (unreadable now: the same address once more)
       }
     }
     return Status::OK();

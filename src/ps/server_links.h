@@ -231,9 +231,9 @@ class ServerLinks {
 
  private:
   // With failover: the shard map's primary and epoch of s's shard into
-  // s.address and s.epoch (kept when the map has no entry or cannot be
-  // read).
-  void FollowMap(ServerLink& s);
+  // s.address and s.epoch (kept when the map has no entry; an error when
+  // it cannot be read).
+  Status FollowMap(ServerLink& s);
 
   const std::uint32_t worker_id_;
   ClientStatsRecorder* const stats_;
