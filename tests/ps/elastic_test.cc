@@ -19,7 +19,6 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -308,9 +307,9 @@ TEST_P(ElasticTest, JoinDuringBarrierDoesNotHoldIt) {
 // waited for, one that joined is (the checkpoint at clock 2 needs w0 and the
 // joiner w2, not the dead w1), and the checkpoint holds the exact counts.
 TEST_P(ElasticTest, CheckpointCutCountsMembersOnly) {
-  char tmpl[] = "/tmp/rdmaps-elastic-XXXXXX";
-  ASSERT_NE(::mkdtemp(tmpl), nullptr);
-  const std::string dir = tmpl;
+  const ScopedTempDir tmp("rdmaps-elastic");
+  ASSERT_FALSE(tmp.path.empty());
+  const std::string& dir = tmp.path;
   ASSERT_NO_FATAL_FAILURE(StartServers(kMax, dir));
   auto w0 = Connect(0), w1 = Connect(1);
   ASSERT_TRUE(w0 && w1);
@@ -332,8 +331,6 @@ TEST_P(ElasticTest, CheckpointCutCountsMembersOnly) {
   EXPECT_EQ(counts[0], 2.0f);
   EXPECT_EQ(counts[1], 1.0f);
   EXPECT_EQ(counts[2], 1.0f);
-  std::error_code ec;
-  std::filesystem::remove_all(dir, ec);
 }
 
 // Without max_workers a worker that dies still fails the others' waits,

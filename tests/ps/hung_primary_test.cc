@@ -29,6 +29,7 @@
 #include "src/ps/test_hooks.h"
 #include "tests/ps/eventually.h"
 #include "tests/ps/ps_test_util.h"
+#include "tests/ps/replicated_cluster.h"
 #include "transport/fake/fake_transport.h"
 
 namespace rdmaps::testing {
@@ -50,50 +51,16 @@ constexpr auto kWaitTimeout = seconds(20);
 // below kWaitTimeout and the transport's op_timeout (30 s).
 constexpr auto kFollowBound = seconds(6);
 
-struct Replicated {
-  std::shared_ptr<FailoverDecider> decider = NewEmbeddedFailoverDecider();
-  std::vector<std::unique_ptr<Server>> primaries, backups;
-  std::vector<std::string> addresses;  // the primaries' at start
-  std::vector<std::unique_ptr<Client>> clients;
-  std::string transport;
-};
-
-ClientOptions WorkerOptions(const Replicated& c, std::uint32_t w, std::uint32_t W) {
-  ClientOptions o = MakeClientOptions(c.transport, w, W, c.addresses);
-  o.failover = c.decider;
-  o.wait_timeout = kWaitTimeout;
-  return o;
-}
+using Replicated = ReplicatedCluster;
 
 // Per shard a backup, then its primary; then `connect` of the W workers.
 void Start(Replicated* c, const std::string& transport, std::uint32_t S, std::uint32_t W,
            std::uint32_t connect, std::uint32_t staleness) {
   c->transport = transport;
-  const std::vector<TableOptions> tables = {MakeTable(kTable, "count", kRows, kDim, staleness)};
-  for (std::uint32_t i = 0; i < S; ++i) {
-    ServerOptions b = MakeServerOptions(transport, i, S, W, tables);
-    b.replicas = 2;
-    b.replica_role = ReplicaRole::kBackup;
-    b.failover = c->decider;
-    b.exit_when_workers_done = false;
-    auto backup = Server::Start(b);
-    ASSERT_TRUE(backup.ok()) << backup.status();
-    ServerOptions p = MakeServerOptions(transport, i, S, W, tables);
-    p.replicas = 2;
-    p.backup_address = (*backup)->address();
-    p.failover = c->decider;
-    p.exit_when_workers_done = false;
-    auto primary = Server::Start(p);
-    ASSERT_TRUE(primary.ok()) << primary.status();
-    c->addresses.push_back((*primary)->address());
-    c->backups.push_back(std::move(backup).value());
-    c->primaries.push_back(std::move(primary).value());
-  }
-  for (std::uint32_t w = 0; w < connect; ++w) {
-    auto cl = Client::Connect(WorkerOptions(*c, w, W));
-    ASSERT_TRUE(cl.ok()) << cl.status();
-    c->clients.push_back(std::move(cl).value());
-  }
+  c->wait_timeout = kWaitTimeout;
+  c->StartShards(S, W, {MakeTable(kTable, "count", kRows, kDim, staleness)});
+  if (::testing::Test::HasFatalFailure()) return;
+  c->ConnectWorkers(connect, W);
 }
 
 // Hangs the primary of `shard` with its connections open (on fake, every
@@ -191,16 +158,13 @@ TEST_P(HungPrimaryTest, PullBlockedOnAHungPrimaryCompletesAtTheNewOne) {
   Replicated c;
   Start(&c, GetParam(), 1, 2, 0, /*staleness=*/0);
   ASSERT_FALSE(HasFatalFailure());
-  for (std::uint32_t w = 0; w < 2; ++w) {
-    ClientOptions o = WorkerOptions(c, w, 2);
-    // Worker 0's pull, not its Clock(), waits for worker 1; worker 1's
-    // Clock() waits (and so meets the hung primary, fails over and resends
-    // its clock there).
-    o.clock_waits = w == 1;
-    auto cl = Client::Connect(o);
-    ASSERT_TRUE(cl.ok()) << cl.status();
-    c.clients.push_back(std::move(cl).value());
-  }
+  // Worker 0's pull, not its Clock(), waits for worker 1; worker 1's
+  // Clock() waits (and so meets the hung primary, fails over and resends
+  // its clock there).
+  c.ConnectWorkers(1, 2, [](ClientOptions& o) { o.clock_waits = false; });
+  ASSERT_FALSE(HasFatalFailure());
+  c.ConnectWorkers(1, 2);
+  ASSERT_FALSE(HasFatalFailure());
   const std::vector<float> minus_one(kRows * kDim, -1.0f);
   for (auto& cl : c.clients) ASSERT_TRUE(cl->Push(kTable, RowRange{0, kRows}, minus_one).ok());
   // At clock 1 worker 0's BSP pull needs worker 1 at clock 1.
@@ -253,7 +217,7 @@ TEST_P(HungPrimaryTest, ConnectReachesThePromotedBackup) {
   ASSERT_TRUE(Eventually([&] { return c.backups[0]->stats().pushes_applied == 1; }));
   internal::TEST_PauseApply(*c.backups[0], true);
   internal::TEST_Kill(*c.primaries[0]);
-  ClientOptions o = WorkerOptions(c, 1, 2);
+  ClientOptions o = c.WorkerOptions(1, 2);
   o.connect_timeout = milliseconds(1000);
   auto refused = Client::Connect(o);
   ASSERT_FALSE(refused.ok());
@@ -292,33 +256,17 @@ TEST_P(HungPrimaryTest, ElasticWorkerThatDiedWithItsPrimaryLeavesThePromotedBack
   constexpr auto kWindow = seconds(2);
   Replicated c;
   c.transport = GetParam();
-  const std::vector<TableOptions> tables = {MakeTable(kTable, "count", kRows, kDim, 0)};
-  ServerOptions b = MakeServerOptions(c.transport, 0, 1, kInitial, tables);
-  b.max_workers = kMax;
-  b.replicas = 2;
-  b.replica_role = ReplicaRole::kBackup;
-  b.failover = c.decider;
-  b.exit_when_workers_done = false;
-  b.failover_reconnect_window = kWindow;
-  auto backup = Server::Start(b);
-  ASSERT_TRUE(backup.ok()) << backup.status();
-  ServerOptions p = MakeServerOptions(c.transport, 0, 1, kInitial, tables);
-  p.max_workers = kMax;
-  p.replicas = 2;
-  p.backup_address = (*backup)->address();
-  p.failover = c.decider;
-  p.exit_when_workers_done = false;
-  auto primary = Server::Start(p);
-  ASSERT_TRUE(primary.ok()) << primary.status();
-  c.addresses = {(*primary)->address()};
-  for (std::uint32_t w = 0; w < kInitial; ++w) {
-    ClientOptions o = WorkerOptions(c, w, kInitial);
+  c.wait_timeout = kWaitTimeout;
+  c.StartShards(1, kInitial, {MakeTable(kTable, "count", kRows, kDim, 0)}, [&](ServerOptions& o) {
+    o.max_workers = kMax;
+    o.failover_reconnect_window = kWindow;  // (used by a promoted backup)
+  });
+  ASSERT_FALSE(HasFatalFailure());
+  c.ConnectWorkers(kInitial, kInitial, [&](ClientOptions& o) {
     o.max_workers = kMax;
     o.clock_waits = false;
-    auto cl = Client::Connect(o);
-    ASSERT_TRUE(cl.ok()) << cl.status();
-    c.clients.push_back(std::move(cl).value());
-  }
+  });
+  ASSERT_FALSE(HasFatalFailure());
   const std::vector<float> minus_one(kRows * kDim, -1.0f);
   std::vector<float> out(kRows * kDim);
   for (auto& cl : c.clients) {
@@ -329,9 +277,9 @@ TEST_P(HungPrimaryTest, ElasticWorkerThatDiedWithItsPrimaryLeavesThePromotedBack
   ASSERT_TRUE(c.clients[1]->Flush().ok());
   // The backup holds both workers' clocks (every slot is logged before it
   // is applied) before they die together.
-  ASSERT_TRUE(Eventually([&] { return (*backup)->stats().min_clock == 1; }));
-  const std::uint32_t epoch_before = (*backup)->stats().membership_epoch;
-  internal::TEST_Kill(**primary);
+  ASSERT_TRUE(Eventually([&] { return c.backups[0]->stats().min_clock == 1; }));
+  const std::uint32_t epoch_before = c.backups[0]->stats().membership_epoch;
+  internal::TEST_Kill(*c.primaries[0]);
   internal::TEST_Abandon(*c.clients[1]);
   // Worker 0 at clock 2 needs every member at clock 2.
   ASSERT_TRUE(c.clients[0]->Push(kTable, RowRange{0, kRows}, minus_one).ok());
@@ -342,17 +290,15 @@ TEST_P(HungPrimaryTest, ElasticWorkerThatDiedWithItsPrimaryLeavesThePromotedBack
   ASSERT_TRUE(pulled.ok()) << pulled;
   EXPECT_LT(Ms(waited), Ms(kWindow + kFollowBound)) << "the pull waited out wait_timeout";
   for (std::size_t i = 0; i < out.size(); ++i) ASSERT_EQ(out[i], 3.0f) << "float " << i;
-  const ServerStats st = (*backup)->stats();
+  const ServerStats st = c.backups[0]->stats();
   EXPECT_EQ(st.members, 1u);
   EXPECT_GT(st.membership_epoch, epoch_before);
   EXPECT_EQ(st.dead_workers, std::vector<std::uint32_t>{1});
-  EXPECT_EQ(c.decider->Current(0)->primary, (*backup)->address());
+  EXPECT_EQ(c.decider->Current(0)->primary, c.backups[0]->address());
   // Worker 0 goes on alone under BSP.
   ASSERT_TRUE(c.clients[0]->Clock().ok());
   ASSERT_TRUE(c.clients[0]->Pull(kTable, RowRange{0, kRows}, out).ok());
   c.clients.clear();
-  primary->reset();
-  backup->reset();
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, HungPrimaryTest, ::testing::Values("fake", "tcp"));

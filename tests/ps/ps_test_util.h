@@ -2,7 +2,9 @@
 #pragma once
 
 #include <gtest/gtest.h>
+#include <stdlib.h>
 
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <string>
@@ -13,6 +15,25 @@
 #include "tests/vm/verbs_test_env.h"
 
 namespace rdmaps::testing {
+
+// A fresh directory /tmp/NAME-XXXXXX, removed with all it holds when the
+// scope ends (a failed ASSERT included). path is empty, and the test has
+// failed, when it could not be made.
+struct ScopedTempDir {
+  std::string path;
+  explicit ScopedTempDir(const std::string& name = "rdmaps-test") {
+    std::string tmpl = "/tmp/" + name + "-XXXXXX";
+    const char* p = ::mkdtemp(tmpl.data());
+    EXPECT_NE(p, nullptr) << "mkdtemp " << tmpl;
+    if (p) path = p;
+  }
+  ~ScopedTempDir() {
+    std::error_code ec;
+    if (!path.empty()) std::filesystem::remove_all(path, ec);
+  }
+  ScopedTempDir(const ScopedTempDir&) = delete;
+  ScopedTempDir& operator=(const ScopedTempDir&) = delete;
+};
 
 struct Cluster {
   std::vector<std::unique_ptr<Server>> servers;

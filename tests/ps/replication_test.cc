@@ -6,12 +6,10 @@
 #include "src/ps/replication.h"
 
 #include <gtest/gtest.h>
-#include <stdlib.h>
 
 #include <atomic>
 #include <chrono>
 #include <cstring>
-#include <filesystem>
 #include <random>
 #include <thread>
 
@@ -20,6 +18,7 @@
 #include "src/ps/test_hooks.h"
 #include "tests/ps/eventually.h"
 #include "tests/ps/ps_test_util.h"
+#include "tests/ps/replicated_cluster.h"
 #include "transport/fake/fake_transport.h"
 
 namespace rdmaps::testing {
@@ -29,48 +28,20 @@ using std::chrono::milliseconds;
 using std::chrono::seconds;
 using SteadyClock = std::chrono::steady_clock;
 
-struct Replicated {
-  std::shared_ptr<FailoverDecider> decider = NewEmbeddedFailoverDecider();
-  std::vector<std::unique_ptr<Server>> primaries, backups;
-  std::vector<std::string> addresses;  // the primaries' at start
-  std::vector<std::unique_ptr<Client>> clients;
-};
+using Replicated = ReplicatedCluster;
 
 // Per shard a backup, then its primary; then the workers.
 void Start(Replicated* c, const std::string& transport, std::uint32_t S, std::uint32_t W,
            const std::vector<TableOptions>& tables, milliseconds wait_timeout = seconds(20),
            const std::string& checkpoint_dir = "", std::uint64_t checkpoint_every = 0) {
-  for (std::uint32_t i = 0; i < S; ++i) {
-    ServerOptions b = MakeServerOptions(transport, i, S, W, tables);
-    b.checkpoint_dir = checkpoint_dir;
-    b.checkpoint_every = checkpoint_every;
-    b.replicas = 2;
-    b.replica_role = ReplicaRole::kBackup;
-    b.failover = c->decider;
-    b.exit_when_workers_done = false;
-    auto backup = Server::Start(b);
-    ASSERT_TRUE(backup.ok()) << backup.status();
-    ServerOptions p = MakeServerOptions(transport, i, S, W, tables);
-    p.checkpoint_dir = checkpoint_dir;
-    p.checkpoint_every = checkpoint_every;
-    p.replicas = 2;
-    p.backup_address = (*backup)->address();
-    p.failover = c->decider;
-    p.exit_when_workers_done = false;
-    auto primary = Server::Start(p);
-    ASSERT_TRUE(primary.ok()) << primary.status();
-    c->addresses.push_back((*primary)->address());
-    c->backups.push_back(std::move(backup).value());
-    c->primaries.push_back(std::move(primary).value());
-  }
-  for (std::uint32_t w = 0; w < W; ++w) {
-    ClientOptions o = MakeClientOptions(transport, w, W, c->addresses);
-    o.failover = c->decider;
-    o.wait_timeout = wait_timeout;
-    auto cl = Client::Connect(o);
-    ASSERT_TRUE(cl.ok()) << cl.status();
-    c->clients.push_back(std::move(cl).value());
-  }
+  c->transport = transport;
+  c->wait_timeout = wait_timeout;
+  c->StartShards(S, W, tables, [&](ServerOptions& o) {
+    o.checkpoint_dir = checkpoint_dir;
+    o.checkpoint_every = checkpoint_every;
+  });
+  if (::testing::Test::HasFatalFailure()) return;
+  c->ConnectWorkers(W, W);
 }
 
 using rdmaps::testing::Eventually;
@@ -305,16 +276,9 @@ TEST_P(ReplicationTest, InterruptedBarrierWaitsForTheSameGenerationNext) {
 // completes on every server; the checkpoint then holds every push.
 TEST_P(ReplicationTest, CheckpointAcrossAFailoverFailsRetryablyThenCompletes) {
   constexpr std::uint32_t W = 2;
-  char tmpl[] = "/tmp/rdmaps-repl-ckpt-XXXXXX";
-  ASSERT_NE(::mkdtemp(tmpl), nullptr);
-  const std::string dir = tmpl;
-  struct Remove {
-    std::string path;
-    ~Remove() {
-      std::error_code ec;
-      std::filesystem::remove_all(path, ec);
-    }
-  } remove{dir};
+  const ScopedTempDir tmp("rdmaps-repl-ckpt");
+  ASSERT_FALSE(tmp.path.empty());
+  const std::string& dir = tmp.path;
   Replicated c;
   Start(&c, GetParam(), 2, W, {MakeTable(1, "count", 64, 4, 0)}, seconds(20), dir);
   ASSERT_FALSE(HasFatalFailure());
@@ -394,16 +358,9 @@ TEST_P(ReplicationTest, CheckpointAcrossAFailoverFailsRetryablyThenCompletes) {
 // primary's death the promoted backup must take the cut at 6 in time.
 TEST_P(ReplicationTest, APromotedBackupTakesTheCutsAfterABatchOfPassedOnes) {
   constexpr std::uint32_t W = 2;
-  char tmpl[] = "/tmp/rdmaps-repl-cut-XXXXXX";
-  ASSERT_NE(::mkdtemp(tmpl), nullptr);
-  const std::string dir = tmpl;
-  struct Remove {
-    std::string path;
-    ~Remove() {
-      std::error_code ec;
-      std::filesystem::remove_all(path, ec);
-    }
-  } remove{dir};
+  const ScopedTempDir tmp("rdmaps-repl-cut");
+  ASSERT_FALSE(tmp.path.empty());
+  const std::string& dir = tmp.path;
   Replicated c;
   // checkpoint_timeout stays 600 s: only a cut passed in time counts.
   Start(&c, GetParam(), 1, W, {MakeTable(1, "count", 8, 4, 0)}, seconds(20), dir, 2);
