@@ -23,12 +23,18 @@ failover_cases::OpenDecider Opener(const std::string& store) {
   };
 }
 
-TEST(CoordFailoverTest, RecordRoundTripsAndHostileRecordsAreDataLoss) {
+// Shard `shard` at `epoch`, primary 10.0.0.5, backup 10.0.0.6.
+ShardAssignment TwoHosts(std::uint32_t shard, std::uint64_t epoch) {
   ShardAssignment a;
-  a.shard = 2;
-  a.epoch = 7;
+  a.shard = shard;
+  a.epoch = epoch;
   a.primary = "10.0.0.5:7470";
   a.backup = "10.0.0.6:7470";
+  return a;
+}
+
+TEST(CoordFailoverTest, RecordRoundTripsAndHostileRecordsAreDataLoss) {
+  ShardAssignment a = TwoHosts(2, 7);
   const std::string text = EncodeFailoverRecord(a);
   EXPECT_EQ(text,
             "rdmaps failover shard v1\nepoch 7\nprimary 10.0.0.5:7470\nbackup 10.0.0.6:7470\n");
@@ -70,11 +76,7 @@ TEST(CoordFailoverTest, RecordRoundTripsAndHostileRecordsAreDataLoss) {
 // few hostile bytes: DataLoss naming the key, or a record that re-encodes to
 // exactly the text parsed (never a crash, never a half-read record).
 TEST(CoordFailoverTest, EveryTruncationAndByteFlipIsDataLossOrExact) {
-  ShardAssignment a;
-  a.shard = 4;
-  a.epoch = 12;
-  a.primary = "10.0.0.5:7470";
-  a.backup = "10.0.0.6:7470";
+  const ShardAssignment a = TwoHosts(4, 12);
   const std::string text = EncodeFailoverRecord(a);
   auto check = [](const std::string& t) {
     auto r = ParseFailoverRecord(4, t);
