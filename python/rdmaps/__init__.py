@@ -663,8 +663,9 @@ class LocalCluster:
                 if not waiting:
                     return {i: self._shard_map.current(i) for i in shards}
                 for i, why in waiting:
-                    if self._care[i].final:
-                        raise Unavailable(f"shard {i} is not re-protected: {self._care[i].final}")
+                    final = self._final_why(i)
+                    if final:
+                        raise Unavailable(f"shard {i} is not re-protected: {final}")
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise TimedOut(f"wait_protected: after {timeout} s: " +
@@ -693,6 +694,13 @@ class LocalCluster:
             return (f"the shard map (epoch {entry['epoch']}: primary {entry['primary']}, backup "
                     f"{entry['backup'] or 'none'}) does not name it yet")
         return None
+
+    def _final_why(self, shard):
+        """Why no replacement will come to `shard` (None: one may; under the lock)."""
+        primary, backup = self.servers[shard], self.backups[shard]
+        if primary.killed and (backup is None or backup.killed):
+            return f"no live copy is left (primary {primary.address} died alone)"
+        return self._care[shard].final
 
     def _say(self, care, level, message):
         if care.said != message:
@@ -752,7 +760,7 @@ class LocalCluster:
                 if care.replacement is not None:  # (its copy died with the primary)
                     self._retire(care.replacement)
                     care.replacement = None
-                care.final = f"no live copy is left (primary {primary.address} died alone)"
+                care.final = self._final_why(shard)
                 self._say(care, logging.ERROR, f"shard {shard} lost: {care.final}")
                 self._cv.notify_all()
                 return
