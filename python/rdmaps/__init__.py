@@ -380,14 +380,18 @@ class Server:
     rejoin_as_backup_of="HOST:PORT" (with replica_role "backup"): a
     replacement backup of a shard that runs with one copy, HOST:PORT its
     primary; it copies the shard, catches up from the log and becomes the
-    backup (docs/ps.md, "Re-protection"). kill() ends it as a dying process.
+    backup (docs/ps.md, "Re-protection"). lease_ttl: s a primary's lease
+    lasts without renewal (0.75 by default): a primary that hangs with its
+    connections open is replaced after about this long. kill() ends the
+    server as a dying process.
     """
 
     def __init__(self, tables, listen="127.0.0.1:0", *, server_index=0, num_servers=1,
                  num_workers=1, transport="tcp", job_token="", exit_when_workers_done=True,
                  push_slots=None, push_slot_bytes=None, apply_threads=0, op_timeout=None,
                  max_workers=0, replicas=1, replica_role="primary", backup_address="",
-                 coordinator="", coordinator_prefix="rdmaps/job/", rejoin_as_backup_of=""):
+                 coordinator="", coordinator_prefix="rdmaps/job/", rejoin_as_backup_of="",
+                 lease_ttl=None):
         # The job secret workers must prove: as given, else from the
         # environment, else a new one (give it to the workers: .job_token).
         self.job_token = _job_secret(job_token) or _new_job_secret()
@@ -396,7 +400,8 @@ class Server:
                                        exit_when_workers_done,
                                        push_slots, push_slot_bytes, apply_threads, op_timeout,
                                        max_workers, replicas, replica_role, backup_address,
-                                       coordinator, coordinator_prefix, rejoin_as_backup_of)
+                                       coordinator, coordinator_prefix, rejoin_as_backup_of,
+                                       None if lease_ttl is None else float(lease_ttl))
 
     @property
     def address(self):
@@ -512,7 +517,10 @@ class LocalCluster:
     wait_protected() waits, with a deadline, until every shard has two
     copies again; .reprotections lists each one done. A replacement not in
     sync within `reprotect_timeout` s is killed and another one started.
-    Logged on the "rdmaps" logger.
+    Logged on the "rdmaps" logger. lease_ttl (5 s here, 0.75 s for a
+    Server): a primary that hangs without dying is replaced after about
+    this long; a killed one at once (its connections close). Longer than
+    a Server's so that a loaded machine's stalls are not taken for a hang.
     """
 
     _next_id = 0
@@ -520,7 +528,7 @@ class LocalCluster:
 
     def __init__(self, tables, servers=1, workers=1, transport="tcp", job_token="",
                  host="127.0.0.1", max_workers=0, replicas=1, max_replacements=4,
-                 reprotect_timeout=60.0, **server_args):
+                 reprotect_timeout=60.0, lease_ttl=5.0, **server_args):
         if replicas not in (1, 2):
             raise ValueError(f"replicas={replicas!r} is not 1 or 2")
         if type(max_replacements) is not int or max_replacements < 0:
@@ -556,6 +564,8 @@ class LocalCluster:
         self._common = dict(num_servers=servers, num_workers=workers, transport=transport,
                             job_token=self.job_token, exit_when_workers_done=False,
                             max_workers=max_workers, **server_args)
+        if replicas == 2:
+            self._common["lease_ttl"] = lease_ttl
         common = self._common
         try:
             for i in range(servers):

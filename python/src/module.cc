@@ -1521,7 +1521,8 @@ void DefineModule(py::module_& m) {
          std::uint32_t apply_threads, std::optional<double> op_timeout, std::uint32_t max_workers,
          std::uint32_t replicas, const std::string& replica_role,
          const std::string& backup_address, const std::string& coordinator,
-         const std::string& coordinator_prefix, const std::string& rejoin_as_backup_of) {
+         const std::string& coordinator_prefix, const std::string& rejoin_as_backup_of,
+         std::optional<double> lease_ttl) {
         ServerOptions o;
         o.transport = MakeTransport(transport, job_token, op_timeout);
         o.listen_address = listen;
@@ -1551,7 +1552,14 @@ void DefineModule(py::module_& m) {
           CoordinatorConfig c;
           c.address = coordinator;
           c.job_prefix = coordinator_prefix;
-          o.failover = ValueOrRaise(OpenFailoverDecider(c));
+          if (lease_ttl && !(*lease_ttl >= 0.01 && *lease_ttl <= 3600)) {
+            Raise(InvalidArgumentError("lease_ttl=" + std::to_string(*lease_ttl) +
+                                       " s is not in [0.01, 3600] seconds"));
+          }
+          o.failover = ValueOrRaise(
+              lease_ttl ? OpenFailoverDecider(c, std::chrono::milliseconds(static_cast<std::int64_t>(
+                                                     *lease_ttl * 1000)))
+                        : OpenFailoverDecider(c));
         }
         Result<std::unique_ptr<Server>> s = [&] {
           py::gil_scoped_release release;
@@ -1566,7 +1574,8 @@ void DefineModule(py::module_& m) {
       py::arg("apply_threads") = 0, py::arg("op_timeout") = py::none(),
       py::arg("max_workers") = 0, py::arg("replicas") = 1, py::arg("replica_role") = "primary",
       py::arg("backup_address") = "", py::arg("coordinator") = "",
-      py::arg("coordinator_prefix") = "rdmaps/job/", py::arg("rejoin_as_backup_of") = "");
+      py::arg("coordinator_prefix") = "rdmaps/job/", py::arg("rejoin_as_backup_of") = "",
+      py::arg("lease_ttl") = py::none());
 
   // The shard map of a replicated job (rdmaps::FailoverDecider, read only):
   // what LocalCluster's re-protection follows.
