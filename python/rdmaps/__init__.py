@@ -94,11 +94,14 @@ __all__ = [
 # Clients still open at interpreter exit are closed first (their goodbye
 # tells the servers this worker is done), while the interpreter still runs.
 _live = weakref.WeakSet()
+# LocalClusters with a re-protection thread: closed at exit (after the
+# clients) so that the thread ends while the interpreter still runs.
+_live_clusters = weakref.WeakSet()
 
 
 @atexit.register
 def _close_all():
-    for c in list(_live):
+    for c in list(_live) + list(_live_clusters):
         try:
             c.close()
         except Exception:  # noqa: BLE001 - best effort at exit
@@ -585,8 +588,12 @@ class LocalCluster:
                 self._shard_map = _rdmaps.open_shard_map(
                     self.coordinator, server_args.get("coordinator_prefix", "rdmaps/job/"))
                 self._care = [_ShardCare() for _ in range(servers)]
-                self._supervisor = threading.Thread(target=self._supervise, daemon=True,
-                                                    name="rdmaps-reprotect")
+                # (The thread holds the cluster weakly: one nobody closed is
+                # still collected, which stops its servers.)
+                self._supervisor = threading.Thread(
+                    target=LocalCluster._supervise, args=(weakref.ref(self), self._closing),
+                    daemon=True, name="rdmaps-reprotect")
+                _live_clusters.add(self)
                 self._supervisor.start()
         except BaseException:
             self.close()
@@ -717,18 +724,23 @@ class LocalCluster:
             care.said = message
             _log.log(level, "%s", message)
 
-    def _supervise(self):
+    @staticmethod
+    def _supervise(cluster, closing):
         """The re-protection thread: looks at the shard map every _POLL s."""
-        while not self._closing.wait(self._POLL):
-            for shard in range(len(self._care)):
-                if self._closing.is_set():
+        while not closing.wait(LocalCluster._POLL):
+            lc = cluster()
+            if lc is None:
+                return
+            for shard in range(len(lc._care)):
+                if closing.is_set():
                     return
                 try:
-                    self._reprotect_step(shard)
+                    lc._reprotect_step(shard)
                 except Error as e:  # (the map unreadable: try again at the next look)
-                    with self._cv:
-                        self._say(self._care[shard], logging.WARNING,
-                                  f"shard {shard}: re-protection: {e}")
+                    with lc._cv:
+                        lc._say(lc._care[shard], logging.WARNING,
+                                f"shard {shard}: re-protection: {e}")
+            del lc
 
     def _retire(self, server):
         """A copy the shard map dropped: killed (if alive) and listed in .dead."""

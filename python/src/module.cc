@@ -38,8 +38,8 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <chrono>
 #include <cerrno>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <cstring>
@@ -120,7 +120,7 @@ struct Op {
   std::atomic<bool> done{false};
   std::mutex mu;
   std::condition_variable cv;
-  std::uint64_t seq = 0;                  // set by Runner::Submit: 1, 2, ...
+  std::uint64_t seq = 0;                 // set by Runner::Submit: 1, 2, ...
   std::shared_ptr<Canceller> canceller;  // null: not cancellable (Close)
 };
 
@@ -1519,10 +1519,9 @@ void DefineModule(py::module_& m) {
          const std::string& job_token, bool exit_when_workers_done,
          std::optional<std::uint32_t> push_slots, std::optional<std::uint32_t> push_slot_bytes,
          std::uint32_t apply_threads, std::optional<double> op_timeout, std::uint32_t max_workers,
-         std::uint32_t replicas, const std::string& replica_role,
-         const std::string& backup_address, const std::string& coordinator,
-         const std::string& coordinator_prefix, const std::string& rejoin_as_backup_of,
-         std::optional<double> lease_ttl) {
+         std::uint32_t replicas, const std::string& replica_role, const std::string& backup_address,
+         const std::string& coordinator, const std::string& coordinator_prefix,
+         const std::string& rejoin_as_backup_of, std::optional<double> lease_ttl) {
         ServerOptions o;
         o.transport = MakeTransport(transport, job_token, op_timeout);
         o.listen_address = listen;
@@ -1557,8 +1556,8 @@ void DefineModule(py::module_& m) {
                                        " s is not in [0.01, 3600] seconds"));
           }
           o.failover = ValueOrRaise(
-              lease_ttl ? OpenFailoverDecider(c, std::chrono::milliseconds(static_cast<std::int64_t>(
-                                                     *lease_ttl * 1000)))
+              lease_ttl ? OpenFailoverDecider(c, std::chrono::milliseconds(
+                                                     static_cast<std::int64_t>(*lease_ttl * 1000)))
                         : OpenFailoverDecider(c));
         }
         Result<std::unique_ptr<Server>> s = [&] {
@@ -1571,11 +1570,10 @@ void DefineModule(py::module_& m) {
       py::arg("num_servers") = 1, py::arg("num_workers") = 1, py::arg("transport") = "tcp",
       py::arg("job_token") = "", py::arg("exit_when_workers_done") = true,
       py::arg("push_slots") = py::none(), py::arg("push_slot_bytes") = py::none(),
-      py::arg("apply_threads") = 0, py::arg("op_timeout") = py::none(),
-      py::arg("max_workers") = 0, py::arg("replicas") = 1, py::arg("replica_role") = "primary",
-      py::arg("backup_address") = "", py::arg("coordinator") = "",
-      py::arg("coordinator_prefix") = "rdmaps/job/", py::arg("rejoin_as_backup_of") = "",
-      py::arg("lease_ttl") = py::none());
+      py::arg("apply_threads") = 0, py::arg("op_timeout") = py::none(), py::arg("max_workers") = 0,
+      py::arg("replicas") = 1, py::arg("replica_role") = "primary", py::arg("backup_address") = "",
+      py::arg("coordinator") = "", py::arg("coordinator_prefix") = "rdmaps/job/",
+      py::arg("rejoin_as_backup_of") = "", py::arg("lease_ttl") = py::none());
 
   // The shard map of a replicated job (rdmaps::FailoverDecider, read only):
   // what LocalCluster's re-protection follows.
