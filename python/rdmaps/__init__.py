@@ -32,8 +32,11 @@ carrying the C++ Status message. See docs/python.md.
 """
 
 import atexit
+import logging
 import os as _os
 import sys
+import threading
+import time
 import weakref
 
 import numpy as _np
@@ -76,6 +79,8 @@ from ._rdmaps import (  # noqa: F401  (re-exported)
 
 __version__ = _rdmaps.__version__
 
+_log = logging.getLogger("rdmaps")
+
 __all__ = [
     "ASP", "BSP", "Client", "Error", "Future", "Initializer", "LocalCluster", "Optimizer",
     "Server", "Table", "TableInfo", "connect", "init", "local_cluster", "serve",
@@ -89,11 +94,14 @@ __all__ = [
 # Clients still open at interpreter exit are closed first (their goodbye
 # tells the servers this worker is done), while the interpreter still runs.
 _live = weakref.WeakSet()
+# LocalClusters with a re-protection thread: closed at exit (after the
+# clients) so that the thread ends while the interpreter still runs.
+_live_clusters = weakref.WeakSet()
 
 
 @atexit.register
 def _close_all():
-    for c in list(_live):
+    for c in list(_live) + list(_live_clusters):
         try:
             c.close()
         except Exception:  # noqa: BLE001 - best effort at exit
@@ -372,13 +380,21 @@ class Server:
     backup's .address), both with the same server_index and `coordinator`
     ("memory:NAME" in one process, "dir:/PATH", "etcd://HOST:PORT"), where
     the shard map lives (docs/ps.md, "Replication and failover").
+    rejoin_as_backup_of="HOST:PORT" (with replica_role "backup"): a
+    replacement backup of a shard that runs with one copy, HOST:PORT its
+    primary; it copies the shard, catches up from the log and becomes the
+    backup (docs/ps.md, "Re-protection"). lease_ttl: s a primary's lease
+    lasts without renewal (0.75 by default): a primary that hangs with its
+    connections open is replaced after about this long. kill() ends the
+    server as a dying process.
     """
 
     def __init__(self, tables, listen="127.0.0.1:0", *, server_index=0, num_servers=1,
                  num_workers=1, transport="tcp", job_token="", exit_when_workers_done=True,
                  push_slots=None, push_slot_bytes=None, apply_threads=0, op_timeout=None,
                  max_workers=0, replicas=1, replica_role="primary", backup_address="",
-                 coordinator="", coordinator_prefix="rdmaps/job/"):
+                 coordinator="", coordinator_prefix="rdmaps/job/", rejoin_as_backup_of="",
+                 lease_ttl=None):
         # The job secret workers must prove: as given, else from the
         # environment, else a new one (give it to the workers: .job_token).
         self.job_token = _job_secret(job_token) or _new_job_secret()
@@ -387,7 +403,8 @@ class Server:
                                        exit_when_workers_done,
                                        push_slots, push_slot_bytes, apply_threads, op_timeout,
                                        max_workers, replicas, replica_role, backup_address,
-                                       coordinator, coordinator_prefix)
+                                       coordinator, coordinator_prefix, rejoin_as_backup_of,
+                                       None if lease_ttl is None else float(lease_ttl))
 
     @property
     def address(self):
@@ -397,8 +414,24 @@ class Server:
         """Serves until every worker has closed (or stop()); TimedOut after timeout s."""
         self._s.run(timeout)
 
+    @property
+    def killed(self):
+        """True once kill() ran."""
+        return self._s.killed
+
     def stop(self):
-        self._s.stop()
+        if not self._s.killed:
+            self._s.stop()
+
+    def kill(self):
+        """Ends this server as if its process died (for failover tests).
+
+        Its threads stop and every connection closes at once: with
+        replicas=2 its peer takes over (a backup is promoted, a primary goes
+        on alone) and workers fail over. Later calls but .address, stop()
+        and kill() raise FailedPrecondition. Idempotent.
+        """
+        self._s.kill()
 
     def stats(self):
         """The server's counters (rdmaps::ServerStats) as a dict."""
@@ -451,6 +484,20 @@ def init(tables, *, env=None, transport=None, **connect_args):
     return connect(tables=tables, env=env, transport=transport, **connect_args)
 
 
+class _ShardCare:
+    """LocalCluster's re-protection state of one shard (under its lock)."""
+
+    __slots__ = ("replacement", "give_up", "not_before", "lost_at", "final", "said")
+
+    def __init__(self):
+        self.replacement = None  # a replacement Server in its catch-up
+        self.give_up = 0.0       # when that replacement is killed if not in sync
+        self.not_before = 0.0    # no replacement starts before this
+        self.lost_at = None      # when the shard was first seen with one copy
+        self.final = None        # why no replacement will come (then Unavailable)
+        self.said = None         # the last condition logged (each is logged once)
+
+
 class LocalCluster:
     """Servers running in this process, for notebooks and tests.
 
@@ -462,29 +509,67 @@ class LocalCluster:
     it). replicas=2: a backup (.backups[i]) and a primary (.servers[i]) per
     shard, the shard map in an in-process coordinator (.coordinator);
     .connect gives workers that fail over to a promoted backup.
+
+    Re-protection (replicas=2): when a copy of a shard dies (kill(shard)
+    in a test) the survivor serves alone, and a background thread starts a
+    replacement backup that copies the shard from it while the workers go
+    on pushing, catches up from the log and becomes the backup (the shard
+    map names it), at most `max_replacements` times per cluster (4, as
+    rdmaps-local; 0: never). .servers[i] and .backups[i] follow the shard
+    map (.backups[i] is None while shard i has one copy);
+    wait_protected() waits, with a deadline, until every shard has two
+    copies again; .reprotections lists each one done. A replacement not in
+    sync within `reprotect_timeout` s is killed and another one started.
+    Logged on the "rdmaps" logger. lease_ttl (5 s here, 0.75 s for a
+    Server): a primary that hangs without dying is replaced after about
+    this long; a killed one at once (its connections close). Longer than
+    a Server's so that a loaded machine's stalls are not taken for a hang.
     """
 
     _next_id = 0
+    _POLL = 0.02  # s between two looks at the shard map (re-protection)
 
     def __init__(self, tables, servers=1, workers=1, transport="tcp", job_token="",
-                 host="127.0.0.1", max_workers=0, replicas=1, **server_args):
+                 host="127.0.0.1", max_workers=0, replicas=1, max_replacements=4,
+                 reprotect_timeout=60.0, lease_ttl=5.0, **server_args):
         if replicas not in (1, 2):
             raise ValueError(f"replicas={replicas!r} is not 1 or 2")
+        if type(max_replacements) is not int or max_replacements < 0:
+            raise ValueError(f"max_replacements={max_replacements!r} is not an int >= 0")
+        if not reprotect_timeout > 0:
+            raise ValueError(f"reprotect_timeout={reprotect_timeout!r} is not > 0 seconds")
         self.tables = _table_list(tables)
         self.num_workers = workers
         self.max_workers = max_workers
         self.replicas = replicas
         self.transport = transport
         self.job_token = _job_secret(job_token) or _new_job_secret()
+        self.max_replacements = max_replacements if replicas == 2 else 0
+        self.reprotect_timeout = float(reprotect_timeout)
         self.coordinator = None
+        # Each completed re-protection: {"shard", "backup" (the replacement's
+        # address), "primary", "epoch", "seconds" (from the loss to the map
+        # naming the replacement), "catchup_bytes", "catchup_seconds"}.
+        self.reprotections = []
+        self.replacements_started = 0
+        self.dead = []  # the copies that died or were killed, in that order
+        self._cv = threading.Condition()
+        self._closing = threading.Event()
+        self._supervisor = None
+        self._care = []
+        self._shard_map = None
+        self._host = host
         if replicas == 2:
             LocalCluster._next_id += 1
             self.coordinator = f"memory:rdmaps-local-cluster-{_os.getpid()}-{LocalCluster._next_id}"
         self.servers = []
         self.backups = []
-        common = dict(num_servers=servers, num_workers=workers, transport=transport,
-                      job_token=self.job_token, exit_when_workers_done=False,
-                      max_workers=max_workers, **server_args)
+        self._common = dict(num_servers=servers, num_workers=workers, transport=transport,
+                            job_token=self.job_token, exit_when_workers_done=False,
+                            max_workers=max_workers, **server_args)
+        if replicas == 2:
+            self._common["lease_ttl"] = lease_ttl
+        common = self._common
         try:
             for i in range(servers):
                 backup_address = ""
@@ -499,6 +584,17 @@ class LocalCluster:
                     extra = {}
                 self.servers.append(Server(self.tables, f"{host}:0", server_index=i,
                                            **extra, **common))
+            if replicas == 2:
+                self._shard_map = _rdmaps.open_shard_map(
+                    self.coordinator, server_args.get("coordinator_prefix", "rdmaps/job/"))
+                self._care = [_ShardCare() for _ in range(servers)]
+                # (The thread holds the cluster weakly: one nobody closed is
+                # still collected, which stops its servers.)
+                self._supervisor = threading.Thread(
+                    target=LocalCluster._supervise, args=(weakref.ref(self), self._closing),
+                    daemon=True, name="rdmaps-reprotect")
+                _live_clusters.add(self)
+                self._supervisor.start()
         except BaseException:
             self.close()
             raise
@@ -526,11 +622,246 @@ class LocalCluster:
                 "RDMAPS_NUM_WORKERS": str(self.num_workers),
                 "RDMAPS_TRANSPORT": self.transport, "RDMAPS_JOB_SECRET": self.job_token}
 
+    # --- Failures and re-protection (replicas=2) ---------------------------
+    def shard_map(self, shard):
+        """Shard `shard`'s entry of the shard map: {"shard", "epoch", "primary", "backup"}."""
+        self._need_replicas("shard_map")
+        return self._shard_map.current(shard)
+
+    def kill(self, shard, role="primary"):
+        """Kills the current primary (or, role="backup", backup) of `shard`
+        as if its process died (Server.kill()); returns that Server.
+
+        The survivor takes over at once (workers fail over to a promoted
+        backup) and re-protection starts a replacement backup. Raises
+        FailedPrecondition when the shard has no such live copy now.
+        """
+        self._need_replicas("kill")
+        if role not in ("primary", "backup"):
+            raise ValueError(f"role={role!r} is not 'primary' or 'backup'")
+        with self._cv:
+            s = (self.servers if role == "primary" else self.backups)[shard]
+            if s is None or s.killed:
+                raise FailedPrecondition(f"shard {shard} has no live {role} to kill now")
+            s.kill()
+            care = self._care[shard]
+            if care.lost_at is None:
+                care.lost_at = time.monotonic()
+            self._cv.notify_all()
+            return s
+
+    @property
+    def replacements_left(self):
+        """How many more replacement backups re-protection may start."""
+        return max(0, self.max_replacements - self.replacements_started)
+
+    def protected(self, shard=None):
+        """True when shard `shard` (None: every shard) has two live copies
+        that the shard map names as its primary and its backup."""
+        shards = range(len(self.servers)) if shard is None else [shard]
+        with self._cv:
+            return all(self._unprotected_why(i) is None for i in shards)
+
+    def wait_protected(self, shard=None, timeout=30.0):
+        """Waits until shard `shard` (None: every shard) is protected again.
+
+        Returns the shard map entries ({shard: entry}). Raises TimedOut
+        after `timeout` s (naming each shard still waiting and why), and
+        Unavailable at once for a shard no replacement will come to (no
+        live copy left, max_replacements used, re-protection off).
+        """
+        self._need_replicas("wait_protected")
+        shards = range(len(self.servers)) if shard is None else [shard]
+        deadline = time.monotonic() + timeout
+        with self._cv:
+            while True:
+                waiting = [(i, self._unprotected_why(i)) for i in shards]
+                waiting = [(i, why) for i, why in waiting if why is not None]
+                if not waiting:
+                    return {i: self._shard_map.current(i) for i in shards}
+                for i, why in waiting:
+                    final = self._final_why(i)
+                    if final:
+                        raise Unavailable(f"shard {i} is not re-protected: {final}")
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimedOut(f"wait_protected: after {timeout} s: " +
+                                   "; ".join(f"shard {i}: {why}" for i, why in waiting))
+                self._cv.wait(min(left, self._POLL))
+
+    def _need_replicas(self, what):
+        if self.replicas != 2:
+            raise FailedPrecondition(f"LocalCluster.{what} needs replicas=2 (this cluster has "
+                                     "one copy of each shard)")
+
+    def _unprotected_why(self, shard):
+        """None when `shard` is protected, else why not (under the lock)."""
+        primary, backup = self.servers[shard], self.backups[shard]
+        if self.replicas != 2:
+            return "the cluster has replicas=1"
+        if primary.killed:
+            return f"its primary {primary.address} died; the backup takes over"
+        if backup is None or backup.killed:
+            care = self._care[shard]
+            if care.replacement is not None:
+                return f"the replacement {care.replacement.address} is catching up"
+            return f"it runs with one copy ({primary.address})"
+        entry = self._shard_map.current(shard)
+        if entry["primary"] != primary.address or entry["backup"] != backup.address:
+            return (f"the shard map (epoch {entry['epoch']}: primary {entry['primary']}, backup "
+                    f"{entry['backup'] or 'none'}) does not name it yet")
+        return None
+
+    def _final_why(self, shard):
+        """Why no replacement will come to `shard` (None: one may; under the lock)."""
+        primary, backup = self.servers[shard], self.backups[shard]
+        if primary.killed and (backup is None or backup.killed):
+            return f"no live copy is left (primary {primary.address} died alone)"
+        return self._care[shard].final
+
+    def _say(self, care, level, message):
+        if care.said != message:
+            care.said = message
+            _log.log(level, "%s", message)
+
+    @staticmethod
+    def _supervise(cluster, closing):
+        """The re-protection thread: looks at the shard map every _POLL s."""
+        while not closing.wait(LocalCluster._POLL):
+            lc = cluster()
+            if lc is None:
+                return
+            for shard in range(len(lc._care)):
+                if closing.is_set():
+                    return
+                try:
+                    lc._reprotect_step(shard)
+                except Error as e:  # (the map unreadable: try again at the next look)
+                    with lc._cv:
+                        lc._say(lc._care[shard], logging.WARNING,
+                                f"shard {shard}: re-protection: {e}")
+            del lc
+
+    def _retire(self, server):
+        """A copy the shard map dropped: killed (if alive) and listed in .dead."""
+        server.kill()
+        self.dead.append(server)
+
+    def _reprotect_step(self, shard):
+        entry = self._shard_map.current(shard)
+        now = time.monotonic()
+        with self._cv:
+            care = self._care[shard]
+            primary, backup = self.servers[shard], self.backups[shard]
+            # The shard map's primary: a promoted backup (its primary died).
+            if entry["primary"] != primary.address and backup is not None \
+                    and entry["primary"] == backup.address:
+                self._say(care, logging.WARNING,
+                          f"shard {shard}: primary {primary.address} lost; backup "
+                          f"{backup.address} promoted at epoch {entry['epoch']}")
+                self._retire(primary)
+                self.servers[shard], self.backups[shard] = backup, None
+                primary, backup = backup, None
+                if care.lost_at is None:
+                    care.lost_at = now
+                self._cv.notify_all()
+            if entry["primary"] != primary.address:
+                return  # (a decision not reflected here yet)
+            if entry["backup"] == "" and backup is not None:
+                self._say(care, logging.WARNING,
+                          f"shard {shard}: backup {backup.address} lost; primary "
+                          f"{primary.address} serves alone at epoch {entry['epoch']}")
+                self._retire(backup)
+                self.backups[shard] = backup = None
+                if care.lost_at is None:
+                    care.lost_at = now
+                self._cv.notify_all()
+            if backup is not None:
+                return  # protected (or failing over: the map has not changed yet)
+            if primary.killed:
+                if care.replacement is not None:  # (its copy died with the primary)
+                    self._retire(care.replacement)
+                    care.replacement = None
+                care.final = self._final_why(shard)
+                self._say(care, logging.ERROR, f"shard {shard} lost: {care.final}")
+                self._cv.notify_all()
+                return
+            if care.replacement is not None:
+                r = care.replacement
+                if entry["backup"] == r.address:
+                    stats = r.stats()
+                    self.backups[shard], care.replacement = r, None
+                    event = {"shard": shard, "backup": r.address, "primary": primary.address,
+                             "epoch": entry["epoch"], "seconds": now - (care.lost_at or now),
+                             "catchup_bytes": stats["catchup_bytes"],
+                             "catchup_seconds": stats["catchup_seconds"]}
+                    self.reprotections.append(event)
+                    care.lost_at = None
+                    self._say(care, logging.INFO,
+                              f"shard {shard} is protected again: {r.address} is the backup of "
+                              f"{primary.address} at epoch {entry['epoch']} (copied "
+                              f"{event['catchup_bytes']} bytes, in sync after "
+                              f"{event['catchup_seconds']:.3f} s)")
+                    self._cv.notify_all()
+                elif r.killed or now >= care.give_up:
+                    self._say(care, logging.WARNING,
+                              f"shard {shard}: the replacement {r.address} is not in sync "
+                              f"{self.reprotect_timeout} s after it started; killing it")
+                    self._retire(r)
+                    care.replacement = None
+                    care.not_before = now + 1.0
+                return
+            if now < care.not_before or self._closing.is_set():
+                return
+            if self.max_replacements == 0:
+                care.final = ("it runs with one copy and re-protection is off "
+                              "(LocalCluster(max_replacements=0))")
+            elif self.replacements_started >= self.max_replacements:
+                care.final = (f"it runs with one copy: the {self.max_replacements} replacements "
+                              "LocalCluster(max_replacements=...) allows were used")
+            if care.final:
+                self._say(care, logging.WARNING, f"shard {shard} is not re-protected: {care.final}")
+                self._cv.notify_all()
+                return
+            self.replacements_started += 1
+            started = self.replacements_started
+            primary_address = primary.address
+            self._say(care, logging.INFO,
+                      f"shard {shard} has one copy ({primary_address}): starting a replacement "
+                      f"backup ({started} of {self.max_replacements})")
+        # Start() returns once the primary took the replacement (its copy and
+        # catch-up go on in the background); without the lock, which the
+        # workers' threads do not need but wait_protected does.
+        try:
+            r = Server(self.tables, f"{self._host}:0", server_index=shard, replicas=2,
+                       replica_role="backup", coordinator=self.coordinator,
+                       rejoin_as_backup_of=primary_address, **self._common)
+        except Error as e:
+            with self._cv:
+                self._say(care, logging.WARNING,
+                          f"shard {shard}: the replacement backup did not start ({e}); "
+                          "trying again in 1 s")
+                care.not_before = time.monotonic() + 1.0
+            return
+        with self._cv:
+            care.replacement = r
+            care.give_up = time.monotonic() + self.reprotect_timeout
+            self._cv.notify_all()
+
     def close(self):
-        for s in self.servers + self.backups:
+        self._closing.set()
+        if self._supervisor is not None and self._supervisor is not threading.current_thread():
+            self._supervisor.join()
+        with self._cv:
+            everything = self.servers + [b for b in self.backups if b is not None]
+            everything += [c.replacement for c in self._care if c.replacement is not None]
+            for c in self._care:
+                c.replacement = None
+            self.servers = []
+            self.backups = []
+            self._cv.notify_all()
+        for s in everything:
             s.stop()
-        self.servers = []
-        self.backups = []
 
     def __enter__(self):
         return self

@@ -38,8 +38,8 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <chrono>
 #include <cerrno>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <cstring>
@@ -120,7 +120,7 @@ struct Op {
   std::atomic<bool> done{false};
   std::mutex mu;
   std::condition_variable cv;
-  std::uint64_t seq = 0;                  // set by Runner::Submit: 1, 2, ...
+  std::uint64_t seq = 0;                 // set by Runner::Submit: 1, 2, ...
   std::shared_ptr<Canceller> canceller;  // null: not cancellable (Close)
 };
 
@@ -1061,13 +1061,18 @@ py::dict ServerStatsDict(const ServerStats& s) {
   d["worker_clocks"] = s.worker_clocks;
   d["registered_bytes"] = s.registered_bytes;
   d["log_records"] = s.log_records;
+  d["log_writes"] = s.log_writes;
+  d["log_credit_reads"] = s.log_credit_reads;
+  d["catchup_bytes"] = s.catchup_bytes;
+  d["catchup_seconds"] = s.catchup_seconds;
+  d["reprotections"] = s.reprotections;
   return d;
 }
 
 class PyServer {
  public:
   explicit PyServer(std::unique_ptr<Server> server)
-      : server_(std::move(server)), owner_pid_(getpid()) {}
+      : server_(std::move(server)), address_(server_->address()), owner_pid_(getpid()) {}
   ~PyServer() {
     if (getpid() != owner_pid_) {
       (void)server_.release();
@@ -1077,7 +1082,9 @@ class PyServer {
     server_.reset();
   }
 
-  const std::string& address() { return Live()->address(); }
+  // (Still readable once killed: the address it served at.)
+  const std::string& address() { return address_; }
+  bool killed() const { return server_ == nullptr; }
 
   // Serves until the workers are done, stop(), or `timeout` seconds (then
   // TimedOut); Ctrl-C raises KeyboardInterrupt (the server keeps serving).
@@ -1111,6 +1118,16 @@ class PyServer {
     s->Stop();
   }
 
+  // What a process that dies looks like to its peers: stops the threads,
+  // then destroys the server, which closes every connection (its backup or
+  // primary and its workers see them drop and fail over). Idempotent.
+  void Kill() {
+    if (getpid() != owner_pid_ || server_ == nullptr) return;
+    py::gil_scoped_release release;
+    server_->Stop();
+    server_.reset();
+  }
+
   py::dict Stats() { return ServerStatsDict(Live()->stats()); }
 
   py::array_t<float> ReadLocal(std::uint32_t table, std::uint64_t begin, std::uint64_t count) {
@@ -1127,9 +1144,14 @@ class PyServer {
       Raise(FailedPreconditionError("this rdmaps Server was created in process " +
                                     std::to_string(owner_pid_) + ", not in this fork"));
     }
+    if (server_ == nullptr) {
+      Raise(FailedPreconditionError("the rdmaps Server at " + address_ +
+                                    " was killed (Server.kill()); it serves nothing"));
+    }
     return server_.get();
   }
   std::unique_ptr<Server> server_;
+  const std::string address_;
   const pid_t owner_pid_;
 };
 
@@ -1483,7 +1505,9 @@ void DefineModule(py::module_& m) {
   py::class_<PyServer>(m, "Server")
       .def_property_readonly("address", &PyServer::address)
       .def("run", &PyServer::Run, py::arg("timeout") = py::none())
+      .def_property_readonly("killed", &PyServer::killed)
       .def("stop", &PyServer::Stop)
+      .def("kill", &PyServer::Kill)
       .def("stats", &PyServer::Stats)
       .def("read_local", &PyServer::ReadLocal, py::arg("table"), py::arg("begin"),
            py::arg("count"));
@@ -1495,9 +1519,9 @@ void DefineModule(py::module_& m) {
          const std::string& job_token, bool exit_when_workers_done,
          std::optional<std::uint32_t> push_slots, std::optional<std::uint32_t> push_slot_bytes,
          std::uint32_t apply_threads, std::optional<double> op_timeout, std::uint32_t max_workers,
-         std::uint32_t replicas, const std::string& replica_role,
-         const std::string& backup_address, const std::string& coordinator,
-         const std::string& coordinator_prefix) {
+         std::uint32_t replicas, const std::string& replica_role, const std::string& backup_address,
+         const std::string& coordinator, const std::string& coordinator_prefix,
+         const std::string& rejoin_as_backup_of, std::optional<double> lease_ttl) {
         ServerOptions o;
         o.transport = MakeTransport(transport, job_token, op_timeout);
         o.listen_address = listen;
@@ -1517,6 +1541,7 @@ void DefineModule(py::module_& m) {
         }
         o.replica_role = replica_role == "backup" ? ReplicaRole::kBackup : ReplicaRole::kPrimary;
         o.backup_address = backup_address;
+        o.rejoin_as_backup_of = rejoin_as_backup_of;
         if (replicas == 2) {
           if (coordinator.empty()) {
             Raise(InvalidArgumentError(
@@ -1526,7 +1551,14 @@ void DefineModule(py::module_& m) {
           CoordinatorConfig c;
           c.address = coordinator;
           c.job_prefix = coordinator_prefix;
-          o.failover = ValueOrRaise(OpenFailoverDecider(c));
+          if (lease_ttl && !(*lease_ttl >= 0.01 && *lease_ttl <= 3600)) {
+            Raise(InvalidArgumentError("lease_ttl=" + std::to_string(*lease_ttl) +
+                                       " s is not in [0.01, 3600] seconds"));
+          }
+          o.failover = ValueOrRaise(
+              lease_ttl ? OpenFailoverDecider(c, std::chrono::milliseconds(
+                                                     static_cast<std::int64_t>(*lease_ttl * 1000)))
+                        : OpenFailoverDecider(c));
         }
         Result<std::unique_ptr<Server>> s = [&] {
           py::gil_scoped_release release;
@@ -1538,10 +1570,43 @@ void DefineModule(py::module_& m) {
       py::arg("num_servers") = 1, py::arg("num_workers") = 1, py::arg("transport") = "tcp",
       py::arg("job_token") = "", py::arg("exit_when_workers_done") = true,
       py::arg("push_slots") = py::none(), py::arg("push_slot_bytes") = py::none(),
-      py::arg("apply_threads") = 0, py::arg("op_timeout") = py::none(),
-      py::arg("max_workers") = 0, py::arg("replicas") = 1, py::arg("replica_role") = "primary",
-      py::arg("backup_address") = "", py::arg("coordinator") = "",
-      py::arg("coordinator_prefix") = "rdmaps/job/");
+      py::arg("apply_threads") = 0, py::arg("op_timeout") = py::none(), py::arg("max_workers") = 0,
+      py::arg("replicas") = 1, py::arg("replica_role") = "primary", py::arg("backup_address") = "",
+      py::arg("coordinator") = "", py::arg("coordinator_prefix") = "rdmaps/job/",
+      py::arg("rejoin_as_backup_of") = "", py::arg("lease_ttl") = py::none());
+
+  // The shard map of a replicated job (rdmaps::FailoverDecider, read only):
+  // what LocalCluster's re-protection follows.
+  py::class_<FailoverDecider, std::shared_ptr<FailoverDecider>>(m, "ShardMap")
+      .def(
+          "current",
+          [](FailoverDecider& d, std::uint32_t shard) {
+            Result<ShardAssignment> r = [&] {
+              py::gil_scoped_release release;
+              return d.Current(shard);
+            }();
+            const ShardAssignment a = ValueOrRaise(std::move(r));
+            py::dict out;
+            out["shard"] = a.shard;
+            out["epoch"] = a.epoch;
+            out["primary"] = a.primary;
+            out["backup"] = a.backup;
+            return out;
+          },
+          py::arg("shard"));
+  m.def(
+      "open_shard_map",
+      [](const std::string& coordinator, const std::string& coordinator_prefix) {
+        CoordinatorConfig c;
+        c.address = coordinator;
+        c.job_prefix = coordinator_prefix;
+        Result<std::shared_ptr<FailoverDecider>> d = [&] {
+          py::gil_scoped_release release;
+          return OpenFailoverDecider(c);
+        }();
+        return ValueOrRaise(std::move(d));
+      },
+      py::arg("coordinator"), py::arg("coordinator_prefix") = "rdmaps/job/");
 
   // A server of the launcher's layout: start, join the rendezvous when the
   // source needs one, serve until every worker is done.

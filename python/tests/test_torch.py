@@ -50,6 +50,38 @@ def test_model_trains_exactly_like_local_sgd():
         assert client.stats()["zero_copy_calls"] > 0
 
 
+def test_model_training_survives_two_primary_kills():
+    """replicas=2 (test_reprotect.py): the primary of shard 0 dies, then the
+    backup promoted in its place; each time a replacement catches up while
+    training goes on, and the weights equal local SGD's."""
+    model_net = small_net()
+    tabs = rt.tables(model_net, optimizer=rdmaps.Optimizer("sgd", lr=0.1), staleness="bsp")
+    with rdmaps.local_cluster(tabs, servers=2, replicas=2) as lc, \
+            lc.connect(wait_timeout=5.0) as client:
+        model = rt.Model(model_net, client)
+        model.pull()
+        reference = small_net()
+        reference.load_state_dict(model_net.state_dict())
+        opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+        gen = torch.Generator().manual_seed(1)
+        for step in range(30):
+            if step in (8, 20):
+                lc.kill(0)  # the primary, then the promoted one: training goes on at once
+            if step in (14, 26):
+                lc.wait_protected(timeout=20)  # (the steps before went on without it)
+            x = torch.randn(8, 6, generator=gen)
+            y = torch.randint(0, 3, (8,), generator=gen)
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            assert model.step() == step + 1
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(reference(x), y).backward()
+            opt.step()
+        model.pull()
+        for a, b in zip(model_net.parameters(), reference.parameters()):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+        assert [e["shard"] for e in lc.reprotections] == [0, 0] and len(lc.dead) == 2
+
+
 def test_model_refuses_tables_of_another_shape():
     net = small_net()
     tables = rt.tables(torch.nn.Linear(6, 4))
