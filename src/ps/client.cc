@@ -378,8 +378,13 @@ Status ClientImpl::Init() {
   const Deadline deadline = SteadyClock::now() + options_.connect_timeout;
   MutexLock lock(mu_);  // no other thread has the client yet; for the analysis
   RDMAPS_RETURN_IF_ERROR(ConnectAll(deadline));
-  RDMAPS_RETURN_IF_ERROR(ReadDirectories(deadline));
-  RDMAPS_RETURN_IF_ERROR(ReadStartClock(deadline));
+  // With failover, a primary lost between its connect and these first
+  // READs is followed as one lost later is (Recover reads the directory of
+  // each server it reconnects to).
+  RDMAPS_RETURN_IF_ERROR(Failsafe(deadline, [&]() RDMAPS_REQUIRES(mu_) {
+    Status st = ReadDirectories(deadline);
+    return st.ok() ? ReadStartClock(deadline) : st;
+  }));
   // Elastic: joins a running job when this worker's slot is free.
   RDMAPS_RETURN_IF_ERROR(internal::JoinIfFree(links_, push_, &clock_, &elastic_, deadline));
   if (elastic_.joined) {

@@ -435,6 +435,38 @@ TEST(ReplicationFakeTest, PushIsObservableOnlyOnceTheBackupHoldsIt) {
   EXPECT_EQ(local[0], 1.0f);
 }
 
+// A primary lost after a worker connected to it but before the worker read
+// its directory: Client::Connect follows the promotion as a later call
+// would (it failed with the dead primary's "peer vanished").
+TEST(ReplicationFakeTest, ConnectFollowsAPrimaryLostBeforeItsDirectoryWasRead) {
+  Replicated c;
+  c.transport = "fake";
+  c.StartShards(1, 1, {MakeTable(1, "count", 8, 2)});
+  ASSERT_FALSE(HasFatalFailure());
+  transport::fake::Faults hold;
+  hold.inbound = true;  // the worker's directory READ against its memory
+  hold.hold_until_released = true;
+  ASSERT_TRUE(
+      transport::fake::SetFaults(*internal::TEST_ServerEndpoint(*c.primaries[0]), hold).ok());
+  Result<std::unique_ptr<Client>> connected = UnavailableError("not run");
+  std::thread t([&] { connected = Client::Connect(c.WorkerOptions(0, 1)); });
+  const bool bootstrapped =
+      Eventually([&] { return c.primaries[0]->stats().workers_connected == 1; });
+  internal::TEST_Kill(*c.primaries[0]);
+  t.join();
+  ASSERT_TRUE(bootstrapped) << "the worker never connected to the primary";
+  ASSERT_TRUE(connected.ok()) << connected.status();
+  Client& w = **connected;
+  EXPECT_EQ(w.stats().failovers, 1u);
+  const std::vector<float> minus_one(8 * 2, -1.0f);
+  ASSERT_TRUE(w.Push(1, RowRange{0, 8}, minus_one).ok());
+  ASSERT_TRUE(w.Flush().ok());
+  std::vector<float> seen(8 * 2);
+  ASSERT_TRUE(w.Pull(1, RowRange{0, 8}, seen).ok());
+  EXPECT_EQ(seen, std::vector<float>(8 * 2, 1.0f));
+  EXPECT_EQ(c.decider->Current(0)->primary, c.backups[0]->address());
+}
+
 // Several records in flight at once (a push of several slots, a Clock, a
 // push): while the log WRITEs are held nothing is applied, though the
 // later ones are posted behind the first; released, each is applied once
