@@ -588,7 +588,16 @@ Status ClientImpl::Recover(Deadline deadline) {
     // Elastic: a worker the promoted server departed while it was silent
     // is no member there; its session is over (resending would apply its
     // pushes to a fresh slot, twice).
-    if (st.ok() && elastic_.elastic) st = internal::CheckStillMember(s, options_.worker_id);
+    if (st.ok() && elastic_.elastic) {
+      st = internal::CheckStillMember(s, options_.worker_id);
+      if (!st.ok()) {
+        // Its session is over: every server sees it go now (a server that
+        // still counts it stops, and the slot is free for a new Client).
+        for (ServerLink& o : links_.servers()) {
+          if (o.conn) o.conn->Close();
+        }
+      }
+    }
     if (st.ok()) st = push_.Resend(s, deadline);
     if (!st.ok()) return links_.Fail(s, st.WithContext("failover"));
   }
