@@ -77,13 +77,13 @@ Status Corrupt(std::string_view what) {
 
 // The key, value and TTL rules of coordinator.h, here with the state machine
 // that applies them (so the parsers under fuzz need no transport library).
-Status CheckCoordKey(std::string_view key, bool allow_empty_prefix) {
+Status CheckCoordKey(std::string_view key, bool allow_empty_prefix, std::size_t max_bytes) {
   if (key.empty() && !allow_empty_prefix) {
     return InvalidArgumentError("coordinator key is empty");
   }
-  if (key.size() > kMaxCoordKeyBytes) {
+  if (key.size() > max_bytes) {
     return InvalidArgumentError("coordinator key of " + std::to_string(key.size()) +
-                                " bytes; at most " + std::to_string(kMaxCoordKeyBytes));
+                                " bytes; at most " + std::to_string(max_bytes));
   }
   for (char c : key) {
     const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
@@ -357,12 +357,13 @@ Result<CoordStore> ParseCoordStore(std::string_view bytes, std::string_view boot
   for (std::uint32_t i = 0; i < n; ++i) {
     std::string key;
     CoordStore::Entry e;
-    if (!r.Bytes(kMaxCoordKeyBytes, &key) || !r.Bytes(kMaxCoordValueBytes, &e.value) ||
+    if (!r.Bytes(kMaxCoordStoredKeyBytes, &key) || !r.Bytes(kMaxCoordValueBytes, &e.value) ||
         !r.I64(&e.create_revision) || !r.I64(&e.mod_revision) || !r.I64(&e.lease)) {
       return Corrupt("truncated key");
     }
-    if (!CheckCoordKey(key).ok() || e.create_revision < 1 || e.create_revision > e.mod_revision ||
-        e.mod_revision > s.revision_ || (e.lease != kNoLease && s.leases_.count(e.lease) == 0) ||
+    if (!CheckCoordKey(key, false, kMaxCoordStoredKeyBytes).ok() || e.create_revision < 1 ||
+        e.create_revision > e.mod_revision || e.mod_revision > s.revision_ ||
+        (e.lease != kNoLease && s.leases_.count(e.lease) == 0) ||
         !s.kvs_.emplace(key, std::move(e)).second) {
       return Corrupt("key '" + key + "' out of range or repeated");
     }
@@ -371,8 +372,10 @@ Result<CoordStore> ParseCoordStore(std::string_view bytes, std::string_view boot
   for (std::uint32_t i = 0; i < n; ++i) {
     std::string key;
     std::int64_t rev = 0;
-    if (!r.Bytes(kMaxCoordKeyBytes, &key) || !r.I64(&rev)) return Corrupt("truncated tombstone");
-    if (!CheckCoordKey(key).ok() || rev < 1 || rev > s.revision_ ||
+    if (!r.Bytes(kMaxCoordStoredKeyBytes, &key) || !r.I64(&rev)) {
+      return Corrupt("truncated tombstone");
+    }
+    if (!CheckCoordKey(key, false, kMaxCoordStoredKeyBytes).ok() || rev < 1 || rev > s.revision_ ||
         !s.tombstones_.emplace(key, rev).second) {
       return Corrupt("tombstone '" + key + "' out of range or repeated");
     }

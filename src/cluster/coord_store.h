@@ -28,6 +28,8 @@ namespace rdmaps::internal {
 inline constexpr std::size_t kMaxCoordTombstones = 4096;
 inline constexpr std::size_t kMaxCoordKeys = 65536;
 inline constexpr std::size_t kMaxCoordLeases = 65536;
+// A stored key is the job prefix (a key itself) and the caller's key.
+inline constexpr std::size_t kMaxCoordStoredKeyBytes = 2 * kMaxCoordKeyBytes;
 
 class CoordStore {
  public:

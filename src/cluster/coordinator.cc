@@ -56,7 +56,7 @@ Result<std::unique_ptr<Coordinator>> OpenCoordinator(const CoordinatorOptions& o
     return std::unique_ptr<Coordinator>(MemoryCoordinator::Open(o));
   }
   if (a.rfind("dir:", 0) == 0) {
-    RDMAPS_ASSIGN_OR_RETURN(auto c, DirectoryCoordinator::Open(a.substr(4)));
+    RDMAPS_ASSIGN_OR_RETURN(auto c, DirectoryCoordinator::Open(a.substr(4), options.job_prefix));
     return std::unique_ptr<Coordinator>(std::move(c));
   }
   if (a.rfind("etcd://", 0) == 0 || a.rfind("etcd+https://", 0) == 0) {

@@ -154,7 +154,9 @@ Result<std::unique_ptr<Coordinator>> OpenCoordinator(const CoordinatorOptions& o
 
 // InvalidArgument naming the rule a key breaks (shared by every
 // implementation, so a key is valid or not whatever the coordinator).
-Status CheckCoordKey(std::string_view key, bool allow_empty_prefix = false);
+// `max_bytes` is larger only for a stored key (the job prefix and the key).
+Status CheckCoordKey(std::string_view key, bool allow_empty_prefix = false,
+                     std::size_t max_bytes = kMaxCoordKeyBytes);
 Status CheckCoordValue(std::string_view value);
 Status CheckLeaseTtl(std::chrono::milliseconds ttl);
 

@@ -8,29 +8,34 @@
 // running in one process). A fake clock (Options::fake_clock) makes lease
 // expiry a decision of the test (TEST_AdvanceClock), not of the wall clock.
 //
-// DirectoryCoordinator ("dir:/PATH"): the processes of one rdmaps-local job
-// share a state file in PATH. Why a directory and not a coordinator daemon on
-// a loopback port:
+// DirectoryCoordinator ("dir:/PATH"): the processes of one machine (an
+// rdmaps-local job) share a store kept in PATH. Why a directory and not a
+// coordinator daemon on a loopback port:
 //   - nothing to keep alive: a daemon would be one more process whose death
-//     stops every decision; here the state outlives any one process, and a
-//     process killed while it holds the lock loses it to the kernel (flock);
+//     stops every decision; here the state outlives any one process;
 //   - authentication is the kernel's: PATH is created 0700 and refused when
 //     it is not ours or others can enter it (a loopback port is open to
 //     every local user and would need the job secret's MACs on every call);
 //   - one clock: lease expiry times are CLOCK_MONOTONIC, the same for every
-//     process of one boot (the state records the boot id; a state file from
-//     an earlier boot has its leases expired);
-//   - every operation is lock, read, change, write-and-rename, unlock, so a
-//     reader never sees half a state; watchers wake on inotify.
-// Cost: a few tens of microseconds per operation and a whole-state rewrite
-// per change; fine for shard maps and membership (tens of keys).
+//     process of one boot (the state records the boot id; a state from an
+//     earlier boot has its leases expired);
+//   - no lock: each change is a new generation file committed with link(),
+//     which only one writer of a generation wins (the others run again), so
+//     a process killed or stopped (SIGSTOP) in the middle of a change stalls
+//     nobody but itself (embedded_coordinator.cc has the protocol); readers
+//     never see half a state; watchers wake on inotify.
+// Keys are stored under the job prefix (as on etcd), so jobs can share PATH.
+// Cost: tens of microseconds per operation and a whole-state write per
+// change; fine for shard maps and membership (tens of keys).
 //
 // Thread safety: both are safe for concurrent use by many threads.
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "src/cluster/coordinator.h"
 
@@ -79,8 +84,15 @@ class MemoryCoordinator : public Coordinator {
 class DirectoryCoordinator : public Coordinator {
  public:
   // Creates `path` (mode 0700) if needed. PermissionDenied when it is not a
-  // directory of this user that only this user can enter.
-  static Result<std::unique_ptr<DirectoryCoordinator>> Open(const std::string& path);
+  // directory of this user that only this user can enter. Every key is
+  // stored under `job_prefix` (InvalidArgument when it is not a valid key).
+  static Result<std::unique_ptr<DirectoryCoordinator>> Open(const std::string& path,
+                                                            const std::string& job_prefix = "");
+
+  // Called in the middle of each commit ("before-link": the next generation
+  // is written but not linked; "after-link": linked, not yet checked), so a
+  // test can stop this process at the worst moment. Set before any use.
+  void TEST_SetCommitHook(std::function<void(std::string_view point)> hook);
 
   ~DirectoryCoordinator() override;
   std::string Describe() const override;

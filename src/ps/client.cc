@@ -590,6 +590,19 @@ Status ClientImpl::Recover(Deadline deadline) {
                             (s.replica.serving ? "" : " and acknowledges nothing") +
                             "; the shard map says epoch " + std::to_string(s.epoch));
     }
+    // Elastic: a worker the promoted server departed while it was silent
+    // is no member there; its session is over (resending would apply its
+    // pushes to a fresh slot, twice).
+    if (st.ok() && elastic_.elastic) {
+      st = internal::CheckStillMember(s, options_.worker_id);
+      if (!st.ok()) {
+        // Its session is over: every server sees it go now (a server that
+        // still counts it stops, and the slot is free for a new Client).
+        for (ServerLink& o : links_.servers()) {
+          if (o.conn) o.conn->Close();
+        }
+      }
+    }
     if (st.ok()) st = push_.Resend(s, deadline);
     if (!st.ok()) return links_.Fail(s, st.WithContext("failover"));
   }

@@ -69,6 +69,24 @@ Status JoinIfFree(ServerLinks& links, PushWriter& push, std::uint64_t* clock, El
   return Status::OK();
 }
 
+Status CheckStillMember(const ServerLink& s, std::uint32_t me) {
+  if ((s.head.flags & kControlElastic) == 0 || me >= s.clocks.size() || !FreeSlot(s.clocks[me])) {
+    return Status::OK();
+  }
+  const auto state = static_cast<WorkerLiveness>(s.clocks[me].state);
+  const std::string how = state == WorkerLiveness::kDied     ? "it left as dead"
+                          : state == WorkerLiveness::kClosed ? "it left"
+                                                             : "the slot is vacant";
+  return FailedPreconditionError(
+      "worker " + std::to_string(me) + " is no member of the job on " + ServerName(s) +
+      " any more (" + how + ", membership epoch " + std::to_string(s.head.membership_epoch) +
+      "): after a failover it made no call (was it stopped or paused?) for longer than the "
+      "promoted server's ServerOptions::failover_reconnect_window, so the job went on without "
+      "it. Its pushes acknowledged before are applied; those not acknowledged yet are not, and "
+      "are not resent. Destroy this Client and connect a new one (it joins the running job), or "
+      "raise failover_reconnect_window above a worker's longest silence");
+}
+
 Status SlotBarrier(ServerLinks& links, PushWriter& push, std::uint64_t generation, bool fixed,
                    const std::function<bool()>& interrupted, bool* was_interrupted,
                    transport::Deadline deadline) {

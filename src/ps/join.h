@@ -31,6 +31,16 @@ struct ElasticState {
 Status JoinIfFree(ServerLinks& links, PushWriter& push, std::uint64_t* clock, ElasticState* state,
                   transport::Deadline deadline);
 
+// After a failover reconnected this worker to `s` and read its control
+// block (elastic mode): OK while its slot is still a member there.
+// FailedPrecondition, naming the cause and the fix, when it is not: the
+// promoted backup departed it (it made no call, e.g. it was stopped, for
+// longer than ServerOptions::failover_reconnect_window), the job went on
+// without it and the slot is free; nothing of this session may be resent
+// (the slot starts again from seq 1: a resent push would be applied a
+// second time), so the caller breaks the Client before resending.
+Status CheckStillMember(const ServerLink& s, std::uint32_t me);
+
 // Barrier() through the push rings (the caller flushed first): in elastic
 // mode, and with ClientOptions::failover (a kBarrier slot is logged to a
 // replicated shard's backup like any slot, so a barrier under way survives

@@ -137,6 +137,7 @@ void CasCounterRace(const std::vector<Coordinator*>& handles) {
       for (int done = 0; done < kPerThread;) {
         auto r = h->Get("counter", kFar);
         if (!r.ok()) {
+          ADD_FAILURE() << r.status();
           ++failures;
           return;
         }
@@ -144,6 +145,7 @@ void CasCounterRace(const std::vector<Coordinator*>& handles) {
         auto cas = h->CompareAndSwap("counter", r->kv ? r->kv->mod_revision : 0,
                                      std::to_string(v + 1), kNoLease, kFar);
         if (!cas.ok()) {
+          ADD_FAILURE() << cas.status();
           ++failures;
           return;
         }
@@ -387,7 +389,7 @@ TEST_F(DirectoryCoordinatorTest, CorruptStateIsAClearError) {
   auto c = Open();
   ASSERT_TRUE(c->CompareAndSwap("k", 0, "v", kNoLease, kFar)->swapped);
   {
-    std::ofstream f(dir_ + "/state", std::ios::binary | std::ios::trunc);
+    std::ofstream f(dir_ + "/g.1", std::ios::binary | std::ios::trunc);  // the head
     f << "RDMAPSCS garbage";
   }
   auto r = c->Get("k", kFar);

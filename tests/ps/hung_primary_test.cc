@@ -301,6 +301,110 @@ TEST_P(HungPrimaryTest, ElasticWorkerThatDiedWithItsPrimaryLeavesThePromotedBack
   c.clients.clear();
 }
 
+// Elastic: worker 1 is silent (a SIGSTOPped process: it makes no call and
+// its connections stay open) through a failover and past the promoted
+// backup's failover_reconnect_window, so it leaves the job as dead while
+// worker 0 goes on. When it resumes (SIGCONT), its next call fails at once
+// with FailedPrecondition naming the cause and the fix; its pushes the old
+// primary acknowledged are in the state exactly once and the one it made
+// after resuming is in it never; worker 0 never waits for it.
+TEST_P(HungPrimaryTest, ElasticWorkerSilentPastTheReconnectWindowIsToldItLeft) {
+  constexpr std::uint32_t kInitial = 2, kMax = 3;
+  constexpr auto kWindow = milliseconds(500);
+  Replicated c;
+  c.transport = GetParam();
+  const std::vector<TableOptions> tables = {MakeTable(kTable, "count", kRows, kDim, 0)};
+  ServerOptions b = MakeServerOptions(c.transport, 0, 1, kInitial, tables);
+  b.max_workers = kMax;
+  b.replicas = 2;
+  b.replica_role = ReplicaRole::kBackup;
+  b.failover = c.decider;
+  b.exit_when_workers_done = false;
+  b.failover_reconnect_window = kWindow;
+  auto backup = Server::Start(b);
+  ASSERT_TRUE(backup.ok()) << backup.status();
+  ServerOptions p = MakeServerOptions(c.transport, 0, 1, kInitial, tables);
+  p.max_workers = kMax;
+  p.replicas = 2;
+  p.backup_address = (*backup)->address();
+  p.failover = c.decider;
+  p.exit_when_workers_done = false;
+  auto primary = Server::Start(p);
+  ASSERT_TRUE(primary.ok()) << primary.status();
+  c.addresses = {(*primary)->address()};
+  for (std::uint32_t w = 0; w < kInitial; ++w) {
+    ClientOptions o = WorkerOptions(c, w, kInitial);
+    o.max_workers = kMax;
+    o.clock_waits = false;
+    auto cl = Client::Connect(o);
+    ASSERT_TRUE(cl.ok()) << cl.status();
+    c.clients.push_back(std::move(cl).value());
+  }
+  const std::vector<float> minus_one(kRows * kDim, -1.0f);
+  std::vector<float> out(kRows * kDim);
+  for (auto& cl : c.clients) {
+    ASSERT_TRUE(cl->Push(kTable, RowRange{0, kRows}, minus_one).ok());
+    ASSERT_TRUE(cl->Clock().ok());
+    ASSERT_TRUE(cl->Flush().ok());  // acknowledged by the old primary
+  }
+  ASSERT_TRUE(Eventually([&] { return (*backup)->stats().min_clock == 1; }));
+  const std::uint32_t epoch_before = (*backup)->stats().membership_epoch;
+  internal::TEST_Kill(**primary);
+  // Worker 0 follows the promotion; worker 1 makes no call from here on.
+  ASSERT_TRUE(c.clients[0]->Push(kTable, RowRange{0, kRows}, minus_one).ok());
+  ASSERT_TRUE(c.clients[0]->Clock().ok());
+  const auto t0 = SteadyClock::now();
+  ASSERT_TRUE(c.clients[0]->Pull(kTable, RowRange{0, kRows}, out).ok());
+  EXPECT_LT(Ms(SteadyClock::now() - t0), Ms(kWindow + kFollowBound));
+  for (std::size_t i = 0; i < out.size(); ++i) ASSERT_EQ(out[i], 3.0f) << "float " << i;
+  ASSERT_TRUE(Eventually([&] { return (*backup)->stats().members == 1; }));
+  EXPECT_EQ((*backup)->stats().dead_workers, std::vector<std::uint32_t>{1});
+  EXPECT_GT((*backup)->stats().membership_epoch, epoch_before);
+  // Worker 1 resumes: its push goes to the dead primary, it follows the
+  // map to the promoted backup, finds its slot departed, and stops there.
+  const auto t1 = SteadyClock::now();
+  Status st = c.clients[1]->Push(kTable, RowRange{0, kRows}, minus_one);
+  if (st.ok()) st = c.clients[1]->Flush();
+  EXPECT_LT(Ms(SteadyClock::now() - t1), Ms(kFollowBound));
+  ASSERT_EQ(st.code(), StatusCode::kFailedPrecondition) << st;
+  EXPECT_NE(st.message().find("no member of the job"), std::string::npos) << st;
+  EXPECT_NE(st.message().find("failover_reconnect_window"), std::string::npos) << st;
+  EXPECT_NE(st.message().find("connect a new one"), std::string::npos) << st;
+  // Every later call says so too, at once.
+  std::vector<float> theirs(kRows * kDim);
+  const Status pulled = c.clients[1]->Pull(kTable, RowRange{0, kRows}, theirs);
+  EXPECT_FALSE(pulled.ok());
+  EXPECT_NE(pulled.message().find("no member of the job"), std::string::npos) << pulled;
+  EXPECT_FALSE(c.clients[1]->Clock().ok());
+  // Worker 0 goes on, never waiting for it; worker 1's acknowledged push
+  // is in the state once, the one after it resumed not at all.
+  ASSERT_TRUE(c.clients[0]->Clock().ok());
+  ASSERT_TRUE(c.clients[0]->Pull(kTable, RowRange{0, kRows}, out).ok());
+  for (std::size_t i = 0; i < out.size(); ++i) ASSERT_EQ(out[i], 3.0f) << "float " << i;
+  EXPECT_EQ((*backup)->stats().members, 1u);
+  // A new Client in its slot joins the running job.
+  c.clients[1].reset();
+  ClientOptions o = WorkerOptions(c, 1, kInitial);
+  o.servers = {(*backup)->address()};
+  o.max_workers = kMax;
+  o.clock_waits = false;
+  std::unique_ptr<Client> again;
+  ASSERT_TRUE(Eventually([&] {  // until the server saw the old one's connection go
+    auto cl = Client::Connect(o);
+    if (cl.ok()) again = std::move(cl).value();
+    return again != nullptr;
+  }));
+  ASSERT_TRUE(again->Push(kTable, RowRange{0, kRows}, minus_one).ok());
+  ASSERT_TRUE(again->Flush().ok());
+  ASSERT_TRUE(again->Pull(kTable, RowRange{0, kRows}, out).ok());
+  for (std::size_t i = 0; i < out.size(); ++i) ASSERT_EQ(out[i], 4.0f) << "float " << i;
+  EXPECT_EQ((*backup)->stats().members, 2u);
+  again.reset();
+  c.clients.clear();
+  primary->reset();
+  backup->reset();
+}
+
 INSTANTIATE_TEST_SUITE_P(Transports, HungPrimaryTest, ::testing::Values("fake", "tcp"));
 
 }  // namespace
