@@ -313,33 +313,18 @@ TEST_P(HungPrimaryTest, ElasticWorkerSilentPastTheReconnectWindowIsToldItLeft) {
   constexpr auto kWindow = milliseconds(500);
   Replicated c;
   c.transport = GetParam();
-  const std::vector<TableOptions> tables = {MakeTable(kTable, "count", kRows, kDim, 0)};
-  ServerOptions b = MakeServerOptions(c.transport, 0, 1, kInitial, tables);
-  b.max_workers = kMax;
-  b.replicas = 2;
-  b.replica_role = ReplicaRole::kBackup;
-  b.failover = c.decider;
-  b.exit_when_workers_done = false;
-  b.failover_reconnect_window = kWindow;
-  auto backup = Server::Start(b);
-  ASSERT_TRUE(backup.ok()) << backup.status();
-  ServerOptions p = MakeServerOptions(c.transport, 0, 1, kInitial, tables);
-  p.max_workers = kMax;
-  p.replicas = 2;
-  p.backup_address = (*backup)->address();
-  p.failover = c.decider;
-  p.exit_when_workers_done = false;
-  auto primary = Server::Start(p);
-  ASSERT_TRUE(primary.ok()) << primary.status();
-  c.addresses = {(*primary)->address()};
-  for (std::uint32_t w = 0; w < kInitial; ++w) {
-    ClientOptions o = WorkerOptions(c, w, kInitial);
+  c.wait_timeout = kWaitTimeout;
+  c.StartShards(1, kInitial, {MakeTable(kTable, "count", kRows, kDim, 0)}, [&](ServerOptions& o) {
+    o.max_workers = kMax;
+    o.failover_reconnect_window = kWindow;  // (used by a promoted backup)
+  });
+  ASSERT_FALSE(HasFatalFailure());
+  c.ConnectWorkers(kInitial, kInitial, [&](ClientOptions& o) {
     o.max_workers = kMax;
     o.clock_waits = false;
-    auto cl = Client::Connect(o);
-    ASSERT_TRUE(cl.ok()) << cl.status();
-    c.clients.push_back(std::move(cl).value());
-  }
+  });
+  ASSERT_FALSE(HasFatalFailure());
+  Server& backup = *c.backups[0];
   const std::vector<float> minus_one(kRows * kDim, -1.0f);
   std::vector<float> out(kRows * kDim);
   for (auto& cl : c.clients) {
@@ -347,9 +332,9 @@ TEST_P(HungPrimaryTest, ElasticWorkerSilentPastTheReconnectWindowIsToldItLeft) {
     ASSERT_TRUE(cl->Clock().ok());
     ASSERT_TRUE(cl->Flush().ok());  // acknowledged by the old primary
   }
-  ASSERT_TRUE(Eventually([&] { return (*backup)->stats().min_clock == 1; }));
-  const std::uint32_t epoch_before = (*backup)->stats().membership_epoch;
-  internal::TEST_Kill(**primary);
+  ASSERT_TRUE(Eventually([&] { return backup.stats().min_clock == 1; }));
+  const std::uint32_t epoch_before = backup.stats().membership_epoch;
+  internal::TEST_Kill(*c.primaries[0]);
   // Worker 0 follows the promotion; worker 1 makes no call from here on.
   ASSERT_TRUE(c.clients[0]->Push(kTable, RowRange{0, kRows}, minus_one).ok());
   ASSERT_TRUE(c.clients[0]->Clock().ok());
@@ -357,9 +342,9 @@ TEST_P(HungPrimaryTest, ElasticWorkerSilentPastTheReconnectWindowIsToldItLeft) {
   ASSERT_TRUE(c.clients[0]->Pull(kTable, RowRange{0, kRows}, out).ok());
   EXPECT_LT(Ms(SteadyClock::now() - t0), Ms(kWindow + kFollowBound));
   for (std::size_t i = 0; i < out.size(); ++i) ASSERT_EQ(out[i], 3.0f) << "float " << i;
-  ASSERT_TRUE(Eventually([&] { return (*backup)->stats().members == 1; }));
-  EXPECT_EQ((*backup)->stats().dead_workers, std::vector<std::uint32_t>{1});
-  EXPECT_GT((*backup)->stats().membership_epoch, epoch_before);
+  ASSERT_TRUE(Eventually([&] { return backup.stats().members == 1; }));
+  EXPECT_EQ(backup.stats().dead_workers, std::vector<std::uint32_t>{1});
+  EXPECT_GT(backup.stats().membership_epoch, epoch_before);
   // Worker 1 resumes: its push goes to the dead primary, it follows the
   // map to the promoted backup, finds its slot departed, and stops there.
   const auto t1 = SteadyClock::now();
@@ -381,11 +366,11 @@ TEST_P(HungPrimaryTest, ElasticWorkerSilentPastTheReconnectWindowIsToldItLeft) {
   ASSERT_TRUE(c.clients[0]->Clock().ok());
   ASSERT_TRUE(c.clients[0]->Pull(kTable, RowRange{0, kRows}, out).ok());
   for (std::size_t i = 0; i < out.size(); ++i) ASSERT_EQ(out[i], 3.0f) << "float " << i;
-  EXPECT_EQ((*backup)->stats().members, 1u);
+  EXPECT_EQ(backup.stats().members, 1u);
   // A new Client in its slot joins the running job.
   c.clients[1].reset();
-  ClientOptions o = WorkerOptions(c, 1, kInitial);
-  o.servers = {(*backup)->address()};
+  ClientOptions o = c.WorkerOptions(1, kInitial);
+  o.servers = {backup.address()};
   o.max_workers = kMax;
   o.clock_waits = false;
   std::unique_ptr<Client> again;
@@ -398,11 +383,9 @@ TEST_P(HungPrimaryTest, ElasticWorkerSilentPastTheReconnectWindowIsToldItLeft) {
   ASSERT_TRUE(again->Flush().ok());
   ASSERT_TRUE(again->Pull(kTable, RowRange{0, kRows}, out).ok());
   for (std::size_t i = 0; i < out.size(); ++i) ASSERT_EQ(out[i], 4.0f) << "float " << i;
-  EXPECT_EQ((*backup)->stats().members, 2u);
+  EXPECT_EQ(backup.stats().members, 2u);
   again.reset();
   c.clients.clear();
-  primary->reset();
-  backup->reset();
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, HungPrimaryTest, ::testing::Values("fake", "tcp"));
