@@ -25,8 +25,8 @@
 #  - the tests, whose processes often wait (on each other, on deadlines, on
 #    the Soft-RoCE VM's emulated network) and leave a core idle. The next
 #    sanitizer tree is built meanwhile, under SCHED_IDLE (chrt --idle): it
-#    runs only on a core that nothing else wants, so it takes no CPU from a
-#    test and cannot make one late; what is left of it is built after the
+#    runs only on a core that nothing else wants (a waking test preempts it
+#    at once), so it takes no CPU time from a test; what is left of it is built after the
 #    tests, at full speed. Its output goes to DIR/dev-build.log, printed if it
 #    fails.
 set -euo pipefail
