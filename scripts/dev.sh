@@ -99,6 +99,9 @@ bg_build() {
 }
 bg_wait() {
   local dir="$1" rc=0
+  # The tests are done: what is left builds at normal priority (ninja's next
+  # compilers inherit it), also on a machine that other work keeps busy.
+  chrt --other -a -p 0 "$bg_pid" >/dev/null 2>&1 || true
   wait "$bg_pid" || rc=$?
   bg_pid=""
   if ((rc != 0)); then
