@@ -12,7 +12,23 @@
 #   scripts/dev.sh build   only configure and build (build/)
 #
 # Environment: RDMAPS_JOBS (parallel jobs, default nproc), RDMAPS_SANITIZERS=0
-# skips the sanitizer builds, RDMAPS_CXX selects the compiler (g++ or clang++).
+# skips the sanitizer builds, RDMAPS_CXX selects the compiler (g++ or clang++),
+# RDMAPS_OVERLAP=0 builds each sanitizer tree only after the previous tests.
+#
+# Where `dev.sh test` spends the wall time of a 2-core CI machine, and why it
+# is arranged so (CI's limit is 30 min; see README, "Building by hand"):
+#  - compiling three trees cold, no ccache: the code under test at the build
+#    type's optimisation, the test sources at -O1 (RDMAPS_TEST_OPTIMIZE,
+#    tests/CMakeLists.txt), line tables only (-g1, below);
+#  - linking ~95 test binaries per tree: with mold when it is installed
+#    (RDMAPS_LINKER, CMakeLists.txt), half the CPU of GNU ld;
+#  - the tests, whose processes often wait (on each other, on deadlines, on
+#    the Soft-RoCE VM's emulated network) and leave a core idle. The next
+#    sanitizer tree is built meanwhile, under SCHED_IDLE (chrt --idle): it
+#    runs only on a core that nothing else wants (a waking test preempts it
+#    at once), so it takes no CPU time from a test; what is left of it is built after the
+#    tests, at full speed. Its output goes to DIR/dev-build.log, printed if it
+#    fails.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -24,6 +40,7 @@ jobs="${RDMAPS_JOBS:-$(nproc)}"
 # Debian 12 packages the build, the tests and the VM harness need.
 packages=(
   build-essential cmake ninja-build pkg-config g++ clang libclang-rt-14-dev libfuzzer-14-dev
+  mold util-linux
   libgflags-dev libgoogle-glog-dev libgtest-dev libgmock-dev libbenchmark-dev
   libtbb-dev libeigen3-dev nlohmann-json3-dev libxxhash-dev libsodium-dev
   libcurl4-openssl-dev etcd-server etcd-client
@@ -68,6 +85,36 @@ build() {
   cmake --build "$1" -j "$jobs"
 }
 
+# bg_build DIR [cmake args...]: configure and build DIR in the background,
+# under SCHED_IDLE, output in DIR/dev-build.log; bg_wait DIR waits for it. The build
+# runs ninja itself: on an early exit (a failed test) the trap's SIGTERM
+# makes ninja stop its compilers.
+bg_pid=""
+bg_build() {
+  local dir="$1"
+  mkdir -p "$dir"
+  (configure "$@" && exec chrt --idle 0 ninja -C "$dir" -j "$jobs") >"$dir/dev-build.log" 2>&1 &
+  bg_pid=$!
+  bg_start=$SECONDS
+}
+bg_wait() {
+  local dir="$1" rc=0
+  # The tests are done: what is left builds at normal priority (ninja's next
+  # compilers inherit it), also on a machine that other work keeps busy.
+  chrt --other -a -p 0 "$bg_pid" >/dev/null 2>&1 || true
+  wait "$bg_pid" || rc=$?
+  bg_pid=""
+  if ((rc != 0)); then
+    echo "dev.sh: building $dir failed (exit $rc); its output ($dir/dev-build.log):"
+    tail -n 300 "$dir/dev-build.log"
+    exit 1
+  fi
+  echo "dev.sh: $dir built in the background ($((SECONDS - bg_start)) s, idle CPU first)"
+  # Anything the background build left (nothing, normally) at full priority.
+  cmake --build "$dir" -j "$jobs"
+}
+trap '[[ -z "$bg_pid" ]] || kill "$bg_pid" 2>/dev/null || true' EXIT
+
 run_tests() {
   local dir="$1"; shift
   (cd "$dir" && ctest --output-on-failure -j "$jobs" "$@")
@@ -102,17 +149,33 @@ case "$cmd" in
     install_deps
     stage "plain build"
     build "$here/build"
+    sanitizers="${RDMAPS_SANITIZERS:-1}"
+    overlap="${RDMAPS_OVERLAP:-1}"
+    # The sanitizer stages run neither slow nor verbs tests: they build none.
+    asan_args=(-DRDMAPS_SANITIZE='address;undefined' -DRDMAPS_BUILD_PERF=OFF
+               -DRDMAPS_BUILD_PLAIN_STAGE_TESTS=OFF -DCMAKE_BUILD_TYPE=Debug)
+    tsan_args=(-DRDMAPS_SANITIZE=thread -DRDMAPS_BUILD_PERF=OFF
+               -DRDMAPS_BUILD_PLAIN_STAGE_TESTS=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo)
     stage "plain tests"
+    if [[ "$sanitizers" != 0 && "$overlap" != 0 ]]; then
+      bg_build "$here/build-asan" "${asan_args[@]}"
+    fi
     run_tests "$here/build"
-    if [[ "${RDMAPS_SANITIZERS:-1}" != 0 ]]; then
+    if [[ "$sanitizers" != 0 ]]; then
       stage "AddressSanitizer + UndefinedBehaviorSanitizer"
-      # The sanitizer stages run neither slow nor verbs tests: they build none.
-      build "$here/build-asan" -DRDMAPS_SANITIZE='address;undefined' -DRDMAPS_BUILD_PERF=OFF \
-        -DRDMAPS_BUILD_PLAIN_STAGE_TESTS=OFF -DCMAKE_BUILD_TYPE=Debug
+      if [[ "$overlap" != 0 ]]; then
+        bg_wait "$here/build-asan"
+        CXX_FOR_BUILD=clang++ bg_build "$here/build-tsan" "${tsan_args[@]}"
+      else
+        build "$here/build-asan" "${asan_args[@]}"
+      fi
       ASAN_OPTIONS=detect_leaks=1 run_tests "$here/build-asan" -LE 'vm|slow|install'
       stage "ThreadSanitizer, built with clang (-Wthread-safety -Werror), and short fuzz runs"
-      CXX_FOR_BUILD=clang++ build "$here/build-tsan" -DRDMAPS_SANITIZE=thread -DRDMAPS_BUILD_PERF=OFF \
-        -DRDMAPS_BUILD_PLAIN_STAGE_TESTS=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo
+      if [[ "$overlap" != 0 ]]; then
+        bg_wait "$here/build-tsan"
+      else
+        CXX_FOR_BUILD=clang++ build "$here/build-tsan" "${tsan_args[@]}"
+      fi
       run_tests "$here/build-tsan" -LE 'vm|slow|install'
     fi
     stage "done"
