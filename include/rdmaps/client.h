@@ -82,6 +82,10 @@ struct ClientStats {
   // Scattered pulls carried out as range pulls of each server's span of
   // wanted rows and a gather (docs/ps.md, "Scattered pulls").
   std::uint64_t span_pulls = 0;
+  // Rows a pipelined PushPull READ while its push was still being sent or
+  // applied, each once the server had applied the slots covering it
+  // (docs/ps.md, "PushPull").
+  std::uint64_t rows_pulled_pipelined = 0;
   // Replicated shards (docs/ps.md, "Replication and failover"): failovers
   // this worker went through (each reconnected every server) and the
   // unacknowledged pushes it sent again to a new primary.
