@@ -39,6 +39,9 @@ DEFINE_int32(min_iters, 5, "worker: fewest iterations per shape");
 DEFINE_int32(max_iters, 20000, "worker: most iterations per shape");
 DEFINE_uint32(push_slot_bytes, 0, "server: ServerOptions::push_slot_bytes (0: the default)");
 DEFINE_uint32(push_slots, 0, "server: ServerOptions::push_slots (0: the default)");
+DEFINE_bool(print_stats, false,
+            "worker: after each shape, print to stderr the ClientStats it moved (rows pulled "
+            "by a pipelined PushPull, torn retries, control READs)");
 DEFINE_int32(busy_poll_us, -1, "TransportOptions::busy_poll in microseconds (-1: the default)");
 
 namespace rdmaps {
@@ -203,6 +206,7 @@ int RunWorker() {
   for (const Shape& sh : shapes) {
     if (!only.empty() && std::find(only.begin(), only.end(), sh.name) == only.end()) continue;
     Check(sh.op(), sh.name.c_str());  // warm-up
+    const ClientStats before = cl.stats();
     std::vector<double> us;
     const auto until = SteadyClock::now() + std::chrono::duration<double>(FLAGS_seconds);
     while ((static_cast<int>(us.size()) < FLAGS_min_iters || SteadyClock::now() < until) &&
@@ -216,6 +220,17 @@ int RunWorker() {
     std::printf("%-16s %10.0f %10.0f %6zu %10.1f %10.1f %10.1f %10.1f\n", sh.name.c_str(),
                 sh.payload, sh.moved, us.size(), p50, p90, sh.payload / p50, sh.moved / p50);
     std::fflush(stdout);
+    if (FLAGS_print_stats) {
+      const ClientStats after = cl.stats();
+      std::fprintf(stderr,
+                   "%s: per call: rows pulled %.1f, of them pipelined %.1f; torn retries %.2f; "
+                   "control READs %.1f; pull waits %.2f\n",
+                   sh.name.c_str(), double(after.rows_pulled - before.rows_pulled) / us.size(),
+                   double(after.rows_pulled_pipelined - before.rows_pulled_pipelined) / us.size(),
+                   double(after.torn_retries - before.torn_retries) / us.size(),
+                   double(after.clock_reads - before.clock_reads) / us.size(),
+                   double(after.pull_waits - before.pull_waits) / us.size());
+    }
   }
   Check(cl.Close(), "closing");
   return 0;
