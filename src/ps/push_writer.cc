@@ -43,7 +43,8 @@ Status PushWriter::FinishOldest(ServerLink& s, Deadline deadline) {
     stats_->Update([](ClientStats& st) { ++st.clock_reads; });
     if (follow_) {
       bool posted = false;
-      RDMAPS_RETURN_IF_ERROR(follow_->Advance(s, follow_tail_ ? 0 : kSlotOps, &posted));
+      // (Room for the next slot, or in the tail for the next lone poll.)
+      RDMAPS_RETURN_IF_ERROR(follow_->Advance(s, follow_tail_ ? 1 : kSlotOps, &posted));
       // In the tail, a poll behind the new READs while this one made progress.
       if (follow_tail_ && posted && follow_->Pending(s)) RDMAPS_RETURN_IF_ERROR(PostLoneControl(s));
     }
@@ -190,7 +191,9 @@ Status PushWriter::SendPipelined(HasMore&& has_more, PostNext&& post_next, Deadl
 }
 
 Status PushWriter::PostLoneControl(ServerLink& s) {
-  if (s.ctrl_inflight) return Status::OK();
+  if (s.ctrl_inflight || s.conn->outstanding() + 1 > s.conn->max_outstanding()) {
+    return Status::OK();  // (a poll is under way, or the READs in flight will make room)
+  }
   const Op op =
       Op::Read(s.ctrl.get(), s.ctrl_mr.get(), s.ctrl_bytes, s.dir.control.addr, s.dir.control.rkey);
   RDMAPS_RETURN_IF_ERROR(links_->PostOps(s, {&op, 1}));
