@@ -160,6 +160,27 @@ int RunWorker() {
        [&] {
          return cl.PushPull(kDense, RowRange{0, 256}, dense, dense_out);
        }},
+      // The pipelined PushPull against Push then Pull (what PushPull was,
+      // read-my-writes included) at one 16 KiB row and at 256 KiB (4 slots).
+      {"pushpull_16k", 16384, 2 * 16384,
+       [&] {
+         return cl.PushPull(kDense, RowRange{0, 1}, {dense.data(), 4096}, {dense_out.data(), 4096});
+       }},
+      {"push_pull_16k", 16384, 2 * 16384,
+       [&] {
+         RDMAPS_RETURN_IF_ERROR(cl.Push(kDense, RowRange{0, 1}, {dense.data(), 4096}));
+         return cl.Pull(kDense, RowRange{0, 1}, {dense_out.data(), 4096});
+       }},
+      {"pushpull_256k", 256 * 1024, 2 * 256 * 1024,
+       [&] {
+         return cl.PushPull(kDense, RowRange{0, 16}, {dense.data(), 16 * 4096},
+                            {dense_out.data(), 16 * 4096});
+       }},
+      {"push_pull_256k", 256 * 1024, 2 * 256 * 1024,
+       [&] {
+         RDMAPS_RETURN_IF_ERROR(cl.Push(kDense, RowRange{0, 16}, {dense.data(), 16 * 4096}));
+         return cl.Pull(kDense, RowRange{0, 16}, {dense_out.data(), 16 * 4096});
+       }},
       {"pull_4m", mib4, mib4,
        [&] {
          return cl.Pull(kDense, RowRange{0, 256}, dense_out);
