@@ -177,7 +177,7 @@ class Client {
   // Sends gradients for the given rows (duplicates each apply once).
   virtual Status Push(std::uint32_t table, std::span<const std::uint64_t> rows,
                       std::span<const float> grads) = 0;
-  // Push then Pull of the same rows; the pull sees this push (read-my-writes).
+  // Push then Pull of the rows, seeing this push (pipelined: docs/ps.md, "PushPull").
   virtual Status PushPull(std::uint32_t table, RowRange range, std::span<const float> grads,
                           std::span<float> out) = 0;
   // Ends the current iteration: after this worker's earlier pushes, every
