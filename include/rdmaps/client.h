@@ -82,6 +82,10 @@ struct ClientStats {
   // Scattered pulls carried out as range pulls of each server's span of
   // wanted rows and a gather (docs/ps.md, "Scattered pulls").
   std::uint64_t span_pulls = 0;
+  // Rows a pipelined PushPull READ while its push was still being sent or
+  // applied, each once the server had applied the slots covering it
+  // (docs/ps.md, "PushPull").
+  std::uint64_t rows_pulled_pipelined = 0;
   // Replicated shards (docs/ps.md, "Replication and failover"): failovers
   // this worker went through (each reconnected every server) and the
   // unacknowledged pushes it sent again to a new primary.
@@ -173,7 +177,7 @@ class Client {
   // Sends gradients for the given rows (duplicates each apply once).
   virtual Status Push(std::uint32_t table, std::span<const std::uint64_t> rows,
                       std::span<const float> grads) = 0;
-  // Push then Pull of the same rows; the pull sees this push (read-my-writes).
+  // Push then Pull of the rows, seeing this push (pipelined: docs/ps.md, "PushPull").
   virtual Status PushPull(std::uint32_t table, RowRange range, std::span<const float> grads,
                           std::span<float> out) = 0;
   // Ends the current iteration: after this worker's earlier pushes, every

@@ -39,6 +39,9 @@ DEFINE_int32(min_iters, 5, "worker: fewest iterations per shape");
 DEFINE_int32(max_iters, 20000, "worker: most iterations per shape");
 DEFINE_uint32(push_slot_bytes, 0, "server: ServerOptions::push_slot_bytes (0: the default)");
 DEFINE_uint32(push_slots, 0, "server: ServerOptions::push_slots (0: the default)");
+DEFINE_bool(print_stats, false,
+            "worker: after each shape, print to stderr the ClientStats it moved (rows pulled "
+            "by a pipelined PushPull, torn retries, control READs)");
 DEFINE_int32(busy_poll_us, -1, "TransportOptions::busy_poll in microseconds (-1: the default)");
 
 namespace rdmaps {
@@ -157,6 +160,27 @@ int RunWorker() {
        [&] {
          return cl.PushPull(kDense, RowRange{0, 256}, dense, dense_out);
        }},
+      // The pipelined PushPull against Push then Pull (what PushPull was,
+      // read-my-writes included) at one 16 KiB row and at 256 KiB (4 slots).
+      {"pushpull_16k", 16384, 2 * 16384,
+       [&] {
+         return cl.PushPull(kDense, RowRange{0, 1}, {dense.data(), 4096}, {dense_out.data(), 4096});
+       }},
+      {"push_pull_16k", 16384, 2 * 16384,
+       [&] {
+         RDMAPS_RETURN_IF_ERROR(cl.Push(kDense, RowRange{0, 1}, {dense.data(), 4096}));
+         return cl.Pull(kDense, RowRange{0, 1}, {dense_out.data(), 4096});
+       }},
+      {"pushpull_256k", 256 * 1024, 2 * 256 * 1024,
+       [&] {
+         return cl.PushPull(kDense, RowRange{0, 16}, {dense.data(), 16 * 4096},
+                            {dense_out.data(), 16 * 4096});
+       }},
+      {"push_pull_256k", 256 * 1024, 2 * 256 * 1024,
+       [&] {
+         RDMAPS_RETURN_IF_ERROR(cl.Push(kDense, RowRange{0, 16}, {dense.data(), 16 * 4096}));
+         return cl.Pull(kDense, RowRange{0, 16}, {dense_out.data(), 16 * 4096});
+       }},
       {"pull_4m", mib4, mib4,
        [&] {
          return cl.Pull(kDense, RowRange{0, 256}, dense_out);
@@ -203,6 +227,7 @@ int RunWorker() {
   for (const Shape& sh : shapes) {
     if (!only.empty() && std::find(only.begin(), only.end(), sh.name) == only.end()) continue;
     Check(sh.op(), sh.name.c_str());  // warm-up
+    const ClientStats before = cl.stats();
     std::vector<double> us;
     const auto until = SteadyClock::now() + std::chrono::duration<double>(FLAGS_seconds);
     while ((static_cast<int>(us.size()) < FLAGS_min_iters || SteadyClock::now() < until) &&
@@ -216,6 +241,17 @@ int RunWorker() {
     std::printf("%-16s %10.0f %10.0f %6zu %10.1f %10.1f %10.1f %10.1f\n", sh.name.c_str(),
                 sh.payload, sh.moved, us.size(), p50, p90, sh.payload / p50, sh.moved / p50);
     std::fflush(stdout);
+    if (FLAGS_print_stats) {
+      const ClientStats after = cl.stats();
+      std::fprintf(stderr,
+                   "%s: per call: rows pulled %.1f, of them pipelined %.1f; torn retries %.2f; "
+                   "control READs %.1f; pull waits %.2f\n",
+                   sh.name.c_str(), double(after.rows_pulled - before.rows_pulled) / us.size(),
+                   double(after.rows_pulled_pipelined - before.rows_pulled_pipelined) / us.size(),
+                   double(after.torn_retries - before.torn_retries) / us.size(),
+                   double(after.clock_reads - before.clock_reads) / us.size(),
+                   double(after.pull_waits - before.pull_waits) / us.size());
+    }
   }
   Check(cl.Close(), "closing");
   return 0;

@@ -32,6 +32,7 @@
 #include "src/ps/join.h"
 #include "src/ps/memory.h"
 #include "src/ps/pull_reader.h"
+#include "src/ps/push_pull.h"
 #include "src/ps/push_writer.h"
 #include "src/ps/scatter_plan.h"
 #include "src/ps/server_links.h"
@@ -193,6 +194,7 @@ class ClientImpl final : public Client {
   std::uint64_t clock() const override { return stats_.Get().clock; }
 
   transport::Endpoint* TEST_endpoint() const { return endpoint_.get(); }
+  std::uint64_t TEST_follower_torn() const { return follower_torn_.load(); }
   void TEST_Abandon() {
     MutexLock lock(mu_);
     closed_ = true;
@@ -325,7 +327,8 @@ class ClientImpl final : public Client {
   internal::AlignedBuffer scratch_ RDMAPS_GUARDED_BY(mu_);
   std::unique_ptr<transport::MemoryRegion> scratch_mr_ RDMAPS_GUARDED_BY(mu_);
   std::size_t scratch_floats_ RDMAPS_GUARDED_BY(mu_) = 0;
-  internal::PullCosts costs_{};  // constant after Init()
+  internal::PullCosts costs_{};                  // constant after Init()
+  std::atomic<std::uint64_t> follower_torn_{0};  // TEST_FollowerTornBlocks
   std::uint64_t clock_ RDMAPS_GUARDED_BY(mu_) = 0;
   // A push since the last Clock() (Checkpoint() must come before any).
   bool pushed_this_clock_ RDMAPS_GUARDED_BY(mu_) = false;
@@ -843,14 +846,66 @@ Status ClientImpl::Push(std::uint32_t table, std::span<const std::uint64_t> rows
 
 Status ClientImpl::PushPull(std::uint32_t table, RowRange range, std::span<const float> grads,
                             std::span<float> out) {
-  // Check the pull's buffer before the push sends anything (the push checks
-  // the rest).
-  {
-    RDMAPS_ASSIGN_OR_RETURN(const RemoteTable* t, CheckTable(table));
-    RDMAPS_RETURN_IF_ERROR(CheckBuffer("PushPull", "output", *t, range.count, out.size()));
-  }
-  RDMAPS_RETURN_IF_ERROR(Push(table, range, grads));
-  return Pull(table, range, out);
+  const std::uint64_t epoch = Epoch();
+  MutexLock lock(mu_);
+  call_epoch_ = epoch;
+  // Both buffers are checked before the push sends anything.
+  RDMAPS_ASSIGN_OR_RETURN(const RemoteTable* t,
+                          CheckCall("PushPull", "gradient", table, range, grads.size()));
+  RDMAPS_RETURN_IF_ERROR(CheckBuffer("PushPull", "output", *t, range.count, out.size()));
+  if (range.count == 0) return Status::OK();
+  const Deadline deadline = CallDeadline();
+  const transport::MemoryRegion* mr = FindRegistered(grads.data(), grads.size_bytes());
+  const transport::MemoryRegion* out_mr = FindRegistered(out.data(), out.size_bytes());
+  // Pipelined (src/ps/push_pull.h) into a registered output of a dense
+  // table; never when the output overlaps the gradients (an in-place
+  // PushPull: a row READ could land on gradients not sent yet).
+  const auto* g0 = reinterpret_cast<const std::byte*>(grads.data());
+  const auto* o0 = reinterpret_cast<const std::byte*>(out.data());
+  const bool overlap = g0 < o0 + out.size_bytes() && o0 < g0 + grads.size_bytes();
+  const bool pipelined = out_mr != nullptr && !t->inline_headers() && !overlap;
+  const std::uint32_t stale = t->info.staleness;
+  const std::uint64_t required = (stale == kAsp || clock_ < stale) ? 0 : clock_ - stale;
+  std::uint64_t pipelined_rows = 0;
+  const Status st = Failsafe(deadline, [&]() RDMAPS_REQUIRES(mu_) {
+    std::vector<Run> runs;
+    std::vector<std::uint32_t> involved;
+    if (!pipelined) {
+      RDMAPS_RETURN_IF_ERROR(push_.PushRange(*t, range, grads, mr, clock_, deadline));
+      internal::RunsOfRange(*t, num_servers(), range, &runs, &involved);
+    } else {
+      // A fresh follower per attempt: a retry after a failover pulls anew.
+      internal::RangeFollower follow(*t, range, out.data(), out_mr, required, &links_);
+      RDMAPS_RETURN_IF_ERROR(push_.PushRange(*t, range, grads, mr, clock_, deadline, &follow));
+      follow.Residual(&runs, &involved);
+      pipelined_rows = follow.rows_verified();
+      follower_torn_.fetch_add(follow.torn_blocks());
+      const std::uint64_t bytes = follow.bytes_read(), torn = follow.torn_blocks();
+      stats_.Update([&](ClientStats& cs) {
+        cs.bytes_read += bytes;
+        cs.torn_retries += torn;
+        cs.rows_pulled_pipelined += pipelined_rows;
+      });
+      // Read-my-writes and the staleness bound on every server of the
+      // range (already met where the follower pulled everything: no wait).
+      std::vector<Run> all;
+      involved.clear();
+      internal::RunsOfRange(*t, num_servers(), range, &all, &involved);
+    }
+    RDMAPS_RETURN_IF_ERROR(WaitReadable(*t, involved, deadline));
+    if (runs.empty()) return Status::OK();
+    return pull_.Read(*t, runs, out, out_mr, deadline);
+  });
+  if (!st.ok()) return st;
+  pushed_this_clock_ = true;
+  stats_.Update([&](ClientStats& cs) {
+    ++cs.pushes;
+    cs.rows_pushed += range.count;
+    ++cs.pulls;
+    cs.rows_pulled += range.count;
+    if (pipelined_rows > 0) ++cs.zero_copy_calls;
+  });
+  return Status::OK();
 }
 
 // ---- zero-copy buffers -------------------------------------------------------------
@@ -1340,6 +1395,9 @@ transport::Endpoint* TEST_ClientEndpoint(Client& client) {
   return static_cast<ClientImpl&>(client).TEST_endpoint();
 }
 void TEST_Abandon(Client& client) { static_cast<ClientImpl&>(client).TEST_Abandon(); }
+std::uint64_t TEST_FollowerTornBlocks(Client& client) {
+  return static_cast<ClientImpl&>(client).TEST_follower_torn();
+}
 }  // namespace internal
 
 Result<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {

@@ -7,6 +7,8 @@
 #include <cstring>
 #include <string>
 
+#include "src/ps/push_pull.h"
+
 namespace rdmaps::internal {
 
 using transport::Deadline;
@@ -14,6 +16,13 @@ using transport::Op;
 using SteadyClock = std::chrono::steady_clock;
 
 namespace {
+
+// Ops a slot takes at most (PostSlot): what a follower leaves free for the
+// next slot.
+constexpr std::size_t kSlotOps = kMaxGatherRuns + 2;
+// A follower's tail gives up on a server whose polls showed no progress for
+// this long (the normal pull then waits for it, with the probes of a wait).
+constexpr auto kFollowIdle = std::chrono::milliseconds(1);
 
 // Remote address of the ring slot of push `seq` on `s`.
 std::uint64_t SlotAddress(const ServerLink& s, std::uint64_t seq) {
@@ -25,11 +34,20 @@ std::uint64_t SlotAddress(const ServerLink& s, std::uint64_t seq) {
 Status PushWriter::FinishOldest(ServerLink& s, Deadline deadline) {
   const ServerLink::SlotInFlight f = s.slots_in_flight.front();
   s.slots_in_flight.pop_front();
+  if (f.pull != ServerLink::kSlot) --s.reads_in_flight;
   RDMAPS_RETURN_IF_ERROR(links_->Drain(s, f.ops, deadline));
+  if (f.pull >= 0 && follow_) follow_->Complete(s, f.pull);
   if (f.ctrl) {
     s.ctrl_inflight = false;
     (void)links_->ParseControl(s);  // torn: ignore, a later poll will tell
     stats_->Update([](ClientStats& st) { ++st.clock_reads; });
+    if (follow_) {
+      bool posted = false;
+      // (Room for the next slot, or in the tail for the next lone poll.)
+      RDMAPS_RETURN_IF_ERROR(follow_->Advance(s, follow_tail_ ? 1 : kSlotOps, &posted));
+      // In the tail, a poll behind the new READs while this one made progress.
+      if (follow_tail_ && posted && follow_->Pending(s)) RDMAPS_RETURN_IF_ERROR(PostLoneControl(s));
+    }
   }
   return Status::OK();
 }
@@ -40,11 +58,13 @@ Status PushWriter::FinishAll(ServerLink& s, Deadline deadline) {
 }
 
 Status PushWriter::MakeRoom(ServerLink& s, Deadline deadline) {
-  if (s.slots_in_flight.size() < s.push_depth) return Status::OK();
+  // (Follower READs in the queue are not slots: slots = size - reads.)
+  auto slots = [&] { return s.slots_in_flight.size() - s.reads_in_flight; };
+  if (slots() < s.push_depth) return Status::OK();
   const std::size_t keep = s.push_depth / 2;
   // (The transport sleeps rather than spins while many slot bytes are
   // outstanding: tcp's kSpinMaxPendingBytes.)
-  while (s.slots_in_flight.size() > keep) RDMAPS_RETURN_IF_ERROR(FinishOldest(s, deadline));
+  while (slots() > keep) RDMAPS_RETURN_IF_ERROR(FinishOldest(s, deadline));
   return Status::OK();
 }
 
@@ -60,6 +80,11 @@ Status PushWriter::EnsureCredit(ServerLink& s, Deadline deadline) {
   MoveProbe probe(*links_);
   while (true) {
     RDMAPS_RETURN_IF_ERROR(links_->ReadControl({s.index}, deadline));
+    if (follow_) {
+      bool posted = false;
+      RDMAPS_RETURN_IF_ERROR(follow_->Advance(s, kSlotOps, &posted));
+      RDMAPS_RETURN_IF_ERROR(FinishAll(s, deadline));
+    }
     if (s.pushed_seq - s.applied_seq < s.dir.ring_slots) break;
     RDMAPS_RETURN_IF_ERROR(probe.Check({s.index}));  // its primary replaced meanwhile
     if (SteadyClock::now() >= deadline) {
@@ -123,8 +148,9 @@ Status PushWriter::PostSlot(ServerLink& s, SlotHeader h, std::size_t bytes,
   }
   // Half the credits used: refresh them with a READ behind the write, in the
   // same doorbell, so a steady pusher rarely stops to poll.
-  const bool refresh =
-      !s.ctrl_inflight && (read_control || (h.seq - s.applied_seq) * 2 >= s.dir.ring_slots);
+  // A follower wants to know as soon as possible: behind every slot.
+  const bool refresh = !s.ctrl_inflight && (read_control || follow_ != nullptr ||
+                                            (h.seq - s.applied_seq) * 2 >= s.dir.ring_slots);
   if (refresh) {
     ops[n++] = Op::Read(s.ctrl.get(), s.ctrl_mr.get(), s.ctrl_bytes, s.dir.control.addr,
                         s.dir.control.rkey);
@@ -148,6 +174,11 @@ Status PushWriter::SendPipelined(HasMore&& has_more, PostNext&& post_next, Deadl
       any = true;
       ServerLink& s = (*links_)[si];
       st = MakeRoom(s, deadline);
+      // Follower READs share the connection: room for this slot's ops.
+      while (st.ok() && follow_ && !s.slots_in_flight.empty() &&
+             s.conn->outstanding() + kSlotOps > s.conn->max_outstanding()) {
+        st = FinishOldest(s, deadline);
+      }
       if (st.ok()) st = EnsureCredit(s, deadline);
       if (st.ok()) st = post_next(s);
     }
@@ -159,9 +190,61 @@ Status PushWriter::SendPipelined(HasMore&& has_more, PostNext&& post_next, Deadl
   return st;
 }
 
+Status PushWriter::PostLoneControl(ServerLink& s) {
+  if (s.ctrl_inflight || s.conn->outstanding() + 1 > s.conn->max_outstanding()) {
+    return Status::OK();  // (a poll is under way, or the READs in flight will make room)
+  }
+  const Op op =
+      Op::Read(s.ctrl.get(), s.ctrl_mr.get(), s.ctrl_bytes, s.dir.control.addr, s.dir.control.rkey);
+  RDMAPS_RETURN_IF_ERROR(links_->PostOps(s, {&op, 1}));
+  s.ctrl_inflight = true;
+  s.slots_in_flight.push_back({1, true, ServerLink::kLoneControl});
+  ++s.reads_in_flight;
+  return Status::OK();
+}
+
+Status PushWriter::FollowTail(Deadline deadline) {
+  follow_tail_ = true;
+  Status st;
+  auto idle_since = SteadyClock::now();
+  Backoff backoff;
+  std::uint64_t progress = follow_->bytes_read();
+  while (st.ok()) {
+    bool pending = false;
+    for (std::uint32_t si = 0; si < links_->size() && st.ok(); ++si) {
+      ServerLink& s = (*links_)[si];
+      // (One held back by the staleness bound is left to the normal pull's wait.)
+      if (!follow_->Pending(s) || follow_->ClockBlocked(s)) continue;
+      pending = true;
+      st = PostLoneControl(s);
+    }
+    if (!pending) break;
+    for (std::uint32_t si = 0; si < links_->size(); ++si) {
+      Status f = FinishAll((*links_)[si], deadline);
+      if (st.ok()) st = f;
+    }
+    if (follow_->bytes_read() != progress) {
+      progress = follow_->bytes_read();
+      idle_since = SteadyClock::now();
+      backoff = Backoff();
+    } else if (SteadyClock::now() - idle_since >= kFollowIdle) {
+      break;
+    } else {
+      backoff.Pause(kOwnPushPollCap);
+    }
+  }
+  follow_tail_ = false;
+  return st;
+}
+
 Status PushWriter::PushRange(const RemoteTable& t, RowRange range, std::span<const float> grads,
                              const transport::MemoryRegion* user_mr, std::uint64_t clock,
-                             Deadline deadline) {
+                             Deadline deadline, RangeFollower* follow) {
+  follow_ = follow;
+  struct Reset {
+    PushWriter* w;
+    ~Reset() { w->follow_ = nullptr; }
+  } reset{this};
   const std::uint32_t S = links_->size();
   const std::uint32_t dim = t.info.dim;
   std::uint64_t copied = 0;
@@ -199,10 +282,12 @@ Status PushWriter::PushRange(const RemoteTable& t, RowRange range, std::span<con
     if (st.ok()) {
       todo[si].begin += n;
       todo[si].count -= n;
+      if (follow_) follow_->OnSlot(s, s.pushed_seq, todo[si].begin);
     }
     return st;
   };
   RDMAPS_RETURN_IF_ERROR(SendPipelined(has_more, post_next, deadline));
+  if (follow_) RDMAPS_RETURN_IF_ERROR(FollowTail(deadline));
   stats_->Update([&](ClientStats& st) {
     st.bytes_staged += copied;
     if (user_mr) ++st.zero_copy_calls;

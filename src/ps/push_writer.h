@@ -30,6 +30,8 @@
 
 namespace rdmaps::internal {
 
+class RangeFollower;
+
 // A push WRITEs gradients straight from a registered caller buffer when they
 // are in at most this many pieces; more pieces are gathered by a copy.
 inline constexpr std::size_t kMaxGatherRuns = 8;
@@ -55,10 +57,14 @@ class PushWriter {
 
   // Pushes the gradients of rows `range` of `t` (within the table), pushed
   // at worker clock `clock`. `user_mr`: registered memory holding `grads`,
-  // or null.
+  // or null. With `follow` (a pipelined PushPull, src/ps/push_pull.h), a
+  // control READ rides behind every slot while none is in flight, and the
+  // follower READs the rows each one shows applied; once every slot is
+  // complete, lone control READs keep it going while the server applies
+  // (until a poll shows no progress for kFollowIdle).
   Status PushRange(const RemoteTable& t, RowRange range, std::span<const float> grads,
                    const transport::MemoryRegion* user_mr, std::uint64_t clock,
-                   transport::Deadline deadline);
+                   transport::Deadline deadline, RangeFollower* follow = nullptr);
   // The same for row ids `rows` (each within the table; repeats apply once
   // each).
   Status PushRows(const RemoteTable& t, std::span<const std::uint64_t> rows,
@@ -110,9 +116,16 @@ class PushWriter {
   // connections stay in step).
   template <typename HasMore, typename PostNext>
   Status SendPipelined(HasMore&& has_more, PostNext&& post_next, transport::Deadline deadline);
+  // The follower's part after the push: see PushRange.
+  Status FollowTail(transport::Deadline deadline);
+  // Posts a control READ of its own on s (an item of s.slots_in_flight).
+  Status PostLoneControl(ServerLink& s);
 
   ServerLinks* const links_;
   ClientStatsRecorder* const stats_;
+  // The follower of the PushRange under way, or null.
+  RangeFollower* follow_ = nullptr;
+  bool follow_tail_ = false;  // in FollowTail
 };
 
 }  // namespace rdmaps::internal

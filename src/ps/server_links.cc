@@ -279,6 +279,7 @@ Status ServerLinks::Reconnect(transport::Endpoint& endpoint, ServerLink& s,
     }
   } close_old{old};
   s.slots_in_flight.clear();
+  s.reads_in_flight = 0;
   s.ctrl_inflight = false;
   // A backup the shard map names may not serve yet when this worker comes
   // (it is promoted just after the decision): it refuses the connection,

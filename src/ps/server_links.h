@@ -109,12 +109,19 @@ struct ServerLink {
   bool ctrl_torn = false;
   // The slots posted and not yet completed, oldest first (PushWriter):
   // their op counts, and whether the control READ rides with them. Every
-  // other use of the connection starts after they are completed.
+  // other use of the connection starts after they are completed. A
+  // pipelined PushPull (src/ps/push_pull.h) adds its READs to the same
+  // queue (completions come in posting order): `pull` >= 0 names a
+  // RangeFollower piece, kLoneControl a control READ of its own; those items
+  // are counted in reads_in_flight (the rest are slots).
+  static constexpr std::int32_t kSlot = -1, kLoneControl = -2;
   struct SlotInFlight {
     std::uint32_t ops;
     bool ctrl;
+    std::int32_t pull = kSlot;
   };
   std::deque<SlotInFlight> slots_in_flight;
+  std::uint32_t reads_in_flight = 0;
   // Replicated shards (ClientOptions::failover): the shard map epoch this
   // link serves at, the replica words of the control block as last read,
   // and a copy of every slot not yet acknowledged (slot of seq at

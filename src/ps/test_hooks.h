@@ -17,6 +17,9 @@ transport::Endpoint* TEST_ClientEndpoint(Client& client);
 // Closes the client's connections without a goodbye, as a process that
 // crashed would; the client is closed afterwards.
 void TEST_Abandon(Client& client);
+// Blocks that a pipelined PushPull's follower READ torn (and so left to the
+// normal pull), over the client's life.
+std::uint64_t TEST_FollowerTornBlocks(Client& client);
 
 // Sets every float of `row` (a row this server owns) to `value` and bumps its
 // version, exactly as the apply thread writes a row: data first, then header.

@@ -271,6 +271,68 @@ TEST(PsFakeFaultsTest, PushPullReadsNoRowBeforeItsPushIsApplied) {
   EXPECT_EQ(server.stats().pushes_applied, 8u);
 }
 
+// A pipelined PushPull (registered output, dense table: its follower READs
+// rows as the server applies the slots covering them) whose row READ is torn
+// half way: the server rewrites the row being copied (data, then header, as
+// the apply thread does). The follower must reject that block and the
+// normal pull re-read it, so every row comes back whole and holding this
+// push (or the rewrite, which comes after the row's apply), and each slot is
+// applied once. Rounds go on until a tear hit a follower READ (not the
+// normal pull's), which the first round does unless the machine is loaded.
+TEST(PsFakeFaultsTest, PipelinedPushPullRereadsATornBlockAndAppliesEachSlotOnce) {
+  constexpr std::uint64_t kRows = 32;
+  constexpr std::uint32_t kDim = 1000;  // 4 rows per 16 KiB slot: 8 slots
+  auto c = StartCluster("fake", 1, 1, {MakeTable(1, "w", kRows, kDim)});
+  ASSERT_EQ(c.clients.size(), 1u);
+  Client& cl = *c.clients[0];
+  Server& server = *c.servers[0];
+  const std::size_t row = internal::RowBytes(kDim);
+  std::vector<float> want(kRows, 0.0f);
+  std::atomic<bool> armed{false};
+  std::atomic<int> rewrites{0};
+  std::atomic<float> rewrite_value{0.0f};
+  // The first row READ of a round (from row 0), at its first piece boundary:
+  // the row being copied there is rewritten.
+  auto f = SplitReads(row, 2, [&](const transport::fake::ReadPiece& p) {
+    if (p.copied != 1 || p.length < row || !armed.exchange(false)) return;
+    const std::uint64_t r = (p.bytes_copied - 1) / row;
+    ASSERT_TRUE(internal::TEST_SetRow(server, 1, r, rewrite_value.load()).ok());
+    want[r] = rewrite_value.load();
+    ++rewrites;
+  });
+  ASSERT_TRUE(transport::fake::SetFaults(*internal::TEST_ServerEndpoint(server), f).ok());
+  std::vector<float> g(kRows * kDim), out(kRows * kDim);
+  for (std::uint64_t r = 0; r < kRows; ++r) {
+    std::fill_n(g.begin() + r * kDim, kDim, -static_cast<float>(r + 1));
+  }
+  ASSERT_TRUE(cl.RegisterBuffer(g).ok());
+  ASSERT_TRUE(cl.RegisterBuffer(out).ok());
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(8);
+  int rounds = 0;
+  while (internal::TEST_FollowerTornBlocks(cl) == 0 &&
+         std::chrono::steady_clock::now() < deadline) {
+    ++rounds;
+    SCOPED_TRACE("round " + std::to_string(rounds));
+    for (std::uint64_t r = 0; r < kRows; ++r) want[r] += static_cast<float>(r + 1);
+    rewrite_value = 1000.0f * rounds;
+    armed = true;
+    std::fill(out.begin(), out.end(), -1.0f);
+    const Status st = cl.PushPull(1, RowRange{0, kRows}, g, out);
+    ASSERT_TRUE(st.ok()) << st;
+    armed = false;
+    for (std::uint64_t r = 0; r < kRows; ++r) {
+      for (std::uint32_t d = 0; d < kDim; ++d) ASSERT_EQ(out[r * kDim + d], want[r]) << r;
+    }
+  }
+  EXPECT_GT(internal::TEST_FollowerTornBlocks(cl), 0u) << "no tear hit a follower READ";
+  EXPECT_GT(cl.stats().rows_pulled_pipelined, 0u);
+  EXPECT_GE(cl.stats().torn_retries, internal::TEST_FollowerTornBlocks(cl));
+  EXPECT_EQ(rewrites.load(), rounds);
+  ASSERT_TRUE(cl.Flush().ok());
+  EXPECT_EQ(server.stats().pushes_applied, 8u * rounds);
+  EXPECT_EQ(server.stats().protocol_errors, 0u);
+}
+
 // A registered pull of ONE row of an inline table (rows of 1 KiB or more)
 // is staged on a connection of few segments per op (verbs-like: 16), one
 // contiguous READ and a copy, and scattered into the caller's buffer where

@@ -259,6 +259,77 @@ TEST_P(PsTest, PushPullEqualsPushFlushPull) {
   for (auto& s : c.servers) EXPECT_EQ(s->stats().protocol_errors, 0u);
 }
 
+// A pipelined PushPull (registered output, dense table: rows READ as the
+// server applies the slots covering them, while the rest of the push is
+// still sent) returns this push in every row, from a range across both
+// servers' shards, with rows of one block each and rows checked in blocks
+// of several (the range's end blocks wanted in part, left to the normal
+// pull); each slot is applied once. Rounds go on (at least 8) until the
+// follower pulled some rows, which it does in the first round unless the
+// machine is loaded.
+TEST_P(PsTest, PipelinedPushPullSeesItsPushAndAppliesEachSlotOnce) {
+  auto c = StartCluster(transport(), 2, 1,
+                        {MakeTable(1, "big", 96, 1000), MakeTable(2, "small", 600, 60)});
+  ASSERT_EQ(c.clients.size(), 1u);
+  Client& cl = *c.clients[0];
+  auto applied = [&] {
+    std::uint64_t n = 0;
+    for (auto& s : c.servers) n += s->stats().pushes_applied;
+    return n;
+  };
+  struct Case {
+    std::uint32_t table, dim;
+    RowRange range;
+  };
+  for (const Case& k : {Case{1, 1000, RowRange{5, 86}}, Case{2, 60, RowRange{7, 583}}}) {
+    SCOPED_TRACE("table " + std::to_string(k.table));
+    const std::size_t n = k.range.count * k.dim;
+    std::vector<float> g(n, -1.0f), out(n);
+    ASSERT_TRUE(cl.RegisterBuffer(g).ok());
+    ASSERT_TRUE(cl.RegisterBuffer(out).ok());
+    // The slots of one push of the range.
+    std::uint64_t before = applied();
+    ASSERT_TRUE(cl.Push(k.table, k.range, g).ok());
+    ASSERT_TRUE(cl.Flush().ok());
+    const std::uint64_t slots = applied() - before;
+    before = applied();
+    const std::uint64_t pipelined = cl.stats().rows_pulled_pipelined;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    int round = 1;
+    while (round < 8 || (cl.stats().rows_pulled_pipelined == pipelined &&
+                         std::chrono::steady_clock::now() < deadline)) {
+      ++round;
+      std::fill(out.begin(), out.end(), -1.0f);
+      ASSERT_TRUE(cl.PushPull(k.table, k.range, g, out).ok());
+      for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(out[i], round) << i << " round " << round;
+    }
+    EXPECT_GT(cl.stats().rows_pulled_pipelined, pipelined);
+    ASSERT_TRUE(cl.Flush().ok());
+    EXPECT_EQ(applied() - before, slots * (round - 1));
+    ASSERT_TRUE(cl.UnregisterBuffer(g).ok());
+    ASSERT_TRUE(cl.UnregisterBuffer(out).ok());
+  }
+  for (auto& s : c.servers) EXPECT_EQ(s->stats().protocol_errors, 0u);
+}
+
+// An in-place PushPull (the output is the gradient buffer, registered) is
+// not pipelined: a row READ could land on gradients not sent yet. It
+// returns the rows after this push, and the push applied the gradients as
+// they were.
+TEST_P(PsTest, InPlacePushPullAppliesTheGradientsItWasGiven) {
+  auto c = StartCluster(transport(), 2, 1, {MakeTable(1, "w", 64, 1000)});
+  ASSERT_EQ(c.clients.size(), 1u);
+  Client& cl = *c.clients[0];
+  std::vector<float> buf(64 * 1000, -2.0f);
+  ASSERT_TRUE(cl.RegisterBuffer(buf).ok());
+  ASSERT_TRUE(cl.PushPull(1, RowRange{0, 64}, buf, buf).ok());
+  for (std::size_t i = 0; i < buf.size(); ++i) ASSERT_EQ(buf[i], 2.0f) << i;
+  std::fill(buf.begin(), buf.end(), -1.0f);
+  ASSERT_TRUE(cl.PushPull(1, RowRange{0, 64}, buf, buf).ok());
+  for (std::size_t i = 0; i < buf.size(); ++i) ASSERT_EQ(buf[i], 3.0f) << i;
+  EXPECT_EQ(cl.stats().rows_pulled_pipelined, 0u);
+}
+
 // Under ASP a pull never waits for other workers; Barrier() still makes
 // every push made before it visible to every pull after it. Worker 0 pushes
 // while the server's apply is paused; worker 1's barrier cannot complete

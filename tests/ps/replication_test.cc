@@ -190,6 +190,62 @@ INSTANTIATE_TEST_SUITE_P(Kills, KillPrimaryTest, ::testing::ValuesIn(KillCases()
                                   "_after" + std::to_string(p.param.kill_after);
                          });
 
+// Pipelined PushPulls (registered output, dense table: rows READ as the
+// slots covering them are applied) while the primary of one shard is
+// killed: every call succeeds (failing over: the retry rebuilds the slots
+// sent before without sending them again, and pulls anew from the new
+// primary), each returns its own push in every row, and every push is
+// applied exactly once.
+class KillPrimaryPushPullTest : public ::testing::TestWithParam<KillCase> {};
+
+TEST_P(KillPrimaryPushPullTest, EveryPushAppliedOnceAndEveryPullSeesIt) {
+  const KillCase& k = GetParam();
+  constexpr int kIters = 40;
+  constexpr std::uint64_t kRows = 64;
+  constexpr std::uint32_t kDim = 1000;  // 4 rows per 16 KiB slot: 8 slots per shard
+  Replicated c;
+  Start(&c, k.transport, 2, 1, {MakeTable(1, "count", kRows, kDim)});
+  ASSERT_FALSE(HasFatalFailure());
+  Client& cl = *c.clients[0];
+  std::vector<float> g(kRows * kDim, -1.0f), out(kRows * kDim);
+  ASSERT_TRUE(cl.RegisterBuffer(g).ok());
+  ASSERT_TRUE(cl.RegisterBuffer(out).ok());
+  Status result;
+  std::string mismatch;  // the first wrong float seen by the worker
+  std::thread worker([&] {
+    for (int it = 1; it <= kIters && result.ok() && mismatch.empty(); ++it) {
+      result = cl.PushPull(1, RowRange{0, kRows}, g, out);
+      for (std::size_t i = 0; result.ok() && i < out.size(); ++i) {
+        if (out[i] != static_cast<float>(it)) {
+          mismatch = "PushPull " + std::to_string(it) + " returned " + std::to_string(out[i]) +
+                     " at float " + std::to_string(i);
+          break;
+        }
+      }
+    }
+  });
+  Server& victim = *c.primaries[k.victim];
+  const bool reached = Eventually([&] { return victim.stats().pushes_applied >= k.kill_after; });
+  internal::TEST_Kill(victim);
+  worker.join();
+  ASSERT_TRUE(reached) << "the victim applied only " << victim.stats().pushes_applied;
+  ASSERT_TRUE(result.ok()) << result;
+  ASSERT_TRUE(mismatch.empty()) << mismatch;
+  // (If the run ended before the kill, this pull meets the dead primary.)
+  std::vector<float> rows(kRows * kDim);
+  ASSERT_TRUE(cl.Pull(1, RowRange{0, kRows}, rows).ok());
+  for (std::size_t i = 0; i < rows.size(); ++i) ASSERT_EQ(rows[i], float{kIters}) << i;
+  EXPECT_GE(cl.stats().failovers, 1u);
+  EXPECT_GT(cl.stats().rows_pulled_pipelined, 0u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Kills, KillPrimaryPushPullTest,
+                         ::testing::Values(KillCase{"fake", 1, 17}, KillCase{"tcp", 0, 101}),
+                         [](const auto& p) {
+                           return p.param.transport + "_shard" + std::to_string(p.param.victim) +
+                                  "_after" + std::to_string(p.param.kill_after);
+                         });
+
 // Worker 0 arrives at a Barrier, server 0's primary dies while it waits,
 // then worker 1 arrives: both pass (worker 0's arrival reached the backup
 // through the log), both see every push made before the barrier, and the

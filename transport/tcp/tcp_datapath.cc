@@ -105,6 +105,17 @@ bool TxQueue::RegionRangesValid(const RegionTable& table) const {
   return true;
 }
 
+bool TxQueue::RegionRangesOverlap(const std::byte* p, std::size_t n) const {
+  if (region_ranges_ == 0) return false;
+  for (std::size_t i = head_; i < segs_.size(); ++i) {
+    const Segment& s = segs_[i];
+    if (s.rkey == 0) continue;
+    const std::byte* b = s.ptr + (i == head_ ? head_sent_ : 0);
+    if (b < p + n && p < s.ptr + s.length) return true;
+  }
+  return false;
+}
+
 void TxQueue::Clear() {
   own_.clear();
   segs_.clear();
@@ -191,6 +202,16 @@ void EndpointCore::FinishWrite(Inbound& in) {
     n.length = req.length.get();
     PushNotification(n);
   }
+}
+
+bool EndpointCore::MayChangePendingReads(const Inbound& in, const RequestWire& req) const {
+  if ((req.flags & kWireFence) != 0) return true;
+  const RegionEntry* e = regions_->FindLocked(req.rkey.get());
+  const std::uint64_t addr = req.remote_addr.get(), len = req.length.get();
+  const auto base = reinterpret_cast<std::uintptr_t>(e ? e->base : nullptr);
+  // (An op Execute refuses changes nothing; it is judged there.)
+  if (e == nullptr || !RegionContains(base, e->size, addr, len)) return true;
+  return in.tx.RegionRangesOverlap(e->base + (addr - base), len);
 }
 
 Status EndpointCore::Execute(Inbound& in, const RequestWire& req) {
@@ -375,9 +396,10 @@ Status EndpointCore::Serve(Inbound& in) {
         }
       }
       in.paused = false;
-      if (IsMutation(req.opcode) && in.tx.HasRegionRanges()) {
-        // A pending READ response still points at registered memory: send
-        // it before this op may change that memory.
+      if (IsMutation(req.opcode) && in.tx.HasRegionRanges() && MayChangePendingReads(in, req)) {
+        // A pending READ response still points at registered memory that
+        // this op may change: send it first. (A WRITE elsewhere -- a push
+        // slot behind the READs of a pipelined PushPull -- goes on.)
         RDMAPS_ASSIGN_OR_RETURN(bool sent, in.tx.Flush(in.fd.get()));
         if (!sent) return Status::OK();
       }

@@ -118,6 +118,8 @@ class TxQueue {
   void AppendExternal(const void* p, std::size_t n, std::uint32_t rkey_or_zero);
   bool empty() const { return head_ == segs_.size(); }
   bool HasRegionRanges() const { return region_ranges_ > 0; }
+  // Whether an unsent range into registered memory overlaps [p, p + n).
+  bool RegionRangesOverlap(const std::byte* p, std::size_t n) const;
   std::size_t owned_bytes() const { return own_.size(); }
   // True when every pending range into registered memory is still registered.
   bool RegionRangesValid(const RegionTable& table) const RDMAPS_REQUIRES_SHARED(table.mu());
@@ -349,6 +351,10 @@ class EndpointCore {
   // Executes one request whose header was consumed (tcp_datapath.cc).
   // Both run inside Serve, which holds the region table shared.
   Status Execute(Inbound& in, const RequestWire& req) RDMAPS_REQUIRES_SHARED(regions_->mu());
+  // Whether mutation `req` (fenced, or a WRITE or atomic on bytes an unsent
+  // READ response of `in` still points at) must wait for those responses.
+  bool MayChangePendingReads(const Inbound& in, const RequestWire& req) const
+      RDMAPS_REQUIRES_SHARED(regions_->mu());
   Status ContinuePayload(Inbound& in, bool* blocked) RDMAPS_REQUIRES_SHARED(regions_->mu());
   void FinishWrite(Inbound& in);
   void ErrorResponse(Inbound& in, std::uint8_t opcode, const Status& status);
