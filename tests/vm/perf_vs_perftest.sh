@@ -11,5 +11,7 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 build="$(cd "${1:-$here/../../build}" && pwd)"
 perf="$build/perf/rdmaps-perf/rdmaps-perf"
 [[ -x "$perf" ]] || { echo "perf_vs_perftest.sh: build rdmaps-perf first ($perf missing)" >&2; exit 1; }
-exec "$here/run_in_vm.sh" --build "$build" --timeout 1500 -- \
-  "ROUNDS=${4:-3} sh $here/perf_guest.sh $perf ${2:-300} ${3:-200}"
+rounds="${4:-3}"
+# A round took up to ~6 min at host load 12-16 (2026-12-02).
+exec "$here/run_in_vm.sh" --build "$build" --timeout $((600 + 600 * rounds)) -- \
+  "ROUNDS=$rounds sh $here/perf_guest.sh $perf ${2:-300} ${3:-200}"
