@@ -26,9 +26,9 @@
 #include "rdmaps/client.h"
 #include "rdmaps/server.h"
 #include "src/base/secret.h"
-#include "src/ps/wire.h"
 #include "src/ps/memory.h"
 #include "src/ps/optimizer.h"
+#include "src/ps/wire.h"
 #include "tools/common/exit.h"
 #include "tools/common/flags.h"
 #include "transport/transport.h"
@@ -154,11 +154,10 @@ double TimeUs(F&& f) {
 
 int Main() {
   const std::vector<Shape> shapes = {
-      {"range 1x64", 1, 64, false},         {"range 1x1024", 1, 1024, false},
-      {"range 64x64", 64, 64, false},       {"range 64x256", 64, 256, false},
-      {"range 256x256", 256, 256, false},
-      {"range 4096x256", 4096, 256, false}, {"scatter 32x64", 32, 64, true},
-      {"scatter 128x16", 128, 16, true},
+      {"range 1x64", 1, 64, false},       {"range 1x1024", 1, 1024, false},
+      {"range 64x64", 64, 64, false},     {"range 64x256", 64, 256, false},
+      {"range 256x256", 256, 256, false}, {"range 4096x256", 4096, 256, false},
+      {"scatter 32x64", 32, 64, true},    {"scatter 128x16", 128, 16, true},
   };
   std::vector<TableOptions> tables;
   for (std::uint32_t i = 0; i < shapes.size(); ++i) {
@@ -202,14 +201,17 @@ int Main() {
     consumer = std::thread([&] {
       transport::Notification n[64];
       while (!consumer_stop.load()) {
-        (void)raw.server->WaitNotifications(n, transport::DeadlineAfter(std::chrono::milliseconds(50)));
+        (void)raw.server->WaitNotifications(
+            n, transport::DeadlineAfter(std::chrono::milliseconds(50)));
       }
     });
   }
   std::mt19937_64 rng(1);
 
-  std::printf("transport %s, %d iterations per row; latencies in microseconds\n",
-              FLAGS_transport.c_str(), FLAGS_iters);
+  std::printf(
+      "transport %s, %d iterations per row; latencies in microseconds; checks by the %s "
+      "XXH3\n",
+      FLAGS_transport.c_str(), FLAGS_iters, internal::BlockHashBuild());
   std::printf("%-6s %-16s %10s %10s %10s %10s %8s %8s %12s %12s\n", "op", "shape", "ps_p50",
               "ps_p99", "raw_p50", "raw_p99", "p50x", "p99x", "ps_MiB/s", "raw_MiB/s");
   for (int kind = 0; kind < 2; ++kind) {  // 0 pull, 1 push
@@ -243,12 +245,11 @@ int Main() {
           const std::size_t row = sh.dim * sizeof(float);
           for (std::uint64_t k = 0; k < sh.rows; ++k) {
             const std::uint64_t off = (ids[k] * row) % (raw.bytes - row);
-            ops.push_back(kind == 0 ? Op::Read(raw.local_mem.get() + k * row, raw.local_mr.get(),
-                                               row, raw.remote_mr->remote().addr + off,
-                                               raw.remote_mr->rkey())
-                                    : Op::Write(raw.local_mem.get() + k * row, raw.local_mr.get(),
-                                                row, raw.remote_mr->remote().addr + off,
-                                                raw.remote_mr->rkey()));
+            ops.push_back(
+                kind == 0 ? Op::Read(raw.local_mem.get() + k * row, raw.local_mr.get(), row,
+                                     raw.remote_mr->remote().addr + off, raw.remote_mr->rkey())
+                          : Op::Write(raw.local_mem.get() + k * row, raw.local_mr.get(), row,
+                                      raw.remote_mr->remote().addr + off, raw.remote_mr->rkey()));
           }
           if (kind == 1) ops.back().type = transport::OpType::kWriteWithImm;
         } else {
@@ -272,12 +273,13 @@ int Main() {
     }
   }
   const ClientStats st = cl.stats();
-  std::printf("client: %llu torn retries, %llu credit waits, %llu bytes staged, %llu zero-copy "
-              "calls\n",
-              static_cast<unsigned long long>(st.torn_retries),
-              static_cast<unsigned long long>(st.credit_waits),
-              static_cast<unsigned long long>(st.bytes_staged),
-              static_cast<unsigned long long>(st.zero_copy_calls));
+  std::printf(
+      "client: %llu torn retries, %llu credit waits, %llu bytes staged, %llu zero-copy "
+      "calls\n",
+      static_cast<unsigned long long>(st.torn_retries),
+      static_cast<unsigned long long>(st.credit_waits),
+      static_cast<unsigned long long>(st.bytes_staged),
+      static_cast<unsigned long long>(st.zero_copy_calls));
 
   // Optimizer apply rate vs memcpy bandwidth, on one core.
   {
@@ -341,16 +343,21 @@ int Main() {
     auto rows_mem = internal::AllocateRegionMemory(kPiece);
     auto copy = internal::AllocateRegionMemory(kPiece);
     std::memset(rows_mem.get(), 1, kPiece);
-    std::printf("\nblock check (XXH3 per block) over %zu KiB, one core\n", kPiece / 1024);
-    std::printf("%-10s %10s %12s %10s\n", "bytes", "GB/s", "ns/block", "x memcpy");
+    std::printf(
+        "\nblock check (XXH3 per block, the %s build) over %zu KiB, one core; the "
+        "other build's ns/block for comparison\n",
+        internal::BlockHashBuild(), kPiece / 1024);
+    std::printf("%-10s %10s %12s %10s %16s %16s\n", "bytes", "GB/s", "ns/block", "x memcpy",
+                "libxxhash_ns", "scalar_ns");
     for (std::size_t row : {64, 256, 1024, 2048, 4096}) {
       const std::size_t n = kPiece / row;
       std::vector<internal::BlockHeader> headers(n);
       for (std::size_t r = 0; r < n; ++r) {
         internal::SealRow(&headers[r], r + 1, rows_mem.get() + r * row, row);
       }
-      std::vector<double> check_us, copy_us;
+      std::vector<double> check_us, copy_us, lib_us, scalar_us;
       std::size_t bad = 0;
+      std::uint64_t sink = 0;
       for (int rep = 0; rep < 50; ++rep) {
         check_us.push_back(TimeUs([&] {
           for (std::size_t r = 0; r < n; ++r) {
@@ -358,11 +365,23 @@ int Main() {
           }
         }));
         copy_us.push_back(TimeUs([&] { std::memcpy(copy.get(), rows_mem.get(), kPiece); }));
+        lib_us.push_back(TimeUs([&] {
+          for (std::size_t r = 0; r < n; ++r) {
+            sink += internal::Xxh3LibraryWithSeed(rows_mem.get() + r * row, row, r);
+          }
+        }));
+        scalar_us.push_back(TimeUs([&] {
+          for (std::size_t r = 0; r < n; ++r) {
+            sink -= internal::Xxh3ScalarWithSeed(rows_mem.get() + r * row, row, r);
+          }
+        }));
       }
+      if (sink != 0) std::fprintf(stderr, "ps-bench: the two XXH3 builds disagree\n");
       if (bad != 0) std::fprintf(stderr, "ps-bench: %zu blocks failed their check\n", bad);
       const Stats c = Summarise(check_us), m = Summarise(copy_us);
-      std::printf("%-10zu %10.2f %12.1f %10.2f\n", row, kPiece / (c.median_us * 1e3),
-                  c.median_us * 1e3 / n, m.median_us / c.median_us);
+      std::printf("%-10zu %10.2f %12.1f %10.2f %16.1f %16.1f\n", row, kPiece / (c.median_us * 1e3),
+                  c.median_us * 1e3 / n, m.median_us / c.median_us,
+                  Summarise(lib_us).median_us * 1e3 / n, Summarise(scalar_us).median_us * 1e3 / n);
     }
   }
   consumer_stop.store(true);

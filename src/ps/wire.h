@@ -185,6 +185,20 @@ static_assert(std::is_trivially_copyable_v<BlockHeader> && sizeof(BlockHeader) =
 
 std::uint64_t BlockChecksum(std::uint64_t version, const void* payload, std::size_t bytes);
 
+// XXH3_64bits_withSeed has two builds here, with equal values for every
+// input (XXH3 is defined independently of the code computing it): libxxhash's
+// (SSE2 on x86-64) and one in plain 64-bit integer code (xxh3_scalar.cc).
+// Inputs over 240 bytes (where they differ: shorter ones are scalar in both)
+// take whichever hashed 4 KiB faster on this machine at the first check, by
+// the minimum of a few alternating timings: SSE2 natively (0.42 against
+// 0.77 us per 4 KiB), scalar on CPUs that emulate vector code slowly (qemu
+// TCG: 5.9 against 13.2 us). So client and server may differ in the build
+// they run, never in the checksum.
+std::uint64_t Xxh3ScalarWithSeed(const void* data, std::size_t bytes, std::uint64_t seed);
+std::uint64_t Xxh3LibraryWithSeed(const void* data, std::size_t bytes, std::uint64_t seed);
+// "scalar" or "libxxhash": the build BlockChecksum uses for long inputs.
+const char* BlockHashBuild();
+
 // Writes the header of a contiguous block (after the payload is in place).
 void SealBlock(void* block, std::uint64_t version, std::size_t payload_bytes);
 

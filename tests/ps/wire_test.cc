@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <random>
+#include <string>
 #include <vector>
 
 namespace rdmaps::internal {
@@ -251,6 +253,61 @@ TEST(CheckedRowTest, RowAndSeparatelyReadHeaderAgreeOnlyForOneWholeVersion) {
   const BlockHeader torn{h2.version, h1.checksum};
   EXPECT_FALSE(VerifyRow(torn, v1.data(), floats * 4));
   EXPECT_FALSE(VerifyRow(torn, v2.data(), floats * 4));
+}
+
+TEST(CheckedRowTest, BothXxh3BuildsGiveTheSameChecksums) {
+  // BlockChecksum may take either build for long inputs (whichever is faster
+  // on the machine): a server and a client that chose differently must still
+  // agree on every checksum, for every length and seed.
+  std::mt19937_64 rng(7);
+  std::vector<std::byte> data(9000);
+  for (auto& b : data) b = static_cast<std::byte>(rng());
+  for (std::size_t n = 0; n <= data.size(); n += (n < 600 ? 1 : 61)) {
+    for (std::uint64_t seed : {std::uint64_t{0}, std::uint64_t{1}, rng()}) {
+      for (std::size_t off : {0, 3}) {
+        if (off + n > data.size()) continue;
+        const std::uint64_t lib = Xxh3LibraryWithSeed(data.data() + off, n, seed);
+        ASSERT_EQ(Xxh3ScalarWithSeed(data.data() + off, n, seed), lib)
+            << n << " bytes at offset " << off << ", seed " << seed;
+      }
+    }
+    ASSERT_EQ(BlockChecksum(n, data.data(), n),
+              Xxh3LibraryWithSeed(data.data(), n, n ^ kChecksumSalt))
+        << n << " bytes";
+  }
+  const std::string build = BlockHashBuild();
+  EXPECT_TRUE(build == "scalar" || build == "libxxhash") << build;
+}
+
+TEST(CheckedRowTest, LongRowMixedFromTwoVersionsIsRejected) {
+  // A 4 KiB row (XXH3's long-input path, the build chosen at run time):
+  // any one line of the other version, and random line mixes, fail both
+  // versions' headers.
+  const std::size_t floats = 1024, lines = floats * 4 / 64;
+  std::vector<float> v1(floats), v2(floats);
+  for (std::size_t i = 0; i < floats; ++i) {
+    v1[i] = static_cast<float>(i);
+    v2[i] = static_cast<float>(i) + 0.5f;
+  }
+  BlockHeader h1{}, h2{};
+  SealRow(&h1, 1, v1.data(), floats * 4);
+  SealRow(&h2, 2, v2.data(), floats * 4);
+  ASSERT_TRUE(VerifyRow(h1, v1.data(), floats * 4));
+  ASSERT_TRUE(VerifyRow(h2, v2.data(), floats * 4));
+  std::mt19937_64 rng(3);
+  for (std::size_t trial = 0; trial < lines + 200; ++trial) {
+    std::vector<float> mix = v1;
+    std::size_t from_v2 = 0;
+    for (std::size_t l = 0; l < lines; ++l) {
+      const bool take = trial < lines ? l == trial : (rng() & 1) != 0;
+      if (!take) continue;
+      std::memcpy(mix.data() + l * 16, v2.data() + l * 16, 64);
+      ++from_v2;
+    }
+    if (from_v2 == 0 || from_v2 == lines) continue;
+    EXPECT_FALSE(VerifyRow(h1, mix.data(), floats * 4)) << "trial " << trial;
+    EXPECT_FALSE(VerifyRow(h2, mix.data(), floats * 4)) << "trial " << trial;
+  }
 }
 
 }  // namespace
