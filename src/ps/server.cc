@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <cstdio>
 #include <cstring>
 #include <deque>
 #include <optional>
@@ -1552,7 +1553,12 @@ bool ServerImpl::CatchupLog(const transport::Notification& n) {
     const internal::RejoinAnswer& a = c.answer;
     c.snap_bytes = SnapshotBytes();
     if (n.imm != internal::kLogBootImm || a.magic != internal::kRejoinAnswerMagic) {
-      FailCatchup(DataLossError("the primary's answer is malformed"));
+      // (What came instead says where it went wrong: a log record's imm
+      // is its index; a zero magic, an answer not yet visible.)
+      char seen[80];
+      std::snprintf(seen, sizeof(seen), " (imm 0x%08x of %u bytes, magic 0x%08x)", n.imm, n.length,
+                    a.magic);
+      FailCatchup(DataLossError(std::string("the primary's answer is malformed") + seen));
       return true;
     }
     if (a.refusal != 0) {

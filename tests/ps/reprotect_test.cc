@@ -43,6 +43,11 @@ std::vector<TableOptions> Tables() {
 class Job {
  public:
   explicit Job(std::string transport) : transport_(std::move(transport)) {}
+  // A failed ASSERT leaves pushing threads: they end (their calls fail or
+  // finish within wait_timeout) before the clients and servers go.
+  ~Job() {
+    for (auto& t : threads) t.join();
+  }
 
   // One shard: a backup, then its primary; then W workers.
   void Start(std::uint32_t W) {
