@@ -63,6 +63,24 @@ void Start(Replicated* c, const std::string& transport, std::uint32_t S, std::ui
   c->ConnectWorkers(connect, W);
 }
 
+// Elastic, one shard, BSP: `initial` of `max` worker slots connected
+// (their Clock() does not wait), the promoted backup's reconnect window
+// `window`.
+void StartElastic(Replicated* c, const std::string& transport, std::uint32_t initial,
+                  std::uint32_t max, milliseconds window) {
+  c->transport = transport;
+  c->wait_timeout = kWaitTimeout;
+  c->StartShards(1, initial, {MakeTable(kTable, "count", kRows, kDim, 0)}, [&](ServerOptions& o) {
+    o.max_workers = max;
+    o.failover_reconnect_window = window;  // (used by a promoted backup)
+  });
+  if (::testing::Test::HasFatalFailure()) return;
+  c->ConnectWorkers(initial, initial, [&](ClientOptions& o) {
+    o.max_workers = max;
+    o.clock_waits = false;
+  });
+}
+
 // Hangs the primary of `shard` with its connections open (on fake, every
 // op against its memory is held in flight, never completed); its lease
 // then lapses and its backup drops it: on fake by the knob that breaks
@@ -255,17 +273,7 @@ TEST_P(HungPrimaryTest, ElasticWorkerThatDiedWithItsPrimaryLeavesThePromotedBack
   constexpr std::uint32_t kInitial = 2, kMax = 3;
   constexpr auto kWindow = seconds(2);
   Replicated c;
-  c.transport = GetParam();
-  c.wait_timeout = kWaitTimeout;
-  c.StartShards(1, kInitial, {MakeTable(kTable, "count", kRows, kDim, 0)}, [&](ServerOptions& o) {
-    o.max_workers = kMax;
-    o.failover_reconnect_window = kWindow;  // (used by a promoted backup)
-  });
-  ASSERT_FALSE(HasFatalFailure());
-  c.ConnectWorkers(kInitial, kInitial, [&](ClientOptions& o) {
-    o.max_workers = kMax;
-    o.clock_waits = false;
-  });
+  StartElastic(&c, GetParam(), kInitial, kMax, kWindow);
   ASSERT_FALSE(HasFatalFailure());
   const std::vector<float> minus_one(kRows * kDim, -1.0f);
   std::vector<float> out(kRows * kDim);
@@ -312,17 +320,7 @@ TEST_P(HungPrimaryTest, ElasticWorkerSilentPastTheReconnectWindowIsToldItLeft) {
   constexpr std::uint32_t kInitial = 2, kMax = 3;
   constexpr auto kWindow = milliseconds(500);
   Replicated c;
-  c.transport = GetParam();
-  c.wait_timeout = kWaitTimeout;
-  c.StartShards(1, kInitial, {MakeTable(kTable, "count", kRows, kDim, 0)}, [&](ServerOptions& o) {
-    o.max_workers = kMax;
-    o.failover_reconnect_window = kWindow;  // (used by a promoted backup)
-  });
-  ASSERT_FALSE(HasFatalFailure());
-  c.ConnectWorkers(kInitial, kInitial, [&](ClientOptions& o) {
-    o.max_workers = kMax;
-    o.clock_waits = false;
-  });
+  StartElastic(&c, GetParam(), kInitial, kMax, kWindow);
   ASSERT_FALSE(HasFatalFailure());
   Server& backup = *c.backups[0];
   const std::vector<float> minus_one(kRows * kDim, -1.0f);
