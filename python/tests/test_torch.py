@@ -13,6 +13,30 @@ def small_net():
     return torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.ReLU(), torch.nn.Linear(5, 3))
 
 
+def train_beside_local_sgd(model, net, steps, before=None):
+    """`steps` steps of `model` (net's parameters on the servers, SGD lr 0.1)
+    and of a local copy of net under torch's SGD on the same batches; then
+    net's pulled parameters equal the copy's. `before(step)` runs first in
+    each step."""
+    reference = small_net()
+    reference.load_state_dict(net.state_dict())  # the servers' initial weights
+    opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    gen = torch.Generator().manual_seed(1)
+    for step in range(steps):
+        if before:
+            before(step)
+        x = torch.randn(8, 6, generator=gen)
+        y = torch.randint(0, 3, (8,), generator=gen)
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        assert model.step() == step + 1
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(reference(x), y).backward()
+        opt.step()
+    model.pull()
+    for a, b in zip(net.parameters(), reference.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
 def test_tables_follow_the_parameters():
     t = rt.tables(small_net(), optimizer=rdmaps.Optimizer("sgd", lr=0.1), staleness=2, first_id=3)
     assert [(x.id, x.name, x.rows, x.dim) for x in t] == [
@@ -30,21 +54,7 @@ def test_model_trains_exactly_like_local_sgd():
     with rdmaps.local_cluster(tables, servers=2) as cl, cl.connect() as client:
         model = rt.Model(net, client)
         model.pull()
-        reference = small_net()
-        reference.load_state_dict(net.state_dict())  # the servers' initial weights
-        opt = torch.optim.SGD(reference.parameters(), lr=0.1)
-        gen = torch.Generator().manual_seed(1)
-        for step in range(5):
-            x = torch.randn(8, 6, generator=gen)
-            y = torch.randint(0, 3, (8,), generator=gen)
-            torch.nn.functional.cross_entropy(model(x), y).backward()
-            assert model.step() == step + 1
-            opt.zero_grad()
-            torch.nn.functional.cross_entropy(reference(x), y).backward()
-            opt.step()
-        model.pull()
-        for a, b in zip(net.parameters(), reference.parameters()):
-            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+        train_beside_local_sgd(model, net, 5)
         # The parameters and gradients were pinned: the dense traffic copied
         # at most the rows too small for zero-copy reads.
         assert client.stats()["zero_copy_calls"] > 0
@@ -60,25 +70,13 @@ def test_model_training_survives_two_primary_kills():
             lc.connect(wait_timeout=5.0) as client:
         model = rt.Model(model_net, client)
         model.pull()
-        reference = small_net()
-        reference.load_state_dict(model_net.state_dict())
-        opt = torch.optim.SGD(reference.parameters(), lr=0.1)
-        gen = torch.Generator().manual_seed(1)
-        for step in range(30):
+        def before(step):
             if step in (8, 20):
                 lc.kill(0)  # the primary, then the promoted one: training goes on at once
             if step in (14, 26):
                 lc.wait_protected(timeout=20)  # (the steps before went on without it)
-            x = torch.randn(8, 6, generator=gen)
-            y = torch.randint(0, 3, (8,), generator=gen)
-            torch.nn.functional.cross_entropy(model(x), y).backward()
-            assert model.step() == step + 1
-            opt.zero_grad()
-            torch.nn.functional.cross_entropy(reference(x), y).backward()
-            opt.step()
-        model.pull()
-        for a, b in zip(model_net.parameters(), reference.parameters()):
-            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+        train_beside_local_sgd(model, model_net, 30, before)
         assert [e["shard"] for e in lc.reprotections] == [0, 0] and len(lc.dead) == 2
 
 

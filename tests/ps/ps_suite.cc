@@ -118,9 +118,7 @@ TEST_P(PsTest, FlushReturnsOnceEveryPushIsApplied) {
   ASSERT_TRUE(h.WaitFor(std::chrono::seconds(20)).ok());
   // Applied, each push once (the range push is one slot per server, the
   // scattered one touches both servers too).
-  std::uint64_t applied = 0;
-  for (auto& s : c.servers) applied += s->stats().pushes_applied;
-  EXPECT_EQ(applied, 4u);
+  EXPECT_EQ(PushesApplied(c), 4u);
   for (std::uint32_t si = 0; si < 2; ++si) {
     const std::uint64_t begin = si == 0 ? 0 : 5, count = si == 0 ? 5 : 4;
     std::vector<float> local;
@@ -193,9 +191,7 @@ TEST_P(PsTest, PipelinedLargePushesApplyEverySlotOnce) {
     for (std::size_t i = 0; i < out.size(); i += 97) ASSERT_EQ(out[i], round) << i;
   }
   ASSERT_TRUE(cl.Flush().ok());
-  std::uint64_t applied = 0;
-  for (auto& s : c.servers) applied += s->stats().pushes_applied;
-  EXPECT_EQ(applied, kRounds * 2u * 22u);
+  EXPECT_EQ(PushesApplied(c), kRounds * 2u * 22u);
   EXPECT_EQ(cl.stats().torn_retries, 0u);
   for (auto& s : c.servers) EXPECT_EQ(s->stats().protocol_errors, 0u);
 }
@@ -218,11 +214,7 @@ TEST_P(PsTest, PushPullEqualsPushFlushPull) {
        inl_a, inl_b});
   ASSERT_EQ(c.clients.size(), 1u);
   Client& cl = *c.clients[0];
-  auto applied = [&] {
-    std::uint64_t n = 0;
-    for (auto& s : c.servers) n += s->stats().pushes_applied;
-    return n;
-  };
+  auto applied = [&] { return PushesApplied(c); };
   struct Case {
     std::uint32_t pushpull, twin, dim;
     RowRange range;
@@ -272,11 +264,7 @@ TEST_P(PsTest, PipelinedPushPullSeesItsPushAndAppliesEachSlotOnce) {
                         {MakeTable(1, "big", 96, 1000), MakeTable(2, "small", 600, 60)});
   ASSERT_EQ(c.clients.size(), 1u);
   Client& cl = *c.clients[0];
-  auto applied = [&] {
-    std::uint64_t n = 0;
-    for (auto& s : c.servers) n += s->stats().pushes_applied;
-    return n;
-  };
+  auto applied = [&] { return PushesApplied(c); };
   struct Case {
     std::uint32_t table, dim;
     RowRange range;

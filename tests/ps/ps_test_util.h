@@ -41,6 +41,13 @@ struct Cluster {
   std::vector<std::string> addresses;
 };
 
+// Push slots the cluster's servers applied, summed.
+inline std::uint64_t PushesApplied(const Cluster& c) {
+  std::uint64_t n = 0;
+  for (const auto& s : c.servers) n += s->stats().pushes_applied;
+  return n;
+}
+
 // Where servers listen. fake: a name, "fake:0" picks a fresh one; verbs: the
 // RDMA device's address (RDMAPS_TEST_VERBS_ADDR, which the VM harness
 // exports, else the first ACTIVE device's IPv4 address; tests skip where
