@@ -84,9 +84,11 @@ struct ServerOptions {
 
   // Push ring per worker: `push_slots` slots of `push_slot_bytes` each (a
   // push larger than one slot is split across several). Memory per worker is
-  // push_slots * push_slot_bytes. push_slot_bytes must be a multiple of 64.
-  std::uint32_t push_slots = 32;
-  std::uint32_t push_slot_bytes = 64 * 1024;
+  // push_slots * push_slot_bytes (4 MiB by default). push_slot_bytes must be a
+  // multiple of 64. Fewer, larger slots cost less per byte: each slot is one
+  // WRITE, one notification and one wake-up (docs/perf.md "Push slots").
+  std::uint32_t push_slots = 16;
+  std::uint32_t push_slot_bytes = 256 * 1024;
   // Threads that apply optimizer updates of one large push (oneTBB); 0 = all
   // cores.
   std::uint32_t apply_threads = 0;

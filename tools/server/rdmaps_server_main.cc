@@ -97,8 +97,9 @@ DEFINE_int32(op_timeout_ms, 30000, "an operation without an answer for this long
 DEFINE_string(ib_dev, "", "verbs: device (default: the one owning the listen address)");
 DEFINE_int32(ib_port, 1, "verbs: port");
 DEFINE_int32(gid_index, -1, "verbs: GID index (-1: rdma_cm chooses)");
-DEFINE_uint32(push_slots, 32, "push ring slots per worker");
-DEFINE_uint32(push_slot_bytes, 64 * 1024, "bytes per push ring slot");
+DEFINE_uint32(push_slots, rdmaps::ServerOptions{}.push_slots, "push ring slots per worker");
+DEFINE_uint32(push_slot_bytes, rdmaps::ServerOptions{}.push_slot_bytes,
+              "bytes per push ring slot (a multiple of 64)");
 DEFINE_uint32(apply_threads, 0, "threads applying one large push (0: all cores)");
 DEFINE_uint32(max_workers, 0,
               "elastic mode: worker slots for up to this many workers (>= the layout's "
