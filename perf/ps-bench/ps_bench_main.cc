@@ -345,17 +345,17 @@ int Main() {
     std::memset(rows_mem.get(), 1, kPiece);
     std::printf(
         "\nblock check (XXH3 per block, the %s build) over %zu KiB, one core; the "
-        "other build's ns/block for comparison\n",
+        "other builds' ns/block for comparison (avx2: 0 where the CPU has none)\n",
         internal::BlockHashBuild(), kPiece / 1024);
-    std::printf("%-10s %10s %12s %10s %16s %16s\n", "bytes", "GB/s", "ns/block", "x memcpy",
-                "libxxhash_ns", "scalar_ns");
+    std::printf("%-10s %10s %12s %10s %16s %16s %16s\n", "bytes", "GB/s", "ns/block", "x memcpy",
+                "libxxhash_ns", "scalar_ns", "avx2_ns");
     for (std::size_t row : {64, 256, 1024, 2048, 4096}) {
       const std::size_t n = kPiece / row;
       std::vector<internal::BlockHeader> headers(n);
       for (std::size_t r = 0; r < n; ++r) {
         internal::SealRow(&headers[r], r + 1, rows_mem.get() + r * row, row);
       }
-      std::vector<double> check_us, copy_us, lib_us, scalar_us;
+      std::vector<double> check_us, copy_us, lib_us, scalar_us, avx2_us;
       std::size_t bad = 0;
       std::uint64_t sink = 0;
       for (int rep = 0; rep < 50; ++rep) {
@@ -375,13 +375,26 @@ int Main() {
             sink -= internal::Xxh3ScalarWithSeed(rows_mem.get() + r * row, row, r);
           }
         }));
+        if (internal::Xxh3Avx2Available()) {
+          std::uint64_t lib_sink = 0, avx2_sink = 0;
+          for (std::size_t r = 0; r < n; ++r) {
+            lib_sink += internal::Xxh3LibraryWithSeed(rows_mem.get() + r * row, row, r);
+          }
+          avx2_us.push_back(TimeUs([&] {
+            for (std::size_t r = 0; r < n; ++r) {
+              avx2_sink += internal::Xxh3Avx2WithSeed(rows_mem.get() + r * row, row, r);
+            }
+          }));
+          if (avx2_sink != lib_sink) sink = 1;
+        }
       }
-      if (sink != 0) std::fprintf(stderr, "ps-bench: the two XXH3 builds disagree\n");
+      if (sink != 0) std::fprintf(stderr, "ps-bench: the XXH3 builds disagree\n");
       if (bad != 0) std::fprintf(stderr, "ps-bench: %zu blocks failed their check\n", bad);
       const Stats c = Summarise(check_us), m = Summarise(copy_us);
-      std::printf("%-10zu %10.2f %12.1f %10.2f %16.1f %16.1f\n", row, kPiece / (c.median_us * 1e3),
-                  c.median_us * 1e3 / n, m.median_us / c.median_us,
-                  Summarise(lib_us).median_us * 1e3 / n, Summarise(scalar_us).median_us * 1e3 / n);
+      std::printf("%-10zu %10.2f %12.1f %10.2f %16.1f %16.1f %16.1f\n", row,
+                  kPiece / (c.median_us * 1e3), c.median_us * 1e3 / n, m.median_us / c.median_us,
+                  Summarise(lib_us).median_us * 1e3 / n, Summarise(scalar_us).median_us * 1e3 / n,
+                  avx2_us.empty() ? 0.0 : Summarise(avx2_us).median_us * 1e3 / n);
     }
   }
   consumer_stop.store(true);
