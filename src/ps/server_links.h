@@ -149,8 +149,8 @@ struct ServerLink {
 inline constexpr std::chrono::milliseconds kMoveProbeEvery{100};
 // Each look also takes in some of the shards the wait is not about, in
 // turn, so many that a long wait has seen every shard within this long
-// (S - 1 shards over kMoveSweep / kMoveProbeEvery looks: one a look up to
-// 11 shards): a worker blocked on shard A (held back by a stopped worker)
+// (the S - waited others spread over kMoveSweep / kMoveProbeEvery = 10
+// looks: one a look up to 11 shards): a worker blocked on shard A (held back by a stopped worker)
 // follows a promotion of shard B well within the promoted server's
 // ServerOptions::failover_reconnect_window (10 s by default), instead of
 // being departed there as if it had died with the old primary.
