@@ -541,6 +541,10 @@ Status ClientImpl::Failsafe(Deadline deadline, F&& f) {
 }
 
 Status ClientImpl::Recover(Deadline deadline) {
+  // The waits in here look at their own shard's entry only: a failed
+  // Recover ends the call, and another shard that moves meanwhile is met
+  // by the retried call's waits.
+  internal::ServerLinks::SweepOff sweep_off(links_);
   bool moved = false;
   for (ServerLink& s : links_.servers()) {
     auto a = options_.failover->Current(s.index);
@@ -985,6 +989,9 @@ Result<std::uint64_t> ClientImpl::Clock() {
 }
 
 Status ClientImpl::RelayCuts(Deadline deadline) {
+  // (No Failsafe retries this: an Unavailable for another shard would end
+  // the Clock() call.)
+  internal::ServerLinks::SweepOff sweep_off(links_);
   std::vector<std::uint32_t> torn;
   for (const ServerLink& s : links_.servers()) {
     if (s.ctrl_torn) torn.push_back(s.index);
@@ -1329,6 +1336,7 @@ Status ClientImpl::Close() {
   closed_ = true;
   Status st;
   if (connected_ && links_.broken().ok()) {
+    internal::ServerLinks::SweepOff sweep_off(links_);  // (no Failsafe here)
     st = push_.SendControlSlot(SlotKind::kBye, clock_,
                                SteadyClock::now() + std::chrono::seconds(10));
   }

@@ -139,22 +139,40 @@ Status ServerLinks::ReadControl(const std::vector<std::uint32_t>& servers, Deadl
 
 Status ServerLinks::CheckMoved(const std::vector<std::uint32_t>& servers) {
   if (!failover_) return Status::OK();
-  for (std::uint32_t i : servers) {
-    ServerLink& s = servers_[i];
-    auto a = failover_->Current(i);
-    // An unreadable map is no verdict: the wait goes on (and its deadline
-    // still holds).
-    if (!a.ok() || a->epoch <= s.epoch || a->primary == s.address) continue;
-    RDMAPS_LOG(WARNING) << "worker " << worker_id_ << ": " << ServerName(s)
-                        << " does not answer and the shard map moved shard " << i << " to "
-                        << a->primary << " at epoch " << a->epoch << " (this link is at epoch "
-                        << s.epoch << "); failing over";
-    return Fail(s, UnavailableError("the shard map moved shard " + std::to_string(i) + " to " +
-                                    a->primary + " at epoch " + std::to_string(a->epoch) +
-                                    " while this worker waited for it (hung, stopped or cut off "
-                                    "from its backup)"));
+  for (std::uint32_t i : servers) RDMAPS_RETURN_IF_ERROR(CheckShardMoved(i));
+  if (!sweep_others_) return Status::OK();
+  // The others, a few a look (each look is a read of the coordinator), so
+  // that all are seen within kMoveSweep.
+  const std::uint32_t S = size();
+  std::uint32_t others = 0;
+  for (std::uint32_t i = 0; i < S; ++i) {
+    others += std::find(servers.begin(), servers.end(), i) == servers.end() ? 1 : 0;
+  }
+  constexpr std::uint32_t kLooks = kMoveSweep / kMoveProbeEvery;
+  std::uint32_t todo = (others + kLooks - 1) / kLooks;
+  for (std::uint32_t step = 0; todo > 0 && step < S; ++step) {
+    const std::uint32_t i = sweep_next_ % S;
+    sweep_next_ = (i + 1) % S;
+    if (std::find(servers.begin(), servers.end(), i) != servers.end()) continue;
+    --todo;
+    RDMAPS_RETURN_IF_ERROR(CheckShardMoved(i));
   }
   return Status::OK();
+}
+
+Status ServerLinks::CheckShardMoved(std::uint32_t i) {
+  ServerLink& s = servers_[i];
+  auto a = failover_->Current(i);
+  // An unreadable map is no verdict: the wait goes on (and its deadline
+  // still holds).
+  if (!a.ok() || a->epoch <= s.epoch || a->primary == s.address) return Status::OK();
+  RDMAPS_LOG(WARNING) << "worker " << worker_id_ << ": the shard map moved shard " << i << " to "
+                      << a->primary << " at epoch " << a->epoch << " (the link to " << ServerName(s)
+                      << " is at epoch " << s.epoch << "); failing over";
+  return Fail(s, UnavailableError("the shard map moved shard " + std::to_string(i) + " to " +
+                                  a->primary + " at epoch " + std::to_string(a->epoch) +
+                                  " while this worker waited (its primary hung, stopped, died or "
+                                  "was cut off from its backup)"));
 }
 
 Status ServerLinks::FollowMap(ServerLink& s) {

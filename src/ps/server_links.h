@@ -147,6 +147,14 @@ struct ServerLink {
 // worker waiting on it (for a completion, a clock, a credit, a barrier)
 // follows the promotion at most this long after it.
 inline constexpr std::chrono::milliseconds kMoveProbeEvery{100};
+// Each look also takes in some of the shards the wait is not about, in
+// turn, so many that a long wait has seen every shard within this long
+// (the S - waited others spread over kMoveSweep / kMoveProbeEvery = 10
+// looks: one a look up to 11 shards): a worker blocked on shard A (held back by a stopped worker)
+// follows a promotion of shard B well within the promoted server's
+// ServerOptions::failover_reconnect_window (10 s by default), instead of
+// being departed there as if it had died with the old primary.
+inline constexpr std::chrono::milliseconds kMoveSweep{1000};
 
 // "server 1 (host:7000)".
 std::string ServerName(const ServerLink& s);
@@ -182,8 +190,30 @@ class ServerLinks {
   // Unavailable, breaking the links, when the shard map names another
   // primary at a newer epoch for the shard of one of `servers`: that server
   // was replaced (hung, stopped, cut off) and will never answer this wait.
-  // OK otherwise, also when the map cannot be read (the wait goes on).
+  // Then the same for the next few of the other shards, round robin
+  // (kMoveSweep; not while a SweepOff lives): a shard that moved while
+  // this worker waited elsewhere must see it reconnect within its
+  // failover_reconnect_window. OK otherwise, also when the map cannot be
+  // read (the wait goes on). The caller's Failsafe recovers either way.
   Status CheckMoved(const std::vector<std::uint32_t>& servers);
+  // While one lives, CheckMoved looks at the waited shards only: around
+  // the network parts of a call that no Failsafe retries (the client's
+  // Recover, Clock()'s RelayCuts, Close()), where an Unavailable for a shard
+  // the call does not even wait on would end the call, not fail it over. A
+  // shard that moves meanwhile is met by the next call's waits.
+  class SweepOff {
+   public:
+    explicit SweepOff(ServerLinks& links) : links_(links), was_(links.sweep_others_) {
+      links_.sweep_others_ = false;
+    }
+    ~SweepOff() { links_.sweep_others_ = was_; }
+    SweepOff(const SweepOff&) = delete;
+    SweepOff& operator=(const SweepOff&) = delete;
+
+   private:
+    ServerLinks& links_;
+    const bool was_;
+  };
 
   // OK, or the first transport error (as Unavailable): it broke every link,
   // since the connections may be out of step.
@@ -241,18 +271,23 @@ class ServerLinks {
   // s.address and s.epoch (kept when the map has no entry; an error when
   // it cannot be read).
   Status FollowMap(ServerLink& s);
+  // CheckMoved of one shard.
+  Status CheckShardMoved(std::uint32_t i);
 
   const std::uint32_t worker_id_;
   ClientStatsRecorder* const stats_;
   std::vector<ServerLink> servers_;
   Status broken_;
   FailoverDecider* failover_ = nullptr;
+  bool sweep_others_ = true;
+  std::uint32_t sweep_next_ = 0;  // the other shard CheckMoved looks at next
 };
 
 // A long wait's look at the shard map: Check() asks the decider
-// (ServerLinks::CheckMoved) once every kMoveProbeEvery, the first time
-// kMoveProbeEvery after the probe was made; without failover it never
-// does. next() is when it would: a blocking wait sleeps no longer.
+// (ServerLinks::CheckMoved: the waited shards and some others in turn) once
+// every kMoveProbeEvery, the first time kMoveProbeEvery after the probe was
+// made; without failover it never does. next() is when it would: a
+// blocking wait sleeps no longer.
 class MoveProbe {
  public:
   explicit MoveProbe(ServerLinks& links)

@@ -63,17 +63,18 @@ void Start(Replicated* c, const std::string& transport, std::uint32_t S, std::ui
   c->ConnectWorkers(connect, W);
 }
 
-// Elastic, one shard, BSP: `initial` of `max` worker slots connected
+// Elastic, `shards` shards, BSP: `initial` of `max` worker slots connected
 // (their Clock() does not wait), the promoted backup's reconnect window
 // `window`.
 void StartElastic(Replicated* c, const std::string& transport, std::uint32_t initial,
-                  std::uint32_t max, milliseconds window) {
+                  std::uint32_t max, milliseconds window, std::uint32_t shards = 1) {
   c->transport = transport;
   c->wait_timeout = kWaitTimeout;
-  c->StartShards(1, initial, {MakeTable(kTable, "count", kRows, kDim, 0)}, [&](ServerOptions& o) {
-    o.max_workers = max;
-    o.failover_reconnect_window = window;  // (used by a promoted backup)
-  });
+  c->StartShards(shards, initial, {MakeTable(kTable, "count", kRows, kDim, 0)},
+                 [&](ServerOptions& o) {
+                   o.max_workers = max;
+                   o.failover_reconnect_window = window;  // (used by a promoted backup)
+                 });
   if (::testing::Test::HasFatalFailure()) return;
   c->ConnectWorkers(initial, initial, [&](ClientOptions& o) {
     o.max_workers = max;
@@ -383,6 +384,77 @@ TEST_P(HungPrimaryTest, ElasticWorkerSilentPastTheReconnectWindowIsToldItLeft) {
   for (std::size_t i = 0; i < out.size(); ++i) ASSERT_EQ(out[i], 4.0f) << "float " << i;
   EXPECT_EQ(backup.stats().members, 2u);
   again.reset();
+  c.clients.clear();
+}
+
+// Elastic, two shards: worker 0 is blocked in a BSP pull of shard 0's rows
+// only (worker 1 holds the clock back) while the primary of shard 1 dies
+// and its backup is promoted. The wait looks at the other shards' entries
+// of the shard map too, so worker 0 follows that promotion while it waits
+// and is still a member there when the promoted backup's
+// failover_reconnect_window ends (a waiting worker that looked only at
+// shard 0 would be departed as if it had died with the old primary).
+// Worker 2, silent from before the kill, is departed then: that marks the
+// window's end. Worker 0's next push to shard 1 counts exactly once.
+TEST_P(HungPrimaryTest, WorkerWaitingOnOneShardFollowsThePromotionOfAnother) {
+  constexpr std::uint32_t kInitial = 3, kMax = 4;
+  constexpr auto kWindow = milliseconds(1500);
+  Replicated c;
+  StartElastic(&c, GetParam(), kInitial, kMax, kWindow, /*shards=*/2);
+  ASSERT_FALSE(HasFatalFailure());
+  Server& promoted = *c.backups[1];
+  const std::vector<float> minus_one(kRows * kDim, -1.0f);
+  const std::vector<float> minus_one_half(kRows / 2 * kDim, -1.0f);
+  for (auto& cl : c.clients) {
+    ASSERT_TRUE(cl->Push(kTable, RowRange{0, kRows}, minus_one).ok());
+    ASSERT_TRUE(cl->Clock().ok());  // clock 1
+    ASSERT_TRUE(cl->Flush().ok());  // acknowledged by the old primaries
+  }
+  // Worker 2 runs ahead (its Clock() does not wait), then makes no call.
+  ASSERT_TRUE(c.clients[2]->Clock().ok());
+  ASSERT_TRUE(c.clients[2]->Clock().ok());
+  ASSERT_TRUE(c.clients[2]->Flush().ok());
+  ASSERT_TRUE(Eventually([&] { return promoted.stats().min_clock == 1; }));
+  // Worker 0 at clock 2 pulls shard 0's rows: it needs worker 1 at clock 2.
+  ASSERT_TRUE(c.clients[0]->Clock().ok());
+  Status pulled;
+  std::vector<float> mine(kRows / 2 * kDim);
+  std::thread t([&] { pulled = c.clients[0]->Pull(kTable, RowRange{0, kRows / 2}, mine); });
+  const bool waiting =
+      Eventually([&] { return c.clients[0]->stats().pull_waits > 0; }, seconds(20));
+  internal::TEST_Kill(*c.primaries[1]);
+  // Worker 1 follows the promotion with a push to shard 1.
+  const Status pushed = c.clients[1]->Push(kTable, RowRange{kRows / 2, kRows / 2}, minus_one_half);
+  // Worker 0 follows it while still waiting for worker 1's clock.
+  const bool followed =
+      Eventually([&] { return c.clients[0]->stats().failovers == 1; }, kWindow + kFollowBound);
+  // The window ends: worker 2 leaves the promoted backup as dead.
+  const bool window_over =
+      Eventually([&] { return !promoted.stats().dead_workers.empty(); }, kWindow + kFollowBound);
+  const ServerStats st = promoted.stats();
+  // Worker 1 lets worker 0's pull go on.
+  const Result<std::uint64_t> clocked = c.clients[1]->Clock();
+  t.join();
+  ASSERT_TRUE(waiting) << "worker 0's pull never waited";
+  ASSERT_TRUE(pushed.ok()) << pushed;
+  ASSERT_TRUE(clocked.ok()) << clocked.status();
+  ASSERT_TRUE(pulled.ok()) << pulled;
+  ASSERT_TRUE(window_over) << "the promoted backup never departed the silent worker 2";
+  EXPECT_TRUE(followed) << "worker 0 did not follow shard 1's promotion while waiting";
+  EXPECT_EQ(st.dead_workers, std::vector<std::uint32_t>{2})
+      << "worker 0 was departed from the promoted backup while it waited on shard 0";
+  EXPECT_EQ(st.members, 2u);
+  EXPECT_EQ(c.decider->Current(1)->primary, promoted.address());
+  for (float v : mine) ASSERT_EQ(v, 3.0f);
+  // Worker 0 is a member there: its push to shard 1 counts once.
+  const std::uint64_t applied = promoted.stats().pushes_applied;
+  ASSERT_TRUE(c.clients[0]->Push(kTable, RowRange{kRows / 2, kRows / 2}, minus_one_half).ok());
+  ASSERT_TRUE(c.clients[0]->Flush().ok());
+  EXPECT_EQ(promoted.stats().pushes_applied, applied + 1);
+  std::vector<float> theirs(kRows / 2 * kDim);
+  ASSERT_TRUE(c.clients[0]->Pull(kTable, RowRange{kRows / 2, kRows / 2}, theirs).ok());
+  for (float v : theirs) ASSERT_EQ(v, 5.0f);
+  EXPECT_EQ(promoted.stats().members, 2u);
   c.clients.clear();
 }
 
