@@ -1,7 +1,8 @@
 // Verbs-specific tests that the shared conformance suite does not cover:
 // selective signaling over long batches, the handshake's reject path,
 // RDMA_CM_EVENT_DISCONNECTED -> kDisconnected, flushes when closing with ops
-// in flight, inline writes. Runs where an RDMA device exists (the Soft-RoCE
+// in flight, inline writes, an immediate that lands before the connector's
+// Connect has returned. Runs where an RDMA device exists (the Soft-RoCE
 // VM in CI, tests/vm/); skips with the reason elsewhere.
 #include <gtest/gtest.h>
 
