@@ -292,6 +292,8 @@ struct Notification {
     kDisconnected,  // The peer's connection ended (closed or failed).
   };
   Kind kind = Kind::kImmediate;
+  // The poster's id, also for an immediate that lands on a connecting side
+  // before its Connect has returned (the acceptor may post at once).
   std::uint32_t peer_id = 0;
   std::uint32_t imm = 0;
   std::uint32_t length = 0;  // Bytes the WRITE_WITH_IMM carried.

@@ -147,7 +147,7 @@ enum class RejoinRefusal : std::uint32_t {
   kNoMemory = 5,    // the snapshot could not be allocated or registered
 };
 
-struct RejoinAnswer {  // 64 bytes, written by the primary after the offer
+struct RejoinAnswer {  // 72 bytes, written by the primary after the offer
   std::uint32_t magic;
   std::uint32_t refusal;  // RejoinRefusal
   std::uint64_t epoch;    // the primary's; its records carry it

@@ -1,17 +1,20 @@
 // Verbs-specific tests that the shared conformance suite does not cover:
 // selective signaling over long batches, the handshake's reject path,
 // RDMA_CM_EVENT_DISCONNECTED -> kDisconnected, flushes when closing with ops
-// in flight, inline writes. Runs where an RDMA device exists (the Soft-RoCE
+// in flight, inline writes, an immediate that lands before the connector's
+// Connect has returned. Runs where an RDMA device exists (the Soft-RoCE
 // VM in CI, tests/vm/); skips with the reason elsewhere.
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <numeric>
+#include <span>
 #include <thread>
 #include <vector>
 
 #include "tests/vm/verbs_test_env.h"
 #include "transport/transport.h"
+#include "transport/verbs/verbs_transport.h"
 
 namespace rdmaps::transport {
 namespace {
@@ -205,6 +208,59 @@ TEST_F(VerbsSmokeTest, ReadFetchAddCompareSwapAndImm) {
   EXPECT_EQ(n[0].length, 16u);
   EXPECT_EQ(target[40], 7000u);
   EXPECT_EQ(target[41], 7001u);
+}
+
+// The accepted side may post as soon as Accept hands it the connection,
+// before the connector's Connect has returned (a primary answering a
+// replacement backup at once): an immediate that lands in that window names
+// the acceptor's peer id and the connector's connection, as a later one does
+// (it once came with peer id 0, and the replacement dropped the answer).
+TEST_F(VerbsSmokeTest, ImmediateBeforeConnectReturnsNamesThePeer) {
+  std::vector<std::uint64_t> target(8, 0), local(8, 5);
+  auto tmr = client_->Register(target.data(), 64, kRemoteAll);
+  auto lmr = server_->Register(local.data(), 64, kAccessNone);
+  ASSERT_TRUE(tmr.ok() && lmr.ok());
+  std::unique_ptr<Connection> accepted;
+  Status early_status = InternalError("the hook did not run");
+  std::vector<Notification> early;
+  // In the window: the acceptor writes with an immediate and sees it
+  // acknowledged, and this endpoint files the notification.
+  ASSERT_TRUE(verbs::TEST_AfterProofAccepted(*client_, [&] {
+                const Deadline deadline = DeadlineAfter(seconds(10));
+                auto a = server_->Accept(deadline);
+                if (!a.ok()) {
+                  early_status = a.status();
+                  return;
+                }
+                accepted = std::move(a).value();
+                const Op op = Op::WriteWithImm(local.data(), lmr->get(), 64, (*tmr)->remote().addr,
+                                               (*tmr)->rkey(), 77, 1);
+                early_status = accepted->Post(std::span(&op, 1));
+                if (!early_status.ok()) return;
+                Completion c[1];
+                auto done = accepted->Wait(c, deadline);
+                early_status = !done.ok()   ? done.status()
+                               : *done == 0 ? TimedOutError("no completion by the deadline")
+                                            : c[0].status;
+                if (!early_status.ok()) return;
+                Notification buf[4];
+                auto got = client_->WaitNotifications(buf, deadline);
+                early_status = got.status();
+                if (got.ok()) early.assign(buf, buf + *got);
+              }).ok());
+  auto conn = Connect(*client_);
+  ASSERT_TRUE(verbs::TEST_AfterProofAccepted(*client_, {}).ok());
+  ASSERT_NE(conn, nullptr);
+  ASSERT_TRUE(early_status.ok()) << early_status;
+  ASSERT_EQ(early.size(), 1u) << "no immediate filed before Connect returned";
+  EXPECT_EQ(early[0].kind, Notification::Kind::kImmediate);
+  EXPECT_EQ(early[0].imm, 77u);
+  EXPECT_EQ(early[0].length, 64u);
+  EXPECT_EQ(early[0].peer_id, 1u);
+  EXPECT_EQ(early[0].peer_id, conn->peer().peer_id);
+  EXPECT_NE(conn->peer().connection, 0u);
+  EXPECT_EQ(early[0].connection, conn->peer().connection);
+  EXPECT_EQ(target[7], 5u);
 }
 
 TEST_F(VerbsSmokeTest, WrongSecretIsPermissionDenied) {

@@ -378,6 +378,17 @@ Result<std::unique_ptr<Connection>> VerbsEndpoint::DoConnect(std::string_view ad
                                  "this process is peer " +
                                  std::to_string(options().peer_id) + "); " + kJobSecretFix);
   }
+  // Who the peer is (its MAC verified it) and PeerInfo::connection, before
+  // our QP can receive: the acceptor may WRITE_WITH_IMM as soon as it has
+  // confirmed our proof, before this thread returns, and the progress
+  // thread files that notification under the peer id it reads from the
+  // connection then (a replacement backup's primary answers at once: with
+  // peer id 0 the answer was dropped as no connection's).
+  conn->set_peer_id(rep->peer_id);
+  // PeerInfo::connection is non-zero on both sides (transport.h): a consumer
+  // that takes immediates on a connection it opened (a replacement backup's
+  // log from its primary) matches them to it.
+  conn->set_connection_from_qp();
   // The REP arrived: our QP to RTR/RTS, then the RTU (rdma_establish).
   RDMAPS_RETURN_IF_ERROR(conn->ConnectQp(-1, -1));
   const std::uint32_t qpn = conn->qp_num();
@@ -399,11 +410,7 @@ Result<std::unique_ptr<Connection>> VerbsEndpoint::DoConnect(std::string_view ad
                                           options().peer_id, rep->peer_id, copts.user_data);
   RDMAPS_RETURN_IF_ERROR(conn->PostHandshakeSends(proof));
   RDMAPS_RETURN_IF_ERROR(AwaitProofAccepted(ch.get(), qpn, where, deadline));
-  conn->set_peer_id(rep->peer_id);
-  // PeerInfo::connection is non-zero on both sides (transport.h): a consumer
-  // that takes immediates on a connection it opened (a replacement backup's
-  // log from its primary) matches them to it.
-  conn->set_connection_from_qp();
+  RunAfterProofHook();
   conn->Register();  // before the migrate: publishes the id under mu (see ProgressLoop)
   if (rdma_migrate_id(idp, shared_->channel.get()) != 0) {
     return ErrnoError("rdma_migrate_id", errno);

@@ -333,6 +333,10 @@ class VerbsEndpoint final : public Endpoint {
   void Interrupt() override;
 
   void TEST_SetProtocolVersion(std::uint16_t v) { version_.store(v); }
+  void TEST_SetAfterProofAccepted(std::function<void()> hook) RDMAPS_EXCLUDES(test_mu_) {
+    MutexLock lock(test_mu_);
+    after_proof_ = std::move(hook);
+  }
   std::string TEST_DeviceName() const { return shared_->dev_name; }
 
  private:
@@ -372,6 +376,18 @@ class VerbsEndpoint final : public Endpoint {
   std::thread progress_;
 
   std::atomic<std::uint16_t> version_{kProtocolVersion};  // a test hook may change it
+  // TEST_AfterProofAccepted's hook: Connect runs it once the acceptor
+  // confirmed the proof, before it returns (verbs_cm.cc).
+  void RunAfterProofHook() RDMAPS_EXCLUDES(test_mu_) {
+    std::function<void()> hook;
+    {
+      MutexLock lock(test_mu_);
+      hook = after_proof_;
+    }
+    if (hook) hook();
+  }
+  Mutex test_mu_;
+  std::function<void()> after_proof_ RDMAPS_GUARDED_BY(test_mu_);
 
   // Progress thread only: accepted ids waiting for ESTABLISHED, then for the
   // connector's proof over our nonce (verbs_wire.h).

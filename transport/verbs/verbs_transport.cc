@@ -483,6 +483,13 @@ Status TEST_SetProtocolVersion(Endpoint& endpoint, std::uint16_t version) {
   return Status::OK();
 }
 
+Status TEST_AfterProofAccepted(Endpoint& endpoint, std::function<void()> hook) {
+  auto* ep = dynamic_cast<internal::VerbsEndpoint*>(&endpoint);
+  if (ep == nullptr) return InvalidArgumentError("TEST_AfterProofAccepted: not a verbs endpoint");
+  ep->TEST_SetAfterProofAccepted(std::move(hook));
+  return Status::OK();
+}
+
 Result<std::string> TEST_DeviceName(const Endpoint& endpoint) {
   const auto* ep = dynamic_cast<const internal::VerbsEndpoint*>(&endpoint);
   if (ep == nullptr) return InvalidArgumentError("TEST_DeviceName: not a verbs endpoint");

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -18,6 +19,13 @@ bool DeviceUsable(std::string* why);
 // Test hook: makes a verbs `endpoint` announce (and expect) `version` in its
 // handshakes. InvalidArgument when `endpoint` is not a verbs endpoint.
 Status TEST_SetProtocolVersion(Endpoint& endpoint, std::uint16_t version);
+
+// Test hook: `hook` runs on the thread of every later Connect of a verbs
+// `endpoint` once the acceptor has confirmed the handshake (the connection
+// is up at the peer, which may post to it), before Connect returns; an
+// empty function removes it. InvalidArgument when `endpoint` is not a verbs
+// endpoint.
+Status TEST_AfterProofAccepted(Endpoint& endpoint, std::function<void()> hook);
 
 // Test hooks: the RDMA device a verbs endpoint opened, and the source GID
 // index its connection's queue pair uses (ibv_query_qp). InvalidArgument for
