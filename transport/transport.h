@@ -296,7 +296,7 @@ struct Notification {
   // before its Connect has returned (the acceptor may post at once).
   std::uint32_t peer_id = 0;
   std::uint32_t imm = 0;
-  std::uint32_t length = 0;  // Bytes the WRITE_WITH_IMM carried.
+  std::uint32_t length = 0;      // Bytes the WRITE_WITH_IMM carried.
   std::uint64_t connection = 0;  // PeerInfo::connection of the accepted connection
 };
 
