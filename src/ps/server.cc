@@ -1095,6 +1095,9 @@ void ServerImpl::ApplyLoop() {
               gone_[w] = true;
               left = !workers_[w].done && membership_->elastic() && membership_->member(w);
               if (!workers_[w].done) membership_->Leave(w, true, workers_[w].clock);
+              // (In the same stats() snapshot as dead_workers below.)
+              stats_.members = membership_->members();
+              stats_.membership_epoch = membership_->epoch();
               if (workers_[w].done) {
                 ++stats_.workers_done;
               } else {
@@ -1160,6 +1163,10 @@ void ServerImpl::DepartAbsentMembers() {
       gone_at_[w] = now;
       stats_.dead_workers.push_back(w);
       departed.push_back(w);
+      // (With dead_workers, in one stats() snapshot: PublishControl below
+      // writes the same.)
+      stats_.members = membership_->members();
+      stats_.membership_epoch = membership_->epoch();
       RDMAPS_LOG(WARNING) << "ps server " << options_.server_index << " (promoted at epoch "
                           << log_receiver_->epoch() << "): worker " << w
                           << " did not reconnect within "
