@@ -397,8 +397,12 @@ std::uint64_t CheckpointCut::Trigger(std::uint32_t ring_slots, const std::vector
   std::uint64_t clock = newest;
   if (any_active) {
     // Saturates: a clock near 2^64 is damage, and a cut there is never
-    // reached (the abandon deadline ends it).
-    clock = CheckedAdd(active, std::uint64_t{ring_slots} + 2).value_or(kClockDone - 1);
+    // reached (the abandon deadline ends it). Never below a done worker's
+    // clock: its part holds all it pushed, its pushes of clocks up to its
+    // last, so a cut before that clock would hold pushes of clocks past it
+    // (and a restore there would redo them).
+    clock = std::max(newest,
+                     CheckedAdd(active, std::uint64_t{ring_slots} + 2).value_or(kClockDone - 1));
   }
   if (clock + 1 <= captured_plus1_) return clock;  // every worker done, and it is taken
   Insert(clock);

@@ -91,7 +91,9 @@ class CheckpointCut {
   // have passed on any server: a worker has at most ring_slots slots here
   // not yet applied, each Clock() sends one, and the Clock() after the next
   // one it starts reads this server's published cut and relays it
-  // (docs/ps.md, "Triggers"). With every worker done: at the newest clock.
+  // (docs/ps.md, "Triggers"), or at the newest clock of a worker done if
+  // that is later (a cut before it would hold that worker's later pushes).
+  // With every worker done: at the newest clock.
   // `*created`: whether the cut is new (to be published for the relay).
   std::uint64_t Trigger(std::uint32_t ring_slots, const std::vector<bool>& done, bool* created);
   // True while worker w's slots wait for the cut.

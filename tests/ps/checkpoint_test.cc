@@ -374,6 +374,90 @@ TEST_P(CheckpointTest, CheckpointNowReturnsOnceTheJobsCutIsDurable) {
   ExpectCounts(dir.path, *got, t);
 }
 
+// A trigger while a worker that said goodbye is ahead of the others: the
+// cut is not before its last clock (its part holds all it pushed, so a cut
+// at the others' clock + push_slots + 2 would hold its later pushes too).
+// TimedCheckpointsAreConsistentCuts met it only now and then: the fast
+// workers had closed when the timer fired, the straggler had not.
+TEST(CheckpointCutTest, TriggerIsNotBeforeTheClockOfAWorkerDone) {
+  internal::CheckpointCut cut(3, 0);
+  cut.OnClock(0, 36);
+  cut.OnClock(1, 118);
+  cut.OnClock(2, 40);
+  bool created = false;
+  EXPECT_EQ(cut.Trigger(4, {false, true, false}, &created), 118u);
+  EXPECT_TRUE(created);
+  // Where the workers not done are later, their rule: 40 + 4 + 2.
+  internal::CheckpointCut later(3, 0);
+  later.OnClock(0, 36);
+  later.OnClock(1, 41);
+  later.OnClock(2, 40);
+  EXPECT_EQ(later.Trigger(4, {false, true, false}, &created), 46u);
+  EXPECT_TRUE(created);
+}
+
+// The same through the servers: worker 1 pushes 20 clocks and leaves,
+// worker 0 is at clock 1 when server 0 is asked for a checkpoint; the
+// checkpoint holds worker 1's 20 and worker 0's count at that clock.
+TEST_P(CheckpointTest, TriggerAfterAFastWorkerLeftHoldsItsCount) {
+  const std::uint32_t W = 2;
+  const std::uint64_t fast = 20;
+  const TableOptions t =
+      MakeTable(1, "count", W * 2, 2, kAsp, Initializer::Zeros(), OptimizerOptions::Sgd(1.0f));
+  TempDir dir;
+  Job j = StartServers(transport(), 2, W, {t}, [&](ServerOptions& o) {
+    o.checkpoint_dir = dir.path;
+    o.push_slots = 4;
+  });
+  ASSERT_EQ(j.servers.size(), 2u);
+  std::vector<std::unique_ptr<Client>> c;
+  for (std::uint32_t w = 0; w < W; ++w) {
+    auto cw = Client::Connect(MakeClientOptions(transport(), w, W, j.addresses));
+    ASSERT_TRUE(cw.ok()) << cw.status();
+    c.push_back(std::move(*cw));
+  }
+  const std::vector<float> minus_one(t.dim, -1.0f);
+  auto round = [&](std::uint32_t w) -> Result<std::uint64_t> {
+    RDMAPS_RETURN_IF_ERROR(c[w]->Push(t.id, {w, 1}, minus_one));
+    RDMAPS_RETURN_IF_ERROR(c[w]->Push(t.id, {W + w, 1}, minus_one));
+    return c[w]->Clock();
+  };
+  ASSERT_TRUE(round(0).ok());
+  for (std::uint64_t k = 0; k < fast; ++k) ASSERT_TRUE(round(1).ok());
+  ASSERT_TRUE(c[1]->Close().ok());
+  // Server 0 has applied worker 1's goodbye (so it counts as done there).
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (j.servers[0]->stats().workers_done < 1) {
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "worker 1's goodbye never applied";
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));  // polling the stats
+  }
+  std::promise<Result<std::uint64_t>> got;
+  std::future<Result<std::uint64_t>> got_f = got.get_future();
+  std::thread asker([&] {
+    got.set_value(
+        j.servers[0]->CheckpointNow(std::chrono::steady_clock::now() + std::chrono::seconds(30)));
+  });
+  // Worker 0 goes on until the checkpoint is durable (it relays the cut and
+  // reaches it).
+  std::uint64_t last0 = 1;
+  Status went;
+  while (went.ok() && got_f.wait_for(std::chrono::seconds(0)) != std::future_status::ready &&
+         last0 < 1000) {
+    auto clk = round(0);
+    if (clk.ok()) last0 = *clk;
+    went = clk.status();
+  }
+  asker.join();  // CheckpointNow's deadline bounds it
+  ASSERT_TRUE(went.ok()) << went;
+  Result<std::uint64_t> ck = got_f.get();
+  ASSERT_TRUE(ck.ok()) << ck.status();
+  EXPECT_GE(*ck, fast) << "a cut before the clock of a worker that left";
+  ASSERT_TRUE(c[0]->Close().ok());
+  c.clear();
+  j.servers.clear();
+  ExpectCounts(dir.path, *ck, t, {last0, fast});
+}
+
 // checkpoint_interval: server 0's timer starts cuts while training runs;
 // each is a consistent one. The workers stop once one is complete.
 TEST_P(CheckpointTest, TimedCheckpointsAreConsistentCuts) {
