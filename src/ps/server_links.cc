@@ -109,6 +109,11 @@ bool ServerLinks::ParseControl(ServerLink& s) {
 
 Status ServerLinks::ReadControl(const std::vector<std::uint32_t>& servers, Deadline deadline) {
   std::vector<std::uint32_t> todo = servers;
+  // A torn block is re-read for kControlReadGrace past a deadline that is
+  // (nearly) over: a wait's last poll may meet a republish (another
+  // worker's exit, say), and its caller must still see the clocks it waited
+  // for, to say whom it waited for rather than "torn".
+  const Deadline torn_until = std::max(deadline, transport::CoarseNowCeil() + kControlReadGrace);
   while (!todo.empty()) {
     for (std::uint32_t i : todo) {
       ServerLink& s = servers_[i];
@@ -128,7 +133,7 @@ Status ServerLinks::ReadControl(const std::vector<std::uint32_t>& servers, Deadl
       st.clock_reads += todo.size();
       st.control_torn_retries += torn.size();
     });
-    if (!torn.empty() && std::chrono::steady_clock::now() >= deadline) {
+    if (!torn.empty() && transport::CoarseNowCeil() >= torn_until) {
       return TimedOutError("the control block of server " + std::to_string(torn[0]) +
                            " stayed torn until the deadline");
     }

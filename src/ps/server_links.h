@@ -238,7 +238,9 @@ class ServerLinks {
   Status Exec(ServerLink& s, std::span<const transport::Op> ops, transport::Deadline deadline);
 
   // READs the control blocks of `servers` (indices) until none is torn.
-  // `deadline` bounds the re-reads of torn blocks, not one READ: a READ it
+  // `deadline` bounds the re-reads of torn blocks (given kControlReadGrace
+  // at least, so a call at its deadline still gets an untorn block), not
+  // one READ: a READ it
   // posts is let complete for kControlReadGrace past it (the transport's
   // op_timeout bounds it anyway), so a clock or credit wait that runs out
   // reports TimedOut naming whom it waited for instead of abandoning a READ
