@@ -110,20 +110,9 @@ Status PushWriter::PostSlot(ServerLink& s, SlotHeader h, std::size_t bytes,
     return Status::OK();
   }
   std::byte* staged = Staging(s);
+  const transport::MemoryRegion* staged_mr = StagingMr(s);
   std::memcpy(staged, &h, sizeof(h));
   CHECK_LE(data.size(), kMaxGatherRuns);
-  if (s.retain) {
-    // Kept until acknowledged: a new primary gets it again (Resend).
-    const std::size_t at = (h.seq - 1) % s.dir.ring_slots;
-    std::byte* keep = s.retain.get() + at * std::size_t{s.dir.slot_bytes};
-    std::memcpy(keep, staged, bytes);
-    std::size_t off = bytes;
-    for (const transport::Segment& seg : data) {
-      std::memcpy(keep + off, seg.addr, seg.length);
-      off += seg.length;
-    }
-    s.retain_len[at] = static_cast<std::uint32_t>(off);
-  }
   Op ops[kMaxGatherRuns + 2];
   transport::Segment gather[kMaxGatherRuns + 1];
   std::size_t n = 0;
@@ -131,9 +120,9 @@ Status PushWriter::PostSlot(ServerLink& s, SlotHeader h, std::size_t bytes,
   const std::uint64_t slot = SlotAddress(s, h.seq);
   const std::uint32_t imm = ImmOfSeq(h.seq);
   if (data.empty()) {
-    ops[n++] = Op::WriteWithImm(staged, s.push_mr.get(), bytes, slot, s.ring.rkey, imm);
+    ops[n++] = Op::WriteWithImm(staged, staged_mr, bytes, slot, s.ring.rkey, imm);
   } else if (data.size() + 1 <= s.conn->max_segments()) {
-    gather[0] = {staged, s.push_mr.get(), static_cast<std::uint32_t>(bytes)};
+    gather[0] = {staged, staged_mr, static_cast<std::uint32_t>(bytes)};
     std::copy(data.begin(), data.end(), gather + 1);
     for (const transport::Segment& seg : data) total += seg.length;
     ops[n++] = Op::WriteWithImmGather({gather, data.size() + 1}, slot, s.ring.rkey, imm);
@@ -144,7 +133,7 @@ Status PushWriter::PostSlot(ServerLink& s, SlotHeader h, std::size_t bytes,
       at += seg.length;
       total += seg.length;
     }
-    ops[n++] = Op::WriteWithImm(staged, s.push_mr.get(), bytes, slot, s.ring.rkey, imm);
+    ops[n++] = Op::WriteWithImm(staged, staged_mr, bytes, slot, s.ring.rkey, imm);
   }
   // Half the credits used: refresh them with a READ behind the write, in the
   // same doorbell, so a steady pusher rarely stops to poll.
@@ -156,6 +145,18 @@ Status PushWriter::PostSlot(ServerLink& s, SlotHeader h, std::size_t bytes,
                         s.dir.control.rkey);
   }
   RDMAPS_RETURN_IF_ERROR(links_->PostOps(s, {ops, n}));
+  if (s.retain) {
+    DCHECK(StagesInRetain(s));
+    // Kept until acknowledged: a new primary gets it again (Resend). The
+    // slot was staged in its retain slot; the caller's pieces (zero-copy)
+    // are copied behind it now, while the NIC reads them.
+    std::size_t off = bytes;
+    for (const transport::Segment& seg : data) {
+      std::memcpy(staged + off, seg.addr, seg.length);
+      off += seg.length;
+    }
+    s.retain_len[(h.seq - 1) % s.dir.ring_slots] = static_cast<std::uint32_t>(off);
+  }
   s.ctrl_inflight |= refresh;
   s.slots_in_flight.push_back({static_cast<std::uint32_t>(n), refresh});
   s.pushed_seq = h.seq;

@@ -92,9 +92,23 @@ class PushWriter {
   // them are (the window is refilled in a burst, so a long push waits once
   // per half window, not once per slot): then Staging(s) is free.
   Status MakeRoom(ServerLink& s, transport::Deadline deadline);
-  // Where the next slot of s is built (header, ids, copied gradients).
+  // Where the next slot of s is built (header, ids, copied gradients) and
+  // WRITEn from. With failover, its retain slot: kept there until
+  // acknowledged, it is not copied again (EnsureCredit freed it: the slot's
+  // previous push is applied). A retried call's rebuilt slots
+  // (pushed_seq < replay_until) are built in the pipeline's staging and
+  // leave the retained ones alone.
+  static bool StagesInRetain(const ServerLink& s) {
+    return s.retain && s.pushed_seq >= s.replay_until;
+  }
   static std::byte* Staging(ServerLink& s) {
+    if (StagesInRetain(s)) {
+      return s.retain.get() + (s.pushed_seq % s.dir.ring_slots) * std::size_t{s.dir.slot_bytes};
+    }
     return s.push.get() + (s.pushed_seq % s.push_depth) * std::size_t{s.dir.slot_bytes};
+  }
+  static const transport::MemoryRegion* StagingMr(const ServerLink& s) {
+    return StagesInRetain(s) ? s.retain_mr.get() : s.push_mr.get();
   }
   // Sends the next slot as ONE WRITE_WITH_IMM: the first `bytes` of
   // Staging(s) (the header, written here, and whatever payload is staged

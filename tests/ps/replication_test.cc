@@ -246,6 +246,48 @@ INSTANTIATE_TEST_SUITE_P(Kills, KillPrimaryPushPullTest,
                                   "_after" + std::to_string(p.param.kill_after);
                          });
 
+// A caller may reuse its gradient buffer as soon as Push returns, so the
+// worker keeps each slot until it is acknowledged: pushes the dead primary
+// never applied are resent with the values they were pushed with, not with
+// what the buffer holds by then. Four pushes wait in the paused primary's
+// ring (a registered buffer, WRITTEn zero-copy, and a plain one, copied; a
+// range and row ids of each), every buffer overwritten after its push;
+// after the kill the promoted backup must apply exactly those four.
+TEST_P(ReplicationTest, ResentPushesCarryTheValuesTheyWerePushedWith) {
+  Replicated c;
+  Start(&c, GetParam(), 1, 1, {MakeTable(1, "count", 8, 4)});
+  ASSERT_FALSE(HasFatalFailure());
+  Client& cl = *c.clients[0];
+  std::vector<float> reg(8 * 4), plain(8 * 4);
+  ASSERT_TRUE(cl.RegisterBuffer(reg).ok());
+  const std::vector<std::uint64_t> ids = {1, 5};
+  Server& primary = *c.primaries[0];
+  internal::TEST_PauseApply(primary, true);
+  auto push = [&](std::vector<float>& g, float value, bool rows) {
+    std::fill(g.begin(), g.end(), -value);
+    const Status st = rows ? cl.Push(1, ids, {g.data(), 2 * 4}) : cl.Push(1, RowRange{0, 8}, g);
+    std::fill(g.begin(), g.end(), -1000.0f);  // what a resend must not carry
+    return st;
+  };
+  ASSERT_TRUE(push(reg, 1, false).ok());
+  ASSERT_TRUE(push(plain, 2, false).ok());
+  ASSERT_TRUE(push(reg, 4, true).ok());
+  ASSERT_TRUE(push(plain, 8, true).ok());
+  EXPECT_EQ(primary.stats().pushes_applied, 0u);
+  internal::TEST_Kill(primary);
+  ASSERT_TRUE(cl.Flush().ok());
+  std::vector<float> rows(8 * 4);
+  ASSERT_TRUE(cl.Pull(1, RowRange{0, 8}, rows).ok());
+  for (std::uint64_t r = 0; r < 8; ++r) {
+    const float want = (r == 1 || r == 5) ? 15.0f : 3.0f;
+    for (int d = 0; d < 4; ++d) ASSERT_EQ(rows[r * 4 + d], want) << "row " << r << " dim " << d;
+  }
+  const ClientStats st = cl.stats();
+  EXPECT_EQ(st.failovers, 1u);
+  EXPECT_GE(st.pushes_resent, 4u);
+  EXPECT_GE(st.zero_copy_calls, 2u);
+}
+
 // Worker 0 arrives at a Barrier, server 0's primary dies while it waits,
 // then worker 1 arrives: both pass (worker 0's arrival reached the backup
 // through the log), both see every push made before the barrier, and the
