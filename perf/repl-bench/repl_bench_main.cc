@@ -2,14 +2,14 @@
 // ones in the same run (docs/ps.md, "Replication and failover").
 //
 //   push     one worker pushes --push_bytes_list sizes (4 MiB and 1 KiB by
-//            default) to one shard with replicas = 1 and with replicas = 2
-//            (primary and backup in this process, over --transport), runs
-//            alternating, --repeat times; median pushes/s of each and the
-//            ratio replicated / unreplicated. Each run ends with a Flush,
-//            so every push counted is acknowledged. Per push (of the run
-//            of median throughput): process CPU, the worker thread's part,
-//            and the primary's slots, log records, log WRITEs, credit
-//            READs and both apply loops' notification batches.
+//            default; from a registered buffer, zero-copy, or with
+//            --noregistered a plain one, copied) to one shard with
+//            replicas = 1 and with replicas = 2 (primary and backup in this
+//            process, over --transport), runs alternating, --repeat times; median pushes/s of each
+//            and the ratio replicated / unreplicated. Each run ends with a Flush, so every push
+//            counted is acknowledged. Per push (of the run of median throughput): process CPU, the
+//            worker thread's part, and the primary's slots, log records, log WRITEs, credit READs
+//            and both apply loops' notification batches.
 //   catchup  --catchup_repeat times: a replicated shard of an Adam table of
 //            --catchup_mib MiB of rows loses its primary; the promoted
 //            backup serves alone while a worker keeps pushing; a
@@ -24,8 +24,16 @@
 //            when its process dies); the time from then until the worker's
 //            first Push + Flush acknowledged by the promoted backup. p50
 //            and max.
+//            With --backup_cpus the backup's threads run on those CPUs and
+//            the worker's and the primary's on the others, in both kinds of
+//            run: a model of a cluster, where the backup is another
+//            machine's CPU (the ratio then is what replication costs the
+//            primary and the worker; on tcp loopback the primary also pays
+//            the kernel's copy of every log byte, which a NIC does).
 // Output: a table, or one JSON object (--json).
 #include <gflags/gflags.h>
+#include <pthread.h>
+#include <sched.h>
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -59,6 +67,11 @@ DEFINE_int32(server_busy_poll_us, -1,
 DEFINE_int32(worker_busy_poll_us, -1, "the same for the worker");
 DEFINE_int32(log_busy_poll_us, -1,
              "ServerOptions::log_busy_poll of the primary; -1: the library's default");
+DEFINE_bool(registered, true,
+            "push from a registered buffer (zero-copy); false: a plain one (copied)");
+DEFINE_string(backup_cpus, "",
+              "comma-separated CPUs for the backup's threads; the worker and the primary run on "
+              "the others (both kinds of run). Empty: no pinning");
 DEFINE_bool(json, false, "print one JSON object instead of a table");
 
 namespace {
@@ -99,6 +112,20 @@ struct Shard {
   std::unique_ptr<Client> client;
 };
 
+// --backup_cpus, and the CPUs left for the worker and the primary (empty
+// sets: no pinning).
+cpu_set_t backup_cpus, other_cpus;
+bool pinned = false;
+
+// Runs the calling thread (and the threads it starts from now on) on `set`.
+void PinTo(const cpu_set_t& set) {
+  if (!pinned) return;
+  if (int e = ::pthread_setaffinity_np(::pthread_self(), sizeof(set), &set); e != 0) {
+    std::fprintf(stderr, "repl-bench: pthread_setaffinity_np: %s\n", std::strerror(e));
+    std::exit(1);
+  }
+}
+
 Shard StartShard(const rdmaps::TableOptions& table, bool replicated) {
   Shard s;
   ServerOptions o;
@@ -116,7 +143,9 @@ Shard StartShard(const rdmaps::TableOptions& table, bool replicated) {
     b.replicas = 2;
     b.replica_role = rdmaps::ReplicaRole::kBackup;
     b.failover = s.decider;
+    PinTo(backup_cpus);  // (its threads inherit it)
     s.backup = Must(Server::Start(b), "starting the backup");
+    PinTo(other_cpus);
     o.replicas = 2;
     if (FLAGS_log_busy_poll_us >= 0) {
       o.log_busy_poll = std::chrono::microseconds(FLAGS_log_busy_poll_us);
@@ -162,7 +191,9 @@ PushRun PushRate(std::uint64_t floats, bool replicated) {
   const rdmaps::TableOptions t = Table(floats);
   Shard s = StartShard(t, replicated);
   std::vector<float> grads(t.rows * t.dim, 1e-3f);
-  if (auto st = s.client->RegisterBuffer(grads); !st.ok()) Die("RegisterBuffer", st);
+  if (FLAGS_registered) {
+    if (auto st = s.client->RegisterBuffer(grads); !st.ok()) Die("RegisterBuffer", st);
+  }
   const std::span<const float> g(grads.data(), floats);
   const rdmaps::RowRange range{0, floats / t.dim};
   // Warm-up, then timed batches until the target duration.
@@ -341,6 +372,34 @@ int main(int argc, char** argv) {
       sizes.push_back(b);
     }
   }
+  if (!FLAGS_backup_cpus.empty()) {
+    CPU_ZERO(&backup_cpus);
+    if (::sched_getaffinity(0, sizeof(other_cpus), &other_cpus) != 0) {
+      std::perror("repl-bench: sched_getaffinity");
+      return 1;
+    }
+    std::stringstream ss(FLAGS_backup_cpus);
+    for (std::string item; std::getline(ss, item, ',');) {
+      int cpu = -1;
+      const auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), cpu);
+      if (ec != std::errc() || end != item.data() + item.size() || cpu < 0 || cpu >= CPU_SETSIZE ||
+          !CPU_ISSET(cpu, &other_cpus)) {
+        std::fprintf(stderr,
+                     "repl-bench: --backup_cpus: '%s' is not a CPU this process may run on\n",
+                     item.c_str());
+        return 2;
+      }
+      CPU_SET(cpu, &backup_cpus);
+      CPU_CLR(cpu, &other_cpus);
+    }
+    if (CPU_COUNT(&other_cpus) == 0) {
+      std::fprintf(stderr,
+                   "repl-bench: --backup_cpus leaves no CPU for the worker and the primary\n");
+      return 2;
+    }
+    pinned = true;
+    PinTo(other_cpus);
+  }
   struct Row {
     std::uint64_t bytes;
     PushRun plain, replicated;
@@ -374,8 +433,11 @@ int main(int argc, char** argv) {
   const double p50 = drills.empty() ? 0 : drills[drills.size() / 2];
   const double max = drills.empty() ? 0 : drills.back();
   if (FLAGS_json) {
-    std::printf("{\"transport\":\"%s\",\"load_average\":%.2f,\"push\":[", FLAGS_transport.c_str(),
-                load[0]);
+    std::printf(
+        "{\"transport\":\"%s\",\"registered\":%s,\"backup_cpus\":\"%s\",\"load_average\":%.2f,"
+        "\"push\":[",
+        FLAGS_transport.c_str(), FLAGS_registered ? "true" : "false", FLAGS_backup_cpus.c_str(),
+        load[0]);
     for (std::size_t i = 0; i < rows.size(); ++i) {
       const PushRun& p = rows[i].plain;
       const PushRun& r = rows[i].replicated;
@@ -402,8 +464,13 @@ int main(int argc, char** argv) {
                 p50, max);
     return 0;
   }
-  std::printf("transport %s, one shard, one worker, medians of %d runs, load average %.2f\n",
-              FLAGS_transport.c_str(), FLAGS_repeat, load[0]);
+  std::printf(
+      "transport %s, one shard, one worker, %s buffer, %s, medians of %d runs, load average "
+      "%.2f\n",
+      FLAGS_transport.c_str(), FLAGS_registered ? "registered" : "plain",
+      pinned ? ("backup on CPUs " + FLAGS_backup_cpus + ", the rest on the others").c_str()
+             : "no pinning",
+      FLAGS_repeat, load[0]);
   std::printf("%12s %18s %18s %8s %12s %12s %9s\n", "push bytes", "replicas=1 push/s",
               "replicas=2 push/s", "ratio", "cpu us r=1", "cpu us r=2", "cpu ratio");
   for (const Row& r : rows) {
