@@ -719,7 +719,7 @@ void ServerImpl::AcceptLoop() {
     const std::uint32_t w = hello.worker_id;
     std::uint64_t previous = 0;
     internal::HelloMsg previous_hello{};
-    bool was_seen = false, was_gone = false;
+    bool was_seen = false, was_gone = false, was_died = false;
     std::vector<std::uint32_t> was_dead;
     {
       MutexLock apply_lock(apply_mu_);  // (before mu_, as in the apply loop)
@@ -760,6 +760,15 @@ void ServerImpl::AcceptLoop() {
           PublishControl();
         }
       }
+      // A worker whose earlier connection dropped is back (e.g. a recovery
+      // attempt that gave up, then one that works): its control words must
+      // stop saying it died now, not at its first slot, or a peer waiting
+      // on it meanwhile gives up on it.
+      was_died = workers_[w].died;
+      if (was_died) {
+        workers_[w].died = false;
+        PublishControl();
+      }
       MutexLock lock(mu_);
       previous = bound_[w].exchange(peer.connection);
       previous_hello = bound_hello_[w];
@@ -796,12 +805,19 @@ void ServerImpl::AcceptLoop() {
       // Never bootstrapped: as if this connection had not come. Whatever
       // the apply loop did for it in between is undone with it.
       {
-        MutexLock lock(mu_);
-        bound_[w].store(previous);
-        bound_hello_[w] = previous_hello;
-        seen_[w] = was_seen;
-        gone_[w] = was_gone;
-        stats_.dead_workers = std::move(was_dead);
+        MutexLock apply_lock(apply_mu_);
+        {
+          MutexLock lock(mu_);
+          bound_[w].store(previous);
+          bound_hello_[w] = previous_hello;
+          seen_[w] = was_seen;
+          gone_[w] = was_gone;
+          stats_.dead_workers = std::move(was_dead);
+        }
+        if (was_died) {  // (no slot can have come: it was never bootstrapped)
+          workers_[w].died = true;
+          PublishControl();
+        }
       }
       RDMAPS_LOG(WARNING) << "ps server " << options_.server_index << ": bootstrap of worker " << w
                           << " failed: " << s;

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "src/ps/test_hooks.h"
+#include "tests/ps/eventually.h"
 #include "tests/ps/ps_suite.h"
 #include "tests/ps/ps_test_util.h"
 
@@ -93,6 +94,34 @@ TEST_P(PsTest, AWorkerThatDiesIsNamedByEveryWaitingPeer) {
   EXPECT_TRUE(Contains(pull, "worker 2 died")) << pull;
   EXPECT_EQ(barrier.code(), StatusCode::kUnavailable) << barrier;
   EXPECT_TRUE(Contains(barrier, "worker 2 died")) << barrier;
+}
+
+// A worker whose connection dropped and that connects again (rdmaps-train's
+// Recover: an attempt that gave up, then one that works) is back from its
+// bootstrap on. A peer waiting on it before its first slot is told it is
+// behind, not that it died (the server's control words said "died" until
+// that slot, and a peer gave up: the restart drill on verbs, under load).
+TEST_P(PsTest, AWorkerThatConnectsAgainAfterItsConnectionDroppedIsNotDead) {
+  const auto tweak = [](ClientOptions& o) {
+    o.wait_timeout = std::chrono::seconds(2);
+    o.clock_waits = false;  // the pull waits, not the clock
+  };
+  auto c = StartCluster(transport(), 1, 2, {MakeTable(1, "w", 8, 1, /*staleness=*/0)}, 8, tweak);
+  ASSERT_EQ(c.clients.size(), 2u);
+  internal::TEST_Abandon(*c.clients[1]);
+  ASSERT_TRUE(Eventually([&] { return !c.servers[0]->stats().dead_workers.empty(); }));
+  ClientOptions o = MakeClientOptions(transport(), 1, 2, c.addresses);
+  tweak(o);
+  auto again = Client::Connect(o);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE(c.servers[0]->stats().dead_workers.empty());
+  ASSERT_TRUE(c.clients[0]->Clock().ok());
+  std::vector<float> out(8);
+  const Status behind = c.clients[0]->Pull(1, RowRange{0, 8}, out);
+  EXPECT_EQ(behind.code(), StatusCode::kTimedOut) << behind;
+  EXPECT_FALSE(Contains(behind, "died")) << behind;
+  ASSERT_TRUE((*again)->Clock().ok());
+  EXPECT_TRUE(c.clients[0]->Pull(1, RowRange{0, 8}, out).ok());
 }
 
 }  // namespace
