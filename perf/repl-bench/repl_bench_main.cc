@@ -5,11 +5,13 @@
 //            default; from a registered buffer, zero-copy, or with
 //            --noregistered a plain one, copied) to one shard with
 //            replicas = 1 and with replicas = 2 (primary and backup in this
-//            process, over --transport), runs alternating, --repeat times; median pushes/s of each
-//            and the ratio replicated / unreplicated. Each run ends with a Flush, so every push
-//            counted is acknowledged. Per push (of the run of median throughput): process CPU, the
-//            worker thread's part, and the primary's slots, log records, log WRITEs, credit READs
-//            and both apply loops' notification batches.
+//            process, over --transport), runs alternating, --repeat times;
+//            median pushes/s of each and the ratio replicated /
+//            unreplicated. Each run ends with a Flush, so every push counted
+//            is acknowledged. Per push (of the run of median throughput):
+//            process CPU, the worker thread's part, and the primary's slots,
+//            log records, log WRITEs, credit READs and both apply loops'
+//            notification batches.
 //   catchup  --catchup_repeat times: a replicated shard of an Adam table of
 //            --catchup_mib MiB of rows loses its primary; the promoted
 //            backup serves alone while a worker keeps pushing; a
@@ -349,6 +351,23 @@ Catchup CatchupRun() {
   return c;
 }
 
+// Calls take(n) for each comma-separated unsigned number of `text`; false
+// (after saying why on stderr, quoting the item and `what` it must be) at
+// the first item that is not a number or that take refuses.
+template <typename Take>
+bool ForEachNumber(const std::string& text, const char* flag, const char* what, Take&& take) {
+  std::stringstream ss(text);
+  for (std::string item; std::getline(ss, item, ',');) {
+    std::uint64_t n = 0;
+    const auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), n);
+    if (ec != std::errc() || end != item.data() + item.size() || !take(n)) {
+      std::fprintf(stderr, "repl-bench: %s: '%s' is not %s\n", flag, item.c_str(), what);
+      return false;
+    }
+  }
+  return true;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -356,21 +375,13 @@ int main(int argc, char** argv) {
       "replicated vs unreplicated push throughput and failover time, in one run");
   rdmaps::tools::ParseCommandLineFlags(&argc, &argv);
   std::vector<std::uint64_t> sizes;
-  {
-    std::stringstream ss(FLAGS_push_bytes_list);
-    for (std::string item; std::getline(ss, item, ',');) {
-      std::uint64_t b = 0;
-      const auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), b);
-      if (ec != std::errc() || end != item.data() + item.size() || b < 4 || b % 4 != 0 ||
-          b > (std::uint64_t{1} << 30)) {
-        std::fprintf(stderr,
-                     "repl-bench: --push_bytes_list: '%s' is not a byte count that is a multiple "
-                     "of 4, from 4 to 1 GiB\n",
-                     item.c_str());
-        return 2;
-      }
-      sizes.push_back(b);
-    }
+  if (!ForEachNumber(FLAGS_push_bytes_list, "--push_bytes_list",
+                     "a byte count that is a multiple of 4, from 4 to 1 GiB", [&](std::uint64_t b) {
+                       if (b < 4 || b % 4 != 0 || b > (std::uint64_t{1} << 30)) return false;
+                       sizes.push_back(b);
+                       return true;
+                     })) {
+    return 2;
   }
   if (!FLAGS_backup_cpus.empty()) {
     CPU_ZERO(&backup_cpus);
@@ -378,19 +389,14 @@ int main(int argc, char** argv) {
       std::perror("repl-bench: sched_getaffinity");
       return 1;
     }
-    std::stringstream ss(FLAGS_backup_cpus);
-    for (std::string item; std::getline(ss, item, ',');) {
-      int cpu = -1;
-      const auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), cpu);
-      if (ec != std::errc() || end != item.data() + item.size() || cpu < 0 || cpu >= CPU_SETSIZE ||
-          !CPU_ISSET(cpu, &other_cpus)) {
-        std::fprintf(stderr,
-                     "repl-bench: --backup_cpus: '%s' is not a CPU this process may run on\n",
-                     item.c_str());
-        return 2;
-      }
-      CPU_SET(cpu, &backup_cpus);
-      CPU_CLR(cpu, &other_cpus);
+    if (!ForEachNumber(FLAGS_backup_cpus, "--backup_cpus", "a CPU this process may run on",
+                       [&](std::uint64_t cpu) {
+                         if (cpu >= CPU_SETSIZE || !CPU_ISSET(cpu, &other_cpus)) return false;
+                         CPU_SET(cpu, &backup_cpus);
+                         CPU_CLR(cpu, &other_cpus);
+                         return true;
+                       })) {
+      return 2;
     }
     if (CPU_COUNT(&other_cpus) == 0) {
       std::fprintf(stderr,

@@ -93,7 +93,7 @@ class PushWriter {
   // per half window, not once per slot): then Staging(s) is free.
   Status MakeRoom(ServerLink& s, transport::Deadline deadline);
   // Where the next slot of s is built (header, ids, copied gradients) and
-  // WRITEn from. With failover, its retain slot: kept there until
+  // written from. With failover, its retain slot: kept there until
   // acknowledged, it is not copied again (EnsureCredit freed it: the slot's
   // previous push is applied). A retried call's rebuilt slots
   // (pushed_seq < replay_until) are built in the pipeline's staging and

@@ -250,7 +250,7 @@ INSTANTIATE_TEST_SUITE_P(Kills, KillPrimaryPushPullTest,
 // worker keeps each slot until it is acknowledged: pushes the dead primary
 // never applied are resent with the values they were pushed with, not with
 // what the buffer holds by then. Four pushes wait in the paused primary's
-// ring (a registered buffer, WRITTEn zero-copy, and a plain one, copied; a
+// ring (a registered buffer, written zero-copy, and a plain one, copied; a
 // range and row ids of each), every buffer overwritten after its push;
 // after the kill the promoted backup must apply exactly those four.
 TEST_P(ReplicationTest, ResentPushesCarryTheValuesTheyWerePushedWith) {
