@@ -74,6 +74,10 @@ DEFINE_bool(registered, true,
 DEFINE_string(backup_cpus, "",
               "comma-separated CPUs for the backup's threads; the worker and the primary run on "
               "the others (both kinds of run). Empty: no pinning");
+DEFINE_string(primary_host, "127.0.0.1",
+              "tcp: the address the primary listens on (perf/repl-bench/links.sh gives it a "
+              "shaped link of its own)");
+DEFINE_string(backup_host, "127.0.0.1", "tcp: the address the backup listens on");
 DEFINE_bool(json, false, "print one JSON object instead of a table");
 
 namespace {
@@ -95,7 +99,9 @@ T Must(rdmaps::Result<T> r, const std::string& what) {
   return std::move(r).value();
 }
 
-std::string Listen() { return FLAGS_transport == "fake" ? "fake:0" : "127.0.0.1:0"; }
+std::string Listen(const std::string& host) {
+  return FLAGS_transport == "fake" ? "fake:0" : host + ":0";
+}
 
 rdmaps::TableOptions Table(std::uint64_t floats) {
   rdmaps::TableOptions t;
@@ -136,7 +142,7 @@ Shard StartShard(const rdmaps::TableOptions& table, bool replicated) {
   if (FLAGS_server_busy_poll_us >= 0) {
     o.transport.busy_poll = std::chrono::microseconds(FLAGS_server_busy_poll_us);
   }
-  o.listen_address = Listen();
+  o.listen_address = Listen(FLAGS_primary_host);
   o.tables = {table};
   o.exit_when_workers_done = false;
   if (replicated) {
@@ -144,6 +150,7 @@ Shard StartShard(const rdmaps::TableOptions& table, bool replicated) {
     ServerOptions b = o;
     b.replicas = 2;
     b.replica_role = rdmaps::ReplicaRole::kBackup;
+    b.listen_address = Listen(FLAGS_backup_host);
     b.failover = s.decider;
     PinTo(backup_cpus);  // (its threads inherit it)
     s.backup = Must(Server::Start(b), "starting the backup");
@@ -323,7 +330,7 @@ Catchup CatchupRun() {
   ServerOptions r;
   r.transport.transport = FLAGS_transport;
   r.transport.job_token = "repl-bench";
-  r.listen_address = Listen();
+  r.listen_address = Listen(FLAGS_backup_host);
   r.tables = {t};
   r.exit_when_workers_done = false;
   r.replicas = 2;
@@ -440,10 +447,10 @@ int main(int argc, char** argv) {
   const double max = drills.empty() ? 0 : drills.back();
   if (FLAGS_json) {
     std::printf(
-        "{\"transport\":\"%s\",\"registered\":%s,\"backup_cpus\":\"%s\",\"load_average\":%.2f,"
-        "\"push\":[",
+        "{\"transport\":\"%s\",\"registered\":%s,\"backup_cpus\":\"%s\",\"primary_host\":"
+        "\"%s\",\"backup_host\":\"%s\",\"load_average\":%.2f,\"push\":[",
         FLAGS_transport.c_str(), FLAGS_registered ? "true" : "false", FLAGS_backup_cpus.c_str(),
-        load[0]);
+        FLAGS_primary_host.c_str(), FLAGS_backup_host.c_str(), load[0]);
     for (std::size_t i = 0; i < rows.size(); ++i) {
       const PushRun& p = rows[i].plain;
       const PushRun& r = rows[i].replicated;
@@ -471,9 +478,10 @@ int main(int argc, char** argv) {
     return 0;
   }
   std::printf(
-      "transport %s, one shard, one worker, %s buffer, %s, medians of %d runs, load average "
-      "%.2f\n",
-      FLAGS_transport.c_str(), FLAGS_registered ? "registered" : "plain",
+      "transport %s (primary on %s, backup on %s), one shard, one worker, %s buffer, %s, medians "
+      "of %d runs, load average %.2f\n",
+      FLAGS_transport.c_str(), FLAGS_primary_host.c_str(), FLAGS_backup_host.c_str(),
+      FLAGS_registered ? "registered" : "plain",
       pinned ? ("backup on CPUs " + FLAGS_backup_cpus + ", the rest on the others").c_str()
              : "no pinning",
       FLAGS_repeat, load[0]);
