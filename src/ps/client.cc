@@ -1336,9 +1336,15 @@ Status ClientImpl::Close() {
   closed_ = true;
   Status st;
   if (connected_ && links_.broken().ok()) {
-    internal::ServerLinks::SweepOff sweep_off(links_);  // (no Failsafe here)
-    st = push_.SendControlSlot(SlotKind::kBye, clock_,
-                               SteadyClock::now() + std::chrono::seconds(10));
+    // With failover the goodbye follows a shard that moved (behind the
+    // pushes its old primary had not acknowledged, resent by Recover), so
+    // the new primary counts this worker done, not dead. The sweep stays
+    // off: a shard this call does not reach is not its business.
+    internal::ServerLinks::SweepOff sweep_off(links_);
+    const Deadline deadline = SteadyClock::now() + std::chrono::seconds(10);
+    st = Failsafe(deadline, [&]() RDMAPS_REQUIRES(mu_) {
+      return push_.SendControlSlot(SlotKind::kBye, clock_, deadline);
+    });
   }
   for (ServerLink& s : links_.servers()) {
     if (s.conn) s.conn->Close();

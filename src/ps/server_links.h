@@ -198,9 +198,11 @@ class ServerLinks {
   Status CheckMoved(const std::vector<std::uint32_t>& servers);
   // While one lives, CheckMoved looks at the waited shards only: around
   // the network parts of a call that no Failsafe retries (the client's
-  // Recover, Clock()'s RelayCuts, Close()), where an Unavailable for a shard
-  // the call does not even wait on would end the call, not fail it over. A
-  // shard that moves meanwhile is met by the next call's waits.
+  // Recover, Clock()'s RelayCuts), where an Unavailable for a shard the
+  // call does not even wait on would end the call, not fail it over, and
+  // around Close()'s goodbye, which should not reconnect to a shard that
+  // does not need one. A shard that moves meanwhile is met by the next
+  // call's waits.
   class SweepOff {
    public:
     explicit SweepOff(ServerLinks& links) : links_(links), was_(links.sweep_others_) {

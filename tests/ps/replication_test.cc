@@ -288,6 +288,31 @@ TEST_P(ReplicationTest, ResentPushesCarryTheValuesTheyWerePushedWith) {
   EXPECT_GE(st.zero_copy_calls, 2u);
 }
 
+// Close() after the primary died: the goodbye follows the shard to the
+// promoted backup, behind the resent push it had not applied, so the new
+// primary counts the worker done (not dead) and applies its push once.
+// Without the failover in Close() it returns Unavailable for the old
+// primary and the promoted one sees the worker leave as dead.
+TEST_P(ReplicationTest, CloseAfterThePrimaryDiedSaysGoodbyeToTheNewOne) {
+  Replicated c;
+  Start(&c, GetParam(), 1, 1, {MakeTable(1, "count", 8, 4)});
+  ASSERT_FALSE(HasFatalFailure());
+  Client& cl = *c.clients[0];
+  Server& primary = *c.primaries[0];
+  internal::TEST_PauseApply(primary, true);
+  ASSERT_TRUE(cl.Push(1, RowRange{0, 8}, std::vector<float>(8 * 4, -1.0f)).ok());
+  internal::TEST_Kill(primary);
+  const Status closed = cl.Close();
+  ASSERT_TRUE(closed.ok()) << closed;
+  Server& promoted = *c.backups[0];
+  ASSERT_TRUE(Eventually([&] { return promoted.stats().workers_done == 1; }))
+      << "workers done " << promoted.stats().workers_done;
+  const ServerStats st = promoted.stats();
+  EXPECT_TRUE(st.dead_workers.empty());
+  EXPECT_EQ(st.pushes_applied, 1u);
+  EXPECT_EQ(cl.stats().failovers, 1u);
+}
+
 // Worker 0 arrives at a Barrier, server 0's primary dies while it waits,
 // then worker 1 arrives: both pass (worker 0's arrival reached the backup
 // through the log), both see every push made before the barrier, and the
