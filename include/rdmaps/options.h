@@ -115,7 +115,9 @@ struct ServerOptions {
   // A worker that disconnected without Close() counts as gone (for
   // exit_when_workers_done) only after this long without reconnecting: a
   // worker reconnects after a dead server's restart (docs/ps.md, "Recovery
-  // from a dead server"). 0: at once.
+  // from a dead server"). 0: at once. When set, a connection that carried
+  // no slot of the worker's but its rewind (a recovery attempt that gave
+  // up) ends without marking the worker dead for its peers' waits.
   std::chrono::milliseconds rejoin_timeout{0};
   // Start from a checkpoint instead of the initialisers: the path of a
   // ckpt-<clock> folder, or "latest" (the newest complete one under

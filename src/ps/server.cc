@@ -102,6 +102,9 @@ struct WorkerState {  // apply thread only, except where noted
   // False after a rewind in place until this worker's new session says it
   // knows (its kRewind): the slots of its older session are dropped.
   bool session_ok = true;
+  // The session's only slot so far is its kRewind: a recovery attempt
+  // that may still give up (ClientOptions::rewind_from).
+  bool rewind_only = false;
 };
 
 class ServerImpl final : public Server {
@@ -1119,7 +1122,13 @@ void ServerImpl::ApplyLoop() {
               } else {
                 // After a rewind in place an old session's end is expected:
                 // its worker comes back (and others must not give up on it).
-                if (workers_[w].session_ok) workers_[w].died = true;  // published below
+                // So, where workers are expected back (rejoin_timeout), is the
+                // end of a connection that carried no slot but a kRewind: a
+                // recovery attempt that gave up, whose next one follows.
+                const bool worked = n.connection == workers_[w].conn && !workers_[w].rewind_only;
+                if (workers_[w].session_ok && (worked || options_.rejoin_timeout.count() == 0)) {
+                  workers_[w].died = true;  // published below
+                }
                 stats_.dead_workers.push_back(w);
                 gone_at_[w] = std::chrono::steady_clock::now();
                 RDMAPS_LOG(WARNING)
@@ -1204,6 +1213,7 @@ void ServerImpl::TakeSlot(std::uint32_t w, std::uint32_t imm) {
   // A slot on the worker's bound connection: it is back (it reconnected
   // after an earlier connection died), whatever that disconnect said.
   workers_[w].died = false;
+  workers_[w].rewind_only = false;  // (Rewind sets it again for a kRewind)
   std::deque<std::uint32_t>& held = cut_->held()[w];
   if (cut_->Holding(w) || !held.empty()) {
     held.push_back(imm);  // at most push_slots: the worker has no more credits
@@ -1911,6 +1921,7 @@ void ServerImpl::NewSession(std::uint32_t w, std::uint64_t connection, std::uint
 
 void ServerImpl::Rewind(std::uint32_t w, std::uint64_t clock, std::uint64_t id) {
   workers_[w].session_ok = true;
+  workers_[w].rewind_only = true;
   if (id == rewind_id_) return;  // this recovery's rewind is done: w knows
   const std::string path = options_.checkpoint_dir + "/" + internal::CheckpointName(clock);
   std::uint64_t loaded = 0;

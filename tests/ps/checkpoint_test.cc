@@ -22,6 +22,7 @@
 
 #include "rdmaps/client.h"
 #include "rdmaps/server.h"
+#include "src/ps/test_hooks.h"
 #include "tests/ps/eventually.h"
 #include "tests/ps/ps_test_util.h"
 
@@ -581,6 +582,106 @@ TEST_P(CheckpointTest, OnlyTheDeadServerRestartsAndTheSurvivorRewindsInPlace) {
   ASSERT_EQ(resumed.size(), uninterrupted.size());
   EXPECT_EQ(std::memcmp(resumed.data(), uninterrupted.data(), resumed.size() * 4), 0)
       << "the recovered run's parameters differ from the uninterrupted run's";
+}
+
+// rdmaps-train's Recover tries Connect again every 3 s; an attempt that gave
+// up after its bootstrap drops connections that carried nothing of the
+// worker's own but its kRewind (on the survivor), or nothing at all (on the
+// restarted server). Where workers are expected back (rejoin_timeout) that
+// is no death: a peer already training from the checkpoint and waiting on
+// the worker is told it is behind until the next attempt arrives. A drop
+// after the worker's first slot still is one. Without the rule both servers
+// said "worker 0 died" and the peer gave up.
+TEST_P(CheckpointTest, ARecoveryAttemptThatGaveUpIsNoDeath) {
+  if (transport() == "fake") GTEST_SKIP() << "a fake endpoint's name cannot be listened on again";
+  constexpr std::uint32_t W = 2;
+  const TableOptions t = MakeTable(1, "w", 8, 1, kBsp);
+  TempDir dir;
+  auto tweak = [&](ServerOptions& o) {
+    o.checkpoint_dir = dir.path;
+    o.rejoin_timeout = std::chrono::seconds(30);
+  };
+  Job j = StartServers(transport(), 2, W, {t}, tweak);
+  ASSERT_EQ(j.servers.size(), 2u);
+  auto options = [&](std::uint32_t w) {
+    ClientOptions o = MakeClientOptions(transport(), w, W, j.addresses);
+    o.wait_timeout = std::chrono::seconds(2);
+    o.clock_waits = false;  // the pull waits, not the clock
+    return o;
+  };
+  // Both workers: a push and a clock, a checkpoint at 1, one more clock.
+  std::vector<std::unique_ptr<Client>> first(W);
+  std::vector<Status> ran(W);
+  {
+    std::vector<std::thread> ts;
+    for (std::uint32_t w = 0; w < W; ++w) {
+      ts.emplace_back([&, w] {
+        auto cl = Client::Connect(options(w));
+        ran[w] = cl.status();
+        if (!cl.ok()) return;
+        first[w] = std::move(*cl);
+        ran[w] = first[w]->Push(1, RowRange{0, 8}, std::vector<float>(8, -1.0f));
+        if (ran[w].ok()) ran[w] = first[w]->Clock().status();
+        if (ran[w].ok()) ran[w] = first[w]->Checkpoint().status();
+        if (ran[w].ok()) ran[w] = first[w]->Clock().status();
+      });
+    }
+    for (auto& th : ts) th.join();
+  }
+  for (std::uint32_t w = 0; w < W; ++w)
+    ASSERT_TRUE(ran[w].ok()) << "worker " << w << ": " << ran[w];
+  const std::vector<std::uint64_t> old = first[0]->server_incarnations();
+  // Server 1 dies and restarts from the checkpoint; the workers' Clients
+  // are dropped without a goodbye, as Recover drops a broken one.
+  for (auto& cl : first) internal::TEST_Abandon(*cl);
+  const std::string address = j.addresses[1];
+  j.servers[1].reset();
+  ServerOptions o = MakeServerOptions(transport(), 1, 2, W, {t});
+  tweak(o);
+  o.listen_address = address;
+  o.restore = "auto";
+  auto replacement = Server::Start(o);
+  ASSERT_TRUE(replacement.ok()) << replacement.status();
+  j.servers[1] = std::move(*replacement);
+  auto reconnect = [&](std::uint32_t w) {
+    ClientOptions ro = options(w);
+    ro.rewind_from = old;
+    ro.connect_timeout = std::chrono::seconds(20);
+    return Client::Connect(ro);
+  };
+  auto peer = reconnect(1);  // rewinds server 0 in place
+  ASSERT_TRUE(peer.ok()) << peer.status();
+  ASSERT_EQ((*peer)->clock(), 1u);
+  // Worker 0's attempt: bootstrapped on both, its kRewind taken on server
+  // 0, then given up.
+  {
+    auto attempt = reconnect(0);
+    ASSERT_TRUE(attempt.ok()) << attempt.status();
+    internal::TEST_Abandon(**attempt);
+  }
+  auto lists_0 = [&](Server& s) {
+    const std::vector<std::uint32_t> dead = s.stats().dead_workers;
+    return std::find(dead.begin(), dead.end(), 0u) != dead.end();
+  };
+  ASSERT_TRUE(Eventually([&] { return lists_0(*j.servers[0]) && lists_0(*j.servers[1]); }));
+  ASSERT_TRUE((*peer)->Clock().ok());  // 2
+  std::vector<float> out(8);
+  const Status behind = (*peer)->Pull(1, RowRange{0, 8}, out);
+  EXPECT_EQ(behind.code(), StatusCode::kTimedOut) << behind;
+  EXPECT_EQ(behind.message().find("died"), std::string::npos) << behind;
+  // The next attempt works; the peer's pull then goes through.
+  auto back = reconnect(0);
+  ASSERT_TRUE(back.ok()) << back.status();
+  ASSERT_EQ((*back)->clock(), 1u);
+  ASSERT_TRUE((*back)->Clock().ok());
+  const Status pulled = (*peer)->Pull(1, RowRange{0, 8}, out);
+  ASSERT_TRUE(pulled.ok()) << pulled;
+  // A worker that dies after its first slot is still named at once.
+  internal::TEST_Abandon(**back);
+  ASSERT_TRUE((*peer)->Clock().ok());  // 3
+  const Status died = (*peer)->Pull(1, RowRange{0, 8}, out);
+  EXPECT_EQ(died.code(), StatusCode::kUnavailable) << died;
+  EXPECT_NE(died.message().find("worker 0 died"), std::string::npos) << died;
 }
 
 // A checkpoint of 2 servers restored on 3 and on 1: the same rows, and the
