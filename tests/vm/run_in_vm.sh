@@ -62,6 +62,13 @@ done
 
 cache="${RDMAPS_VM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/rdmaps-vm}"
 mkdir -p "$cache"
+# ctest starts both VM tests at once (COST): on a fresh machine both would
+# fetch the kernel and build the initramfs into the cache together, each
+# removing the other's files. One does it under this lock; the other then
+# finds it done. (Released before the VM starts.)
+exec {cache_lock}>"$cache/.lock"
+flock -w 900 "$cache_lock" ||
+  die "$cache/.lock was held for 15 min by another run_in_vm.sh (or a stuck one: remove it)"
 
 # --- 1. Kernel ------------------------------------------------------------
 find_kernel() {
@@ -131,6 +138,8 @@ if [[ ! -f "$initrd" ]]; then
   mv "$initrd.tmp" "$initrd"
   rm -rf "$stage"; trap - EXIT
 fi
+flock -u "$cache_lock"
+exec {cache_lock}>&-
 
 # --- Per-run commands, appended as a second cpio archive ------------------
 run_dir="$(mktemp -d)"
