@@ -1122,9 +1122,9 @@ void ServerImpl::ApplyLoop() {
               } else {
                 // After a rewind in place an old session's end is expected:
                 // its worker comes back (and others must not give up on it).
-                // So, where workers are expected back (rejoin_timeout), is the
-                // end of a connection that carried no slot but a kRewind: a
-                // recovery attempt that gave up, whose next one follows.
+                // Where workers are expected back (rejoin_timeout), so is the
+                // end of a connection that carried nothing but a kRewind, or
+                // nothing: a recovery attempt that gave up (the next follows).
                 const bool worked = n.connection == workers_[w].conn && !workers_[w].rewind_only;
                 if (workers_[w].session_ok && (worked || options_.rejoin_timeout.count() == 0)) {
                   workers_[w].died = true;  // published below
