@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <future>
 #include <map>
 #include <string>
@@ -77,6 +78,33 @@ std::vector<float> ReadAll(const Job& j, const TableOptions& t) {
     all.insert(all.end(), part.begin(), part.end());
   }
   return all;
+}
+
+// Options of a job whose dead server is restarted, the others rewinding
+// in place (docs/ps.md, "Recovery from a dead server, by restart"):
+// checkpoints in `dir`, workers expected back.
+std::function<void(ServerOptions&)> Restartable(const std::string& dir) {
+  return [dir](ServerOptions& o) {
+    o.checkpoint_dir = dir;
+    o.rejoin_timeout = std::chrono::seconds(30);
+  };
+}
+
+// Server `i` of the job dies (every connection drops, as at kill -9) and a
+// new one (options `tweak`) starts on its address from the newest
+// checkpoint. Fails the test when it does not start.
+void RestartServer(const std::string& transport, Job& j, std::uint32_t i, std::uint32_t W,
+                   const std::vector<TableOptions>& tables,
+                   const std::function<void(ServerOptions&)>& tweak) {
+  const auto S = static_cast<std::uint32_t>(j.servers.size());
+  j.servers[i].reset();
+  ServerOptions o = MakeServerOptions(transport, i, S, W, tables);
+  tweak(o);
+  o.listen_address = j.addresses[i];
+  o.restore = "auto";
+  auto replacement = Server::Start(o);
+  ASSERT_TRUE(replacement.ok()) << replacement.status();
+  j.servers[i] = std::move(*replacement);
 }
 
 std::string Slurp(const std::string& path) {
@@ -510,10 +538,7 @@ TEST_P(CheckpointTest, OnlyTheDeadServerRestartsAndTheSurvivorRewindsInPlace) {
     uninterrupted = ReadAll(j, t);
   }
   TempDir dir;
-  auto tweak = [&](ServerOptions& o) {
-    o.checkpoint_dir = dir.path;
-    o.rejoin_timeout = std::chrono::seconds(30);
-  };
+  const auto tweak = Restartable(dir.path);
   Job j = StartServers(transport(), 2, W, {t}, tweak);
   ASSERT_EQ(j.servers.size(), 2u);
   std::promise<void> at_seven;
@@ -567,15 +592,8 @@ TEST_P(CheckpointTest, OnlyTheDeadServerRestartsAndTheSurvivorRewindsInPlace) {
     });
   }
   at_seven.get_future().wait();
-  const std::string address = j.addresses[1];
-  j.servers[1].reset();  // dies: every connection drops
-  ServerOptions o = MakeServerOptions(transport(), 1, 2, W, {t});
-  tweak(o);
-  o.listen_address = address;
-  o.restore = "auto";
-  auto replacement = Server::Start(o);
-  ASSERT_TRUE(replacement.ok()) << replacement.status();
-  j.servers[1] = std::move(*replacement);
+  RestartServer(transport(), j, 1, W, {t}, tweak);
+  ASSERT_FALSE(HasFatalFailure());
   for (auto& th : threads) th.join();
   EXPECT_EQ(resumed_at, std::vector<std::uint64_t>(W, 4)) << "both rewound to the checkpoint";
   const std::vector<float> resumed = ReadAll(j, t);
@@ -597,10 +615,7 @@ TEST_P(CheckpointTest, ARecoveryAttemptThatGaveUpIsNoDeath) {
   constexpr std::uint32_t W = 2;
   const TableOptions t = MakeTable(1, "w", 8, 1, kBsp);
   TempDir dir;
-  auto tweak = [&](ServerOptions& o) {
-    o.checkpoint_dir = dir.path;
-    o.rejoin_timeout = std::chrono::seconds(30);
-  };
+  const auto tweak = Restartable(dir.path);
   Job j = StartServers(transport(), 2, W, {t}, tweak);
   ASSERT_EQ(j.servers.size(), 2u);
   auto options = [&](std::uint32_t w) {
@@ -634,15 +649,8 @@ TEST_P(CheckpointTest, ARecoveryAttemptThatGaveUpIsNoDeath) {
   // Server 1 dies and restarts from the checkpoint; the workers' Clients
   // are dropped without a goodbye, as Recover drops a broken one.
   for (auto& cl : first) internal::TEST_Abandon(*cl);
-  const std::string address = j.addresses[1];
-  j.servers[1].reset();
-  ServerOptions o = MakeServerOptions(transport(), 1, 2, W, {t});
-  tweak(o);
-  o.listen_address = address;
-  o.restore = "auto";
-  auto replacement = Server::Start(o);
-  ASSERT_TRUE(replacement.ok()) << replacement.status();
-  j.servers[1] = std::move(*replacement);
+  RestartServer(transport(), j, 1, W, {t}, tweak);
+  ASSERT_FALSE(HasFatalFailure());
   auto reconnect = [&](std::uint32_t w) {
     ClientOptions ro = options(w);
     ro.rewind_from = old;
