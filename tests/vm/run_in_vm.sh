@@ -68,7 +68,7 @@ mkdir -p "$cache"
 # finds it done. (Released before the VM starts.)
 exec {cache_lock}>"$cache/.lock"
 flock -w 900 "$cache_lock" ||
-  die "$cache/.lock was held for 15 min by another run_in_vm.sh (or a stuck one: remove it)"
+  die "$cache/.lock was held for 15 min by another run_in_vm.sh; find it with: lslocks -o PID,COMMAND,PATH"
 
 # --- 1. Kernel ------------------------------------------------------------
 find_kernel() {
