@@ -68,9 +68,8 @@ out="${OUT:-$(mktemp -d /tmp/ps_vs_stream.XXXXXX)}"
 mkdir -p "$out"
 py=/usr/bin/python3
 
-free_port() {
-  "$py" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
-}
+# shellcheck source=perf/lib/stream.sh
+source "$here/perf/lib/stream.sh"
 
 # Waits (up to 20 s) for FILE to contain a line matching REGEX; prints field FIELD.
 wait_for() {  # FILE AWK_PATTERN FIELD
@@ -85,17 +84,7 @@ wait_for() {  # FILE AWK_PATTERN FIELD
 }
 
 run_stream() {  # ROUND
-  local port pid
-  port="$(free_port)"
-  iperf3 -s -1 -B 127.0.0.1 -p "$port" >/dev/null 2>&1 &
-  pid=$!
-  for _ in $(seq 200); do
-    ss -Hltn "sport = :$port" 2>/dev/null | grep -q . && break
-    sleep 0.05
-  done
-  timeout $((duration + 30)) iperf3 -c 127.0.0.1 -p "$port" -l 1M -t "$duration" -J \
-    >"$out/stream.$1.json" 2>"$out/stream.$1.err"
-  wait "$pid"
+  iperf_stream 127.0.0.1 "$duration" "$out/stream.$1.json" "$out/stream.$1.err"
 }
 
 run_shapes() {  # SIDE ROUND

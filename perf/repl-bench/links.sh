@@ -66,28 +66,14 @@ shape() {  # RATE
   done
 }
 
-free_port() {
-  "$py" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.2", 0)); print(s.getsockname()[1])'
-}
-
-stream() {  # TAG: one iperf3 stream to the primary's address, through its link
-  local port pid
-  port="$(free_port)"
-  iperf3 -s -1 -B "$primary" -p "$port" >/dev/null 2>&1 &
-  pid=$!
-  for _ in $(seq 200); do
-    ss -Hltn "sport = :$port" 2>/dev/null | grep -q . && break
-    sleep 0.05
-  done
-  timeout $((duration + 30)) iperf3 -c "$primary" -p "$port" -l 1M -t "$duration" -J \
-    >"$out/stream.$1.json" 2>"$out/stream.$1.err"
-  wait "$pid"
-}
+# shellcheck source=perf/lib/stream.sh
+source "$here/perf/lib/stream.sh"
 
 run() {  # BYTES RATE
   local tag="$1.$2"
   if [[ "$2" == none ]]; then unshape; else shape "$2"; fi
-  stream "$tag"
+  # One stream to the primary's address, through its link.
+  iperf_stream "$primary" "$duration" "$out/stream.$tag.json" "$out/stream.$tag.err"
   "$bench" --json --drills=0 --catchup_mib=0 --push_bytes_list="$1" --repeat="$repeat" \
     --seconds="$duration" --primary_host="$primary" --backup_host="$backup" \
     >"$out/bench.$tag.json" 2>"$out/bench.$tag.err" ||
