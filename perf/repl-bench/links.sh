@@ -41,6 +41,8 @@ primary=127.0.0.2
 backup=127.0.0.3
 
 die() { echo "links.sh: $*" >&2; exit 2; }
+[[ "$duration" =~ ^[1-9][0-9]{0,3}$ ]] || die "DURATION='$duration': whole seconds, 1 to 9999"
+[[ "$repeat" =~ ^[1-9][0-9]{0,2}$ ]] || die "REPEAT='$repeat': a count, 1 to 999"
 [[ -x "$bench" ]] || die "no $bench: build it first (cmake --build $build --target repl-bench)"
 command -v tc >/dev/null || die "tc is missing (apt-get install iproute2)"
 command -v iperf3 >/dev/null || die "iperf3 is missing (apt-get install iperf3, or scripts/dev.sh deps)"
