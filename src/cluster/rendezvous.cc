@@ -442,8 +442,9 @@ Result<RendezvousResult> RunRoot(const ClusterLayout& layout, std::string_view s
             reserve.Reset();
             int shed = accept4(listener.get(), nullptr, nullptr, SOCK_CLOEXEC);
             if (shed >= 0) {
-              ::close(shed);
+              // Counted before the close: a peer that sees it closed sees it counted.
               counters.fd_sheds.fetch_add(1);
+              ::close(shed);
             }
             reserve.Reset(::open("/dev/null", O_RDONLY | O_CLOEXEC));
           }
