@@ -65,6 +65,7 @@
 #include "src/base/fd.h"
 #include "tools/common/exit.h"
 #include "tools/common/flags.h"
+#include "tools/common/signal_thread.h"
 
 // ClusterLayout (see include/rdmaps/cluster.h).
 DEFINE_string(role, "", "explicit layout: ps (or server) or worker");
@@ -247,47 +248,6 @@ Status SdNotify(const Environment& env, const std::string& state) {
   return Status::OK();
 }
 
-// Blocks SIGTERM/SIGINT in every thread (call before starting any) and
-// waits for them on a thread of its own, so that glog's failure handler
-// never sees SIGTERM and shutdown runs as ordinary code.
-class SignalThread {
- public:
-  SignalThread() {
-    sigemptyset(&set_);
-    sigaddset(&set_, SIGTERM);
-    sigaddset(&set_, SIGINT);
-    sigaddset(&set_, SIGUSR1);  // a checkpoint (not a stop)
-    sigaddset(&set_, SIGUSR2);  // internal: wakes the thread at exit
-    pthread_sigmask(SIG_BLOCK, &set_, nullptr);
-  }
-  ~SignalThread() { Join(); }
-  // Ends the thread; signals that arrive later stay blocked and pending.
-  void Join() {
-    if (thread_.joinable()) {
-      pthread_kill(thread_.native_handle(), SIGUSR2);
-      thread_.join();
-    }
-  }
-  template <typename Fn>
-  void Start(Fn on_signal) {
-    thread_ = std::thread([this, on_signal] {
-      int sig = 0;
-      while (sigwait(&set_, &sig) == 0) {
-        if (sig == SIGUSR2) return;
-        if (sig != SIGUSR1) received_.store(sig);
-        on_signal(sig);
-      }
-    });
-  }
-  // The stop signal (SIGTERM or SIGINT) received, or 0.
-  int received() const { return received_.load(); }
-
- private:
-  sigset_t set_;
-  std::atomic<int> received_{0};
-  std::thread thread_;
-};
-
 // The command after `--` (the worker program for worker ranks).
 std::vector<std::string> g_worker_command;
 
@@ -430,7 +390,7 @@ struct FinalCheckpoint {
   }
 };
 
-int RealMain(SignalThread& signals) {
+int RealMain(rdmaps::tools::SignalThread& signals) {
   if (FLAGS_checkpoint_now) return CheckpointNowCommand();
   Environment env = rdmaps::CurrentEnvironment();
   rdmaps::ClusterOptions lo;
@@ -683,7 +643,7 @@ int RealMain(SignalThread& signals) {
   });
   // The signal thread uses `server`: end it before `server` is destroyed.
   struct JoinSignals {
-    SignalThread& s;
+    rdmaps::tools::SignalThread& s;
     ~JoinSignals() { s.Join(); }
   } join_signals{signals};
   if (layout.needs_rendezvous) {
@@ -763,6 +723,7 @@ int RealMain(SignalThread& signals) {
     }
     if (pending.joinable()) pending.join();
   }
+  const int stop_signal = signals.StopSignal(std::chrono::seconds(5));
   auto st = server->stats();
   server->Stop();
   (void)SdNotify(env, "STOPPING=1");
@@ -771,7 +732,7 @@ int RealMain(SignalThread& signals) {
             << (st.min_clock == std::numeric_limits<std::uint64_t>::max()
                     ? std::string("(every worker done)")
                     : std::to_string(st.min_clock));
-  if (signals.received() != 0) {
+  if (stop_signal != 0) {
     std::lock_guard<std::mutex> lock(final_ckpt.mu);
     if (final_ckpt.asked && final_ckpt.result.ok()) {
       LOG(INFO) << layout.name() << ": final checkpoint at clock " << final_ckpt.clock
@@ -818,7 +779,7 @@ int main(int argc, char** argv) {
   rdmaps::tools::ParseCommandLineFlags(&argc, &argv);
   FLAGS_logtostderr = FLAGS_logtostderr || std::getenv("GLOG_log_dir") == nullptr;
   google::InitGoogleLogging(argv[0]);
-  SignalThread signals;  // before any thread starts
+  rdmaps::tools::SignalThread signals;  // before any thread starts
   google::InstallFailureSignalHandler();
   // glog installs a SIGTERM handler too; SIGTERM is blocked and taken by
   // sigwait, but restore the default so nothing can turn it into a "crash".
