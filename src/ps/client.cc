@@ -554,7 +554,15 @@ Status ClientImpl::Recover(Deadline deadline) {
       // Its server is lost (its connection broke, or an op on it ran past
       // its deadline: a hung server keeps its connections open): wait for
       // the decision about its shard (the map may have moved on with the
-      // same primary: a re-protection).
+      // same primary: a re-protection). A lost primary without a backup
+      // has nobody to hand the shard to (a replacement copies from a live
+      // primary): waiting could only run out the call's deadline.
+      if (a->backup.empty() && a->primary == s.address) {
+        return UnavailableError("failover: " + ServerName(s) + " is lost and shard " +
+                                std::to_string(s.index) + " has no backup at epoch " +
+                                std::to_string(a->epoch) +
+                                ": nothing can take it over (restore it from a checkpoint)");
+      }
       a = options_.failover->WaitForEpochAfter(s.index, a->epoch, deadline);
       if (!a.ok()) {
         return a.status().WithContext("failover: " + ServerName(s) + " is lost");

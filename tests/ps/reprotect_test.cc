@@ -285,7 +285,7 @@ TEST_P(ReprotectTest, ReplacementKilledDuringCatchUpLeavesThePrimaryServing) {
 // The primary dies while the replacement is still catching up: the
 // replacement is in no shard map, so it reports nothing (the map does not
 // move), and its Run ends with the reason, so that a launcher starts
-// another one rather than wait for it.
+// another one rather than wait for it. The workers' calls fail at once.
 TEST_P(ReprotectTest, PrimaryLostDuringCatchUpEndsTheReplacementsRun) {
   Job job(transport());
   job.Start(2);
@@ -309,6 +309,11 @@ TEST_P(ReprotectTest, PrimaryLostDuringCatchUpEndsTheReplacementsRun) {
   ASSERT_TRUE(now.ok());
   EXPECT_EQ(now->epoch, alone.epoch) << "a replacement not in the map decided something";
   EXPECT_EQ(now->primary, promoted.address());
+  // The shard's last copy is gone: a worker's call fails at once, naming
+  // why, instead of waiting out its deadline for a promotion nobody can make.
+  const Status bye = job.clients[0]->Close();
+  EXPECT_EQ(bye.code(), StatusCode::kUnavailable) << bye;
+  EXPECT_NE(bye.message().find("has no backup"), std::string::npos) << bye;
 }
 
 // Elastic (4 worker slots, 2 initial members): the membership the primary
