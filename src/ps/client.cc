@@ -202,6 +202,10 @@ class ClientImpl final : public Client {
       if (s.conn) s.conn->Close();
     }
   }
+  void TEST_BeforeRelayingCuts(std::function<void()> hook) {
+    MutexLock lock(mu_);
+    test_before_cuts_ = std::move(hook);
+  }
 
  private:
   // --- setup
@@ -334,6 +338,7 @@ class ClientImpl final : public Client {
   bool pushed_this_clock_ RDMAPS_GUARDED_BY(mu_) = false;
   // Cuts relayed (RelayCuts) at or after clock_.
   std::vector<std::uint64_t> relayed_cuts_ RDMAPS_GUARDED_BY(mu_);
+  std::function<void()> test_before_cuts_ RDMAPS_GUARDED_BY(mu_);  // TEST_BeforeRelayingCuts
   bool closed_ RDMAPS_GUARDED_BY(mu_) = false;
   internal::ElasticState elastic_ RDMAPS_GUARDED_BY(mu_);
   std::atomic<std::uint64_t> interrupts_{0};
@@ -997,26 +1002,42 @@ Result<std::uint64_t> ClientImpl::Clock() {
 }
 
 Status ClientImpl::RelayCuts(Deadline deadline) {
-  // (No Failsafe retries this: an Unavailable for another shard would end
-  // the Clock() call.)
+  // Both parts fail over: the clock marker is sent and clock_ counted, so
+  // an Unavailable here would leave the worker a clock ahead of a retried
+  // Clock(). The sweep stays off: a shard neither part uses is not their
+  // business. The cuts are fixed before any is sent, because a retried send
+  // must rebuild the same slots (Failsafe).
   internal::ServerLinks::SweepOff sweep_off(links_);
-  std::vector<std::uint32_t> torn;
-  for (const ServerLink& s : links_.servers()) {
-    if (s.ctrl_torn) torn.push_back(s.index);
-  }
-  if (!torn.empty()) RDMAPS_RETURN_IF_ERROR(links_.ReadControl(torn, deadline));
+  RDMAPS_RETURN_IF_ERROR(Failsafe(deadline, [&]() RDMAPS_REQUIRES(mu_) {
+    std::vector<std::uint32_t> torn;
+    for (const ServerLink& s : links_.servers()) {
+      if (s.ctrl_torn) torn.push_back(s.index);
+    }
+    return torn.empty() ? Status::OK() : links_.ReadControl(torn, deadline);
+  }));
   const std::uint64_t now = clock_;
   std::erase_if(relayed_cuts_, [now](std::uint64_t c) { return c < now; });
+  std::vector<std::uint64_t> cuts;
   for (const ServerLink& s : links_.servers()) {
     if (s.ckpt.cut_plus1 == 0) continue;
     const std::uint64_t c = s.ckpt.cut_plus1 - 1;
     if (c < clock_ ||
-        std::find(relayed_cuts_.begin(), relayed_cuts_.end(), c) != relayed_cuts_.end()) {
+        std::find(relayed_cuts_.begin(), relayed_cuts_.end(), c) != relayed_cuts_.end() ||
+        std::find(cuts.begin(), cuts.end(), c) != cuts.end()) {
       continue;  // passed (so taken already), or relayed
     }
-    RDMAPS_RETURN_IF_ERROR(push_.SendControlSlot(SlotKind::kCut, c, deadline));
-    relayed_cuts_.push_back(c);
+    cuts.push_back(c);
   }
+  if (cuts.empty()) return Status::OK();
+  if (test_before_cuts_) test_before_cuts_();
+  RDMAPS_RETURN_IF_ERROR(Failsafe(deadline, [&]() RDMAPS_REQUIRES(mu_) {
+    Status sent;
+    for (std::size_t k = 0; k < cuts.size() && sent.ok(); ++k) {
+      sent = push_.SendControlSlot(SlotKind::kCut, cuts[k], deadline);
+    }
+    return sent;
+  }));
+  relayed_cuts_.insert(relayed_cuts_.end(), cuts.begin(), cuts.end());
   return Status::OK();
 }
 
@@ -1417,6 +1438,9 @@ transport::Endpoint* TEST_ClientEndpoint(Client& client) {
   return static_cast<ClientImpl&>(client).TEST_endpoint();
 }
 void TEST_Abandon(Client& client) { static_cast<ClientImpl&>(client).TEST_Abandon(); }
+void TEST_BeforeRelayingCuts(Client& client, std::function<void()> hook) {
+  static_cast<ClientImpl&>(client).TEST_BeforeRelayingCuts(std::move(hook));
+}
 std::uint64_t TEST_FollowerTornBlocks(Client& client) {
   return static_cast<ClientImpl&>(client).TEST_follower_torn();
 }

@@ -197,11 +197,10 @@ class ServerLinks {
   // read (the wait goes on). The caller's Failsafe recovers either way.
   Status CheckMoved(const std::vector<std::uint32_t>& servers);
   // While one lives, CheckMoved looks at the waited shards only: around
-  // the network parts of a call that no Failsafe retries (the client's
-  // Recover, Clock()'s RelayCuts), where an Unavailable for a shard the
-  // call does not even wait on would end the call, not fail it over, and
-  // around Close()'s goodbye, which should not reconnect to a shard that
-  // does not need one. A shard that moves meanwhile is met by the next
+  // the client's Recover, which no Failsafe retries, where an Unavailable
+  // for a shard the call does not even wait on would end the call, not
+  // fail it over, and around Clock()'s RelayCuts and Close()'s goodbye,
+  // which should not reconnect to a shard that does not need one. A shard that moves meanwhile is met by the next
   // call's waits.
   class SweepOff {
    public:

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,9 @@ transport::Endpoint* TEST_ClientEndpoint(Client& client);
 // Closes the client's connections without a goodbye, as a process that
 // crashed would; the client is closed afterwards.
 void TEST_Abandon(Client& client);
+// Runs `hook` in Clock() after the clock marker went out, before the
+// checkpoint cuts it read are relayed (only when there are some).
+void TEST_BeforeRelayingCuts(Client& client, std::function<void()> hook);
 // Blocks that a pipelined PushPull's follower READ torn (and so left to the
 // normal pull), over the client's life.
 std::uint64_t TEST_FollowerTornBlocks(Client& client);

@@ -471,6 +471,48 @@ TEST_P(ReplicationTest, CheckpointAcrossAFailoverFailsRetryablyThenCompletes) {
   }
 }
 
+// Shard 0's primary dies while Clock() relays a checkpoint cut that shard
+// 1's primary published, after the clock marker went out: the relay fails
+// over like the marker (it ended Clock() with Unavailable after the clock
+// was counted, so a retried Clock() counted it twice). Clock() returns the
+// next clock, and the promoted backup holds the worker at exactly it.
+TEST_P(ReplicationTest, ClockFailsOverWhileRelayingACut) {
+  const ScopedTempDir tmp("rdmaps-repl-relay");
+  ASSERT_FALSE(tmp.path.empty());
+  Replicated c;
+  Start(&c, GetParam(), 2, 1, {MakeTable(1, "count", 64, 4, 0)}, seconds(20), tmp.path);
+  ASSERT_FALSE(HasFatalFailure());
+  Client& worker = *c.clients[0];
+  const std::vector<float> minus_one(64 * 4, -1.0f);
+  ASSERT_TRUE(worker.Push(1, RowRange{0, 64}, minus_one).ok());
+  auto first = worker.Clock();
+  ASSERT_TRUE(first.ok()) << first.status();
+  std::atomic<bool> killed{false};
+  internal::TEST_BeforeRelayingCuts(worker, [&] {
+    if (!killed.exchange(true)) internal::TEST_Kill(*c.primaries[0]);
+  });
+  c.primaries[1]->RequestCheckpoint();
+  // Each Clock() reads the control blocks; the one after the trigger was
+  // served relays its cut.
+  std::uint64_t clock = *first;
+  const auto give_up = SteadyClock::now() + seconds(20);
+  while (!killed.load() && SteadyClock::now() < give_up) {
+    auto r = worker.Clock();
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_EQ(*r, clock + 1);
+    clock = *r;
+  }
+  ASSERT_TRUE(killed.load()) << "no cut to relay: server 1 never published one";
+  ASSERT_TRUE(worker.Flush().ok());
+  Server& promoted = *c.backups[0];
+  EXPECT_TRUE(Eventually([&] { return promoted.stats().min_clock == clock; }))
+      << "the promoted backup holds the worker at clock " << promoted.stats().min_clock
+      << ", the worker is at " << clock;
+  auto next = worker.Clock();
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_EQ(*next, clock + 1);
+}
+
 // A backup passes each checkpoint cut at the log record that completed it
 // on its primary. Here its apply thread is paused while two workers clock
 // through cuts at 2 and 4, so it applies their records in one batch, in
