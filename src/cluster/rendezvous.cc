@@ -41,6 +41,9 @@ using TimePoint = Clock::time_point;
 // After its own deadline a joiner waits this much longer for the root's
 // answer, so that the root's message naming the missing ranks gets through.
 constexpr std::chrono::seconds kAnswerGrace{3};
+// How long the root leaves its listener out of poll when it could not shed
+// a connection at the descriptor limit (not even with its reserve).
+constexpr std::chrono::milliseconds kShedBackoff{20};
 
 int MillisUntil(TimePoint t) {
   auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(t - Clock::now()).count();
@@ -298,6 +301,10 @@ Result<RendezvousResult> RunRoot(const ClusterLayout& layout, std::string_view s
   const bool ranked = layout.rank >= 0;
   const int S = layout.num_servers, W = layout.num_workers;
   const SecretKey key = SecretKey::FromSecret(layout.job_token);
+  // Given up to accept (and close) a connection when no descriptor is free.
+  // Taken before the root is announced: a process that exhausts its
+  // descriptors once it knows the root is there leaves it one.
+  Fd reserve(::open("/dev/null", O_RDONLY | O_CLOEXEC));
 
   Fd listener;
   std::string where;
@@ -319,8 +326,8 @@ Result<RendezvousResult> RunRoot(const ClusterLayout& layout, std::string_view s
   // plus the processes of the job.
   std::vector<Joiner> conns;
   std::uint64_t accept_seq = 0;
-  // Given up to accept (and close) a connection when no descriptor is free.
-  Fd reserve(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+  // Until then the listener is out of poll: a connection could not be shed.
+  TimePoint listen_again{};
   RendezvousRootCounters& counters = TEST_RendezvousRootCounters();
   // Arrived processes: rank -> conn index (ranked); arrival order (ps-lite).
   std::map<int, std::size_t> by_rank;
@@ -418,10 +425,13 @@ Result<RendezvousResult> RunRoot(const ClusterLayout& layout, std::string_view s
   while (failure.ok() && arrived() < expected) {
     if (Clock::now() >= deadline) break;
     std::vector<pollfd> pfds;
-    pfds.push_back({listener.get(), POLLIN, 0});
+    const bool listening = Clock::now() >= listen_again;
+    pfds.push_back({listener.get(), static_cast<short>(listening ? POLLIN : 0), 0});
     for (auto& j : conns)
       pfds.push_back({j.fd.get(), static_cast<short>(j.fd.get() >= 0 ? POLLIN : 0), 0});
-    int r = poll(pfds.data(), pfds.size(), std::min(MillisUntil(deadline), 1000));
+    int timeout = std::min(MillisUntil(deadline), 1000);
+    if (!listening) timeout = std::min(timeout, MillisUntil(listen_again) + 1);
+    int r = poll(pfds.data(), pfds.size(), timeout);
     if (r < 0 && errno != EINTR) return ErrnoError("rendezvous: poll", errno);
     if (r <= 0) continue;
     if (pfds[0].revents & POLLIN) {
@@ -445,6 +455,11 @@ Result<RendezvousResult> RunRoot(const ClusterLayout& layout, std::string_view s
               // Counted before the close: a peer that sees it closed sees it counted.
               counters.fd_sheds.fetch_add(1);
               ::close(shed);
+            } else {
+              // Not even the reserve was there (another thread holds every
+              // descriptor): the connection stays queued, and the listener
+              // readable. Look again in a moment rather than at once.
+              listen_again = Clock::now() + kShedBackoff;
             }
             reserve.Reset(::open("/dev/null", O_RDONLY | O_CLOEXEC));
           }
