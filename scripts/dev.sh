@@ -17,6 +17,8 @@
 #
 # Where `dev.sh test` spends the wall time of a 2-core CI machine, and why it
 # is arranged so (CI's limit is 30 min; see README, "Building by hand"):
+#  - installing the Debian packages: those the build needs first, those only
+#    the tests run (run_packages) in the background during the plain build;
 #  - compiling three trees cold, no ccache: the code under test at the build
 #    type's optimisation, the test sources at -O1 (RDMAPS_TEST_OPTIMIZE,
 #    tests/CMakeLists.txt), line tables only (-g1, below);
@@ -37,34 +39,88 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 export CCACHE_SLOPPINESS="${CCACHE_SLOPPINESS:-pch_defines,time_macros}"
 jobs="${RDMAPS_JOBS:-$(nproc)}"
 
-# Debian 12 packages the build, the tests and the VM harness need.
-packages=(
+# Debian 12 packages. What configuring and building needs (CMake looks for
+# etcd when it configures the coordination tests, and builds the Python
+# module with Debian's python3, NumPy and pybind11):
+build_packages=(
   build-essential cmake ninja-build pkg-config g++ clang libclang-rt-14-dev libfuzzer-14-dev
   mold util-linux
   libgflags-dev libgoogle-glog-dev libgtest-dev libgmock-dev libbenchmark-dev
   libtbb-dev libeigen3-dev nlohmann-json3-dev libxxhash-dev libsodium-dev
   libcurl4-openssl-dev etcd-server etcd-client
-  libibverbs-dev librdmacm-dev rdma-core ibverbs-providers ibverbs-utils rdmacm-utils perftest
+  libibverbs-dev librdmacm-dev rdma-core ibverbs-providers zlib1g-dev
+  python3 python3-dev python3-numpy pybind11-dev python3-pybind11
+)
+# What only the tests, the demo and the VM harness run. `dev.sh test`
+# installs these in the background while the plain tree compiles: fetching
+# and unpacking them is mostly waiting, on the archive and on dpkg's fsyncs.
+run_packages=(
+  ibverbs-utils rdmacm-utils perftest
   qemu-system-x86 busybox-static cpio kmod iproute2
-  openmpi-bin mpich slurm-wlm munge dataset-fashion-mnist zlib1g-dev gnuplot-nox python3 iperf3
-  # The Python package (python/) and its tests, for Debian's /usr/bin/python3.
-  python3-dev python3-numpy pybind11-dev python3-pybind11 python3-pytest python3-torch
-  python3-setuptools python3-pip python3-venv python3-wheel
+  openmpi-bin mpich slurm-wlm munge dataset-fashion-mnist gnuplot-nox iperf3
+  # The Python package's tests (python/), for Debian's /usr/bin/python3.
+  python3-pytest python3-torch python3-setuptools python3-pip python3-venv python3-wheel
 )
 
-install_deps() {
-  local missing=()
-  for p in "${packages[@]}"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+# missing PKG...: prints those of the packages that are not installed.
+missing() {
+  local p
+  for p in "$@"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || echo "$p"
   done
-  if ((${#missing[@]} == 0)); then
-    return 0
-  fi
-  echo "dev.sh: installing ${missing[*]}"
+}
+
+# apt_install PKG...: installs the packages (none: nothing to do).
+apt_updated=0
+apt_install() {
+  (($# > 0)) || return 0
+  echo "dev.sh: installing $*"
   local sudo=""
   if [[ $(id -u) -ne 0 ]]; then sudo="sudo"; fi
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  if ((apt_updated == 0)); then
+    $sudo apt-get update -qq
+    apt_updated=1
+  fi
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "$@"
+}
+
+install_deps() {
+  local todo
+  mapfile -t todo < <(missing "${build_packages[@]}" "${run_packages[@]}")
+  apt_install "${todo[@]}"
+}
+
+# bg_install_run_packages: the run packages in the background (output in
+# build/dev-install.log); wait_run_packages waits for them, and exits with
+# their log when the install failed.
+install_pid=""
+bg_install_run_packages() {
+  local todo
+  mapfile -t todo < <(missing "${run_packages[@]}")
+  ((${#todo[@]} > 0)) || return 0
+  echo "dev.sh: installing in the background (build/dev-install.log): ${todo[*]}"
+  mkdir -p "$here/build"
+  (apt_install "${todo[@]}") >"$here/build/dev-install.log" 2>&1 &
+  install_pid=$!
+}
+wait_run_packages() {
+  [[ -n "$install_pid" ]] || return 0
+  local pid="$install_pid"
+  install_pid=""
+  wait_for "$pid" "$here/build/dev-install.log" "installing the packages the tests run"
+  echo "dev.sh: the packages the tests run were installed in the background"
+}
+
+# wait_for PID LOG WHAT: waits for the background job PID; if it failed,
+# prints "dev.sh: WHAT failed", the end of its output LOG, and exits 1.
+wait_for() {
+  local pid="$1" log="$2" what="$3" rc=0
+  wait "$pid" || rc=$?
+  if ((rc != 0)); then
+    echo "dev.sh: $what failed (exit $rc); its output ($log):"
+    tail -n 300 "$log"
+    exit 1
+  fi
 }
 
 # configure DIR [cmake args...]; CXX_FOR_BUILD=... before the call picks another compiler.
@@ -98,17 +154,12 @@ bg_build() {
   bg_start=$SECONDS
 }
 bg_wait() {
-  local dir="$1" rc=0
+  local dir="$1" pid="$bg_pid"
   # The tests are done: what is left builds at normal priority (ninja's next
   # compilers inherit it), also on a machine that other work keeps busy.
-  chrt --other -a -p 0 "$bg_pid" >/dev/null 2>&1 || true
-  wait "$bg_pid" || rc=$?
+  chrt --other -a -p 0 "$pid" >/dev/null 2>&1 || true
   bg_pid=""
-  if ((rc != 0)); then
-    echo "dev.sh: building $dir failed (exit $rc); its output ($dir/dev-build.log):"
-    tail -n 300 "$dir/dev-build.log"
-    exit 1
-  fi
+  wait_for "$pid" "$dir/dev-build.log" "building $dir"
   echo "dev.sh: $dir built in the background ($((SECONDS - bg_start)) s, idle CPU first)"
   # Anything the background build left (nothing, normally) at full priority.
   cmake --build "$dir" -j "$jobs"
@@ -146,9 +197,12 @@ case "$cmd" in
       "$here/build/tools/train/rdmaps-train" --model=mlp
     ;;
   test)
-    install_deps
+    mapfile -t todo < <(missing "${build_packages[@]}")
+    apt_install "${todo[@]}"
+    bg_install_run_packages
     stage "plain build"
     build "$here/build"
+    wait_run_packages
     sanitizers="${RDMAPS_SANITIZERS:-1}"
     overlap="${RDMAPS_OVERLAP:-1}"
     # The sanitizer stages run neither slow nor verbs tests: they build none.
