@@ -84,9 +84,10 @@ apt_install() {
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "$@"
 }
 
+# install_deps PKG...: installs those of the packages that are missing.
 install_deps() {
   local todo
-  mapfile -t todo < <(missing "${build_packages[@]}" "${run_packages[@]}")
+  mapfile -t todo < <(missing "$@")
   apt_install "${todo[@]}"
 }
 
@@ -181,14 +182,14 @@ stage() {
 cmd="${1:-help}"
 case "$cmd" in
   deps)
-    install_deps
+    install_deps "${build_packages[@]}" "${run_packages[@]}"
     ;;
   build)
-    install_deps
+    install_deps "${build_packages[@]}" "${run_packages[@]}"
     build "$here/build"
     ;;
   demo)
-    install_deps
+    install_deps "${build_packages[@]}" "${run_packages[@]}"
     # Only the three programs the demo runs (rdmaps-local starts rdmaps-server
     # and rdmaps-train); `dev.sh test` builds the rest in the same tree.
     configure "$here/build"
@@ -197,8 +198,7 @@ case "$cmd" in
       "$here/build/tools/train/rdmaps-train" --model=mlp
     ;;
   test)
-    mapfile -t todo < <(missing "${build_packages[@]}")
-    apt_install "${todo[@]}"
+    install_deps "${build_packages[@]}"
     bg_install_run_packages
     stage "plain build"
     build "$here/build"

@@ -200,8 +200,8 @@ class ServerLinks {
   // the client's Recover, which no Failsafe retries, where an Unavailable
   // for a shard the call does not even wait on would end the call, not
   // fail it over, and around Clock()'s RelayCuts and Close()'s goodbye,
-  // which should not reconnect to a shard that does not need one. A shard that moves meanwhile is met by the next
-  // call's waits.
+  // which should not reconnect to a shard that does not need one. A shard
+  // that moves meanwhile is met by the next call's waits.
   class SweepOff {
    public:
     explicit SweepOff(ServerLinks& links) : links_(links), was_(links.sweep_others_) {
